@@ -1,0 +1,3 @@
+from components.validate_data.component import validate_data
+
+__all__ = ["validate_data"]

@@ -1,0 +1,58 @@
+"""KFP wrapper of the validate-data core."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from components.images import LIGHT_IMAGE
+
+
+@dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
+def validate_data(
+    train_data: str,
+    eval_data: str,
+    eval_fraction: float,
+    max_invalid_fraction: float,
+    split_seed: str,
+    train_dataset: dsl.Output[dsl.Dataset],
+    eval_dataset: dsl.Output[dsl.Dataset],
+    quarantine: dsl.Output[dsl.Dataset],
+    metrics: dsl.Output[dsl.Metrics],
+) -> NamedTuple("Outputs", [("n_train", int), ("n_eval", int)]):
+    """Checks every line of the data; writes clean train/eval datasets and a quarantine.
+
+    Args:
+        train_data: ms-swift JSONL path(s), comma-separated.
+        eval_data: Held-out JSONL path(s), comma-separated; "" = hash split of train_data.
+        eval_fraction: Held-out fraction for the hash split.
+        max_invalid_fraction: Largest tolerated fraction of invalid lines.
+        split_seed: Salt of the split hash.
+        train_dataset: Output: clean training set (data.jsonl + images/).
+        eval_dataset: Output: clean held-out set (data.jsonl + images/).
+        quarantine: Output: rejected lines with file, line, code and message.
+        metrics: Output: line counts, per-check counts.
+    """
+    from collections import namedtuple
+
+    from components.validate_data.core import DataError, validate_data as validate
+
+    try:
+        result = validate(
+            [p for p in train_data.split(",") if p],
+            train_dataset.path,
+            eval_dataset.path,
+            quarantine.path,
+            [p for p in eval_data.split(",") if p],
+            eval_fraction,
+            max_invalid_fraction,
+            split_seed,
+        )
+    except DataError as exc:
+        raise SystemExit(f"validate-data: {exc}") from None
+    print(result.summary())
+    for key, value in result.counts.items():
+        metrics.log_metric(key, value)
+    train_dataset.metadata.update({"rows": result.counts["n_train"], "format": "ms-swift jsonl"})
+    eval_dataset.metadata.update({"rows": result.counts["n_eval"], "format": "ms-swift jsonl"})
+    quarantine.metadata["rows"] = result.counts["n_invalid"]
+    return namedtuple("Outputs", ["n_train", "n_eval"])(result.counts["n_train"], result.counts["n_eval"])
