@@ -177,7 +177,7 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
         raise ConfigError(f"{where(name)}: section '{name}' must be a mapping of keys to values")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
+    unknown = sorted(set(raw) - set(fields), key=str)  # YAML keys may be non-strings (1, on, yes)
     if unknown:
         key = f"{name}.{unknown[0]}"
         raise ConfigError(
@@ -235,7 +235,7 @@ def load_config(path: str | Path) -> Config:
         return f"{path}:{line}" if line else str(path)
 
     sections = {"pipeline": PipelineSection, "model": ModelSection, "data": DataSection, "eval": EvalSection}
-    unknown = sorted(set(raw) - set(sections) - {"swift"})
+    unknown = sorted(map(str, set(raw) - set(sections) - {"swift"}))  # YAML keys may be non-strings
     if unknown:
         raise ConfigError(
             f"{where(unknown[0])}: unknown section '{unknown[0]}'; allowed: pipeline, model, data, swift, eval"

@@ -1,0 +1,3 @@
+from components.evaluate.component import evaluate
+
+__all__ = ["evaluate"]

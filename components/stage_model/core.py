@@ -106,9 +106,22 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
             if n > 100 * 1024 * 1024 or n > path.stat().st_size - 8:
                 raise ValueError(f"header length {n} exceeds the file")
             header = json.loads(f.read(n))
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
+            header.pop("__metadata__", None)
+            for name, info in header.items():
+                if not (
+                    isinstance(info, dict)
+                    and isinstance(info.get("dtype"), str)
+                    and isinstance(info.get("shape"), list)
+                    and all(isinstance(d, int) for d in info["shape"])
+                    and isinstance(info.get("data_offsets"), list)
+                    and len(info["data_offsets"]) == 2
+                    and all(isinstance(o, int) for o in info["data_offsets"])
+                ):
+                    raise ValueError(f"tensor {name!r} needs dtype, shape and data_offsets")
     except (OSError, ValueError) as exc:
         raise StageError(f"{path}: unreadable safetensors header ({exc}); re-export the weights") from None
-    header.pop("__metadata__", None)
     end = max((v["data_offsets"][1] for v in header.values()), default=0)
     if 8 + n + end > path.stat().st_size:
         raise StageError(f"{path}: truncated safetensors file (tensor data ends past the file); copy it again")
@@ -199,16 +212,16 @@ def verify_entry(entry: Path) -> tuple[bool, str]:
         return False, "no manifest (incomplete entry)"
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError) as exc:
-        return False, f"unreadable manifest ({exc})"
-    for rel, info in files.items():
+        files = {rel: (info["size"], info["sha256"]) for rel, info in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return False, f"unreadable manifest ({exc!r})"
+    for rel, (size, sha) in files.items():
         path = entry / rel
         if not path.is_file():
             return False, f"{rel}: missing"
-        if path.stat().st_size != info["size"]:
-            return False, f"{rel}: size {path.stat().st_size} != {info['size']}"
-        if sha256_file(path) != info["sha256"]:
+        if path.stat().st_size != size:
+            return False, f"{rel}: size {path.stat().st_size} != {size}"
+        if sha256_file(path) != sha:
             return False, f"{rel}: sha256 mismatch"
     return True, "ok"
 

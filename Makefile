@@ -1,0 +1,34 @@
+# Two commands do all set-up and work (see README):
+#   make demo   - builds the environment if needed, then runs the whole DAG locally
+#   make test   - builds the environment if needed, then runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast compile install clean
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip==26.3"
+	# torch first, pinned: an unpinned torch pulled by another package downloads GBs
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -c requirements.lock -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipelines.run --local
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not pipeline"
+
+compile: $(STAMP)
+	$(PY) -m pipelines.compile --config configs/qwen3_vl_4b/lora_seed.yaml
+
+clean:
+	rm -rf $(VENV) build runs

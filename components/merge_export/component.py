@@ -1,0 +1,30 @@
+"""KFP wrapper of the merge-export core."""
+
+from kfp import dsl
+
+from components.images import TRAIN_IMAGE
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def merge_export(
+    base_model: dsl.Input[dsl.Model],
+    adapter: dsl.Input[dsl.Model],
+    merged_model: dsl.Output[dsl.Model],
+):
+    """Merges the LoRA adapter into the base model (`swift export --merge_lora true`), verified.
+
+    Args:
+        base_model: Staged base model.
+        adapter: LoRA adapter from train-lora.
+        merged_model: Output: merged model (safetensors, processor, lineage.json).
+    """
+    import tempfile
+
+    from components.merge_export.core import MergeError, merge_export as merge
+
+    try:
+        result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"))
+    except MergeError as exc:
+        raise SystemExit(f"merge-export: {exc}") from None
+    merged_model.metadata.update({**result.metadata, "base_model": base_model.uri, "adapter": adapter.uri,
+                                  "model_type": base_model.metadata.get("model_type", "")})

@@ -1,0 +1,3 @@
+from components.train_lora.component import train_lora
+
+__all__ = ["train_lora"]

@@ -1,0 +1,319 @@
+"""Train a LoRA adapter with `swift sft` on a staged model and validated datasets.
+
+`build_sft_command` is a pure function from the config's `swift` section (ms-swift's own
+argument names, passed through unchanged) plus the task's inputs to the command line;
+`train_lora` runs it, then collects the adapter and the training metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Set by the task from its inputs; a config that sets them is refused.
+RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version", "resume_from_checkpoint")
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json", "additional_config.json", "args.json")
+BASE_MODEL_REF = "base_model.json"
+
+
+class TrainError(RuntimeError):
+    """Training could not start or failed; the message says why and which knob to turn."""
+
+
+@dataclass
+class TrainResult:
+    """What training produced.
+
+    Attributes:
+        adapter_dir: Folder with the adapter weights/config, args.json and base_model.json.
+        checkpoint: The swift checkpoint folder the adapter was taken from.
+        metrics: train_loss, eval_loss, steps, samples_per_second, train_runtime_s, wall_s.
+        log_history: The trainer's log entries (loss per logging step).
+    """
+
+    adapter_dir: str
+    checkpoint: str
+    metrics: dict[str, float]
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def swift_arg_names() -> set[str]:
+    """Returns the argument names the installed ms-swift's `swift sft` accepts."""
+    import dataclasses
+
+    from swift.arguments import SftArguments
+
+    return {f.name for f in dataclasses.fields(SftArguments)}
+
+
+def check_swift_args(args: dict[str, Any], known: set[str] | None = None, where: str = "swift") -> None:
+    """Checks a `swift` config section against ms-swift's argument names.
+
+    Args:
+        args: The section.
+        known: Accepted names; default: read from the installed ms-swift.
+        where: Prefix for messages (e.g. the config file). Default "swift".
+
+    Raises:
+        TrainError: A key ms-swift does not know, or one the task sets itself.
+    """
+    known = swift_arg_names() if known is None else known
+    for key in args:
+        if key in RESERVED_ARGS:
+            raise TrainError(f"{where}: 'swift.{key}' is set by the pipeline from its inputs; remove it from the config")
+        if key not in known:
+            close = sorted(k for k in known if k.replace("_", "") == key.replace("_", "") or key in k)[:5]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise TrainError(f"{where}: 'swift.{key}' is not an argument of the installed ms-swift `swift sft`{hint}")
+
+
+def to_cli(args: dict[str, Any]) -> list[str]:
+    """Turns {name: value} into ['--name', 'value', ...] as ms-swift's parser expects.
+
+    Booleans become 'true'/'false', lists become several values, dicts become JSON.
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        out.append(f"--{key}")
+        if isinstance(value, bool):
+            out.append("true" if value else "false")
+        elif isinstance(value, list):
+            out.extend(str(v) for v in value)
+        elif isinstance(value, dict):
+            out.append(json.dumps(value))
+        else:
+            out.append(str(value))
+    return out
+
+
+def build_sft_command(
+    swift_args: dict[str, Any],
+    model_dir: str,
+    model_type: str,
+    train_jsonl: str,
+    eval_jsonl: str,
+    output_dir: str,
+    resume_from: str | None = None,
+) -> list[str]:
+    """Builds the `swift sft` command line.
+
+    Args:
+        swift_args: The config's `swift` section (ms-swift names), passed through.
+        model_dir: The staged base model folder.
+        model_type: ms-swift model_type of the base model (from stage-model's metadata).
+        train_jsonl: Training JSONL with absolute image paths.
+        eval_jsonl: Held-out JSONL with absolute image paths ("" = none).
+        output_dir: Where swift writes checkpoints (exactly this folder; no version subfolder).
+        resume_from: A complete checkpoint folder to resume from. Default None.
+
+    Returns:
+        The argv list, starting with "swift", "sft".
+
+    Raises:
+        TrainError: `swift_args` sets a key the pipeline sets itself.
+    """
+    for key in swift_args:
+        if key in RESERVED_ARGS:
+            raise TrainError(f"swift.{key} is set by the pipeline from its inputs; remove it from the config")
+    args: dict[str, Any] = {
+        "model": model_dir,
+        "model_type": model_type,
+        "dataset": train_jsonl,
+        "output_dir": output_dir,
+        "add_version": False,
+        "check_model": False,
+        "tuner_type": "lora",
+    }
+    if eval_jsonl:
+        args["val_dataset"] = eval_jsonl
+    args.update(swift_args)
+    if resume_from:
+        args["resume_from_checkpoint"] = resume_from
+    return ["swift", "sft", *to_cli(args)]
+
+
+def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
+    """Writes a dataset folder's rows with absolute image paths (what `swift sft` reads).
+
+    Args:
+        dataset_dir: A validated dataset folder (data.jsonl + images/).
+        out_jsonl: The JSONL to write.
+
+    Returns:
+        Number of rows.
+
+    Raises:
+        TrainError: The folder has no data.jsonl, or a referenced image is missing.
+    """
+    base = Path(dataset_dir)
+    src = base / "data.jsonl"
+    if not src.is_file():
+        raise TrainError(f"{base}: not a validated dataset (no data.jsonl); run validate-data first")
+    n = 0
+    with open(src, encoding="utf-8") as fin, open(out_jsonl, "w", encoding="utf-8") as fout:
+        for number, line in enumerate(fin, start=1):
+            row = json.loads(line)
+            images = []
+            for ref in row.get("images", []):
+                path = (base / ref).resolve()
+                if not path.is_file():
+                    raise TrainError(f"{src}:{number}: image {ref!r} not found in the dataset folder")
+                images.append(str(path))
+            if "images" in row:
+                row["images"] = images
+            fout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def find_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Returns swift's checkpoint-N folders holding an adapter, oldest step first."""
+    found = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+        if m and (path / "adapter_model.safetensors").is_file() and (path / "adapter_config.json").is_file():
+            found.append((int(m.group(1)), path))
+    return [p for _, p in sorted(found)]
+
+
+def read_trainer_log(checkpoint: Path) -> list[dict[str, Any]]:
+    """Returns the trainer's log history saved with a checkpoint."""
+    state = checkpoint / "trainer_state.json"
+    if not state.is_file():
+        return []
+    return json.loads(state.read_text(encoding="utf-8")).get("log_history", [])
+
+
+def summarize_log(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """Extracts final metrics from a trainer log history."""
+    metrics: dict[str, float] = {}
+    losses = [e for e in log_history if "loss" in e]
+    evals = [e for e in log_history if "eval_loss" in e]
+    if losses:
+        metrics["final_loss"] = float(losses[-1]["loss"])
+        metrics["first_loss"] = float(losses[0]["loss"])
+    if evals:
+        metrics["eval_loss"] = float(evals[-1]["eval_loss"])
+    for entry in log_history:
+        for src, dst in (
+            ("train_loss", "train_loss"),
+            ("train_runtime", "train_runtime_s"),
+            ("train_samples_per_second", "samples_per_second"),
+            ("train_steps_per_second", "steps_per_second"),
+        ):
+            if src in entry:
+                metrics[dst] = float(entry[src])
+        if "step" in entry:
+            metrics["steps"] = float(entry["step"])
+    return metrics
+
+
+_FAILURES = (
+    ("CUDA out of memory", "CUDA out of memory: lower swift.per_device_train_batch_size or swift.max_length, "
+     "set swift.gradient_checkpointing: true, or use a ZeRO-3 / larger-GPU profile"),
+    ("OutOfMemoryError", "out of memory: lower swift.per_device_train_batch_size or swift.max_length"),
+    ("NCCL", "NCCL error between workers: check the network between nodes, or raise the NCCL timeout"),
+    ("Target modules", "swift.target_modules names modules the model does not have; use all-linear or real names"),
+)
+
+
+def _explain_failure(log_tail: str, code: int) -> str:
+    for needle, advice in _FAILURES:
+        if needle in log_tail:
+            return advice
+    last = [line for line in log_tail.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+    return f"swift sft exited with code {code}; last line: {last[0]}"
+
+
+def swift_executable() -> str:
+    """Returns the `swift` launcher of this Python environment (or the one on PATH)."""
+    beside = Path(sys.executable).parent / "swift"
+    return str(beside) if beside.exists() else "swift"
+
+
+def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None) -> tuple[int, str]:
+    """Runs a command, streaming its output; returns (exit code, last 20 kB of output)."""
+    tail = ""
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True, bufsize=1
+    ) as proc, open(log_path or os.devnull, "a", encoding="utf-8") as log:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+            tail = (tail + line)[-20000:]
+    return proc.returncode, tail
+
+
+def train_lora(
+    model_dir: str,
+    model_type: str,
+    train_dir: str,
+    eval_dir: str,
+    swift_args: dict[str, Any],
+    adapter_out: str,
+    work_dir: str,
+    base_model_ref: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Trains a LoRA adapter with `swift sft` and writes it to `adapter_out`.
+
+    Args:
+        model_dir: Staged base model folder.
+        model_type: ms-swift model_type (e.g. qwen3_vl).
+        train_dir: Validated training dataset folder.
+        eval_dir: Validated held-out dataset folder ("" = no eval during training).
+        swift_args: The config's `swift` section.
+        adapter_out: Output folder for the adapter.
+        work_dir: Local scratch folder for datasets and checkpoints.
+        base_model_ref: Facts about the base model recorded next to the adapter
+            (source, revision, path). Default None.
+
+    Returns:
+        The TrainResult.
+
+    Raises:
+        TrainError: Inputs invalid, or `swift sft` failed (message names the likely knob).
+    """
+    if not Path(model_dir, "config.json").is_file():
+        raise TrainError(f"{model_dir}: base model folder has no config.json; stage the model first")
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    train_jsonl = work / "train.jsonl"
+    n_train = materialize_dataset(train_dir, train_jsonl)
+    eval_jsonl = ""
+    if eval_dir:
+        eval_jsonl = str(work / "eval.jsonl")
+        materialize_dataset(eval_dir, eval_jsonl)
+    output_dir = work / "output"
+    cmd = build_sft_command(swift_args, model_dir, model_type, str(train_jsonl), eval_jsonl, str(output_dir))
+    cmd[0] = swift_executable()
+    print("train-lora:", " ".join(cmd), flush=True)
+    start = time.time()
+    code, tail = run_command(cmd, log_path=work / "swift_sft.log")
+    wall = time.time() - start
+    if code != 0:
+        raise TrainError(_explain_failure(tail, code))
+    checkpoints = find_checkpoints(output_dir)
+    if not checkpoints:
+        raise TrainError(f"{output_dir}: swift sft finished but wrote no checkpoint with an adapter")
+    last = checkpoints[-1]
+    out = Path(adapter_out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ADAPTER_FILES:
+        if (last / name).is_file():
+            shutil.copyfile(last / name, out / name)
+    log_history = read_trainer_log(last)
+    metrics = summarize_log(log_history)
+    metrics.update({"wall_s": round(wall, 2), "n_train": float(n_train)})
+    ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
+    (out / BASE_MODEL_REF).write_text(json.dumps(ref, indent=2, sort_keys=True), encoding="utf-8")
+    (out / "log_history.json").write_text(json.dumps(log_history, indent=1), encoding="utf-8")
+    return TrainResult(str(out), str(last), metrics, log_history)

@@ -1,0 +1,221 @@
+"""Run the pipeline.
+
+    python -m pipelines.run --local [--config F] [--root DIR] [--no-cache]
+
+`--local` runs the whole DAG on this machine under `kfp.local` (SubprocessRunner, no
+containers, no cloud): each task runs in this Python environment, artifacts go to a local
+pipeline root. With the default config it builds the tiny offline Qwen3-VL and the
+synthetic drawings dataset first (cached), so it needs no download.
+
+It prints the run folder, each task's time and the evaluation metrics, and exits 0 only
+when every task succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import DEFAULT_LOCAL_CONFIG, DEMO_DATA_EVAL, DEMO_DATA_TRAIN, DEMO_MODEL, Config, ConfigError, load_config
+
+# Everything local runs offline: no hub look-ups from transformers, ms-swift or datasets.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "MODELSCOPE_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class RunError(RuntimeError):
+    """The run cannot start or failed; the message says what and where."""
+
+
+def demo_cache_dir() -> Path:
+    """Returns the folder where the tiny model and demo data are built once."""
+    return Path(os.environ.get("VLM_LORA_CACHE", Path.home() / ".cache" / "vlm-lora"))
+
+
+def resolve_demo_inputs(cfg: Config) -> Config:
+    """Replaces `demo://` sources by the tiny model and the demo dataset, building them once.
+
+    Args:
+        cfg: The config.
+
+    Returns:
+        The config with local paths in place of `demo://` sources.
+    """
+    model, data = cfg.model, cfg.data
+    if model.source == DEMO_MODEL:
+        from pipelines.demo.tiny_model import ensure_tiny_model
+
+        model = dataclasses.replace(model, source=str(ensure_tiny_model(demo_cache_dir())))
+    if DEMO_DATA_TRAIN in (data.train, data.eval) or DEMO_DATA_EVAL in (data.train, data.eval):
+        from pipelines.demo.drawings import generate_dataset
+
+        folder = demo_cache_dir() / "demo-drawings-v1"
+        marker = folder / "COMPLETE"
+        if not marker.exists():
+            paths = generate_dataset(folder)
+            marker.write_text(json.dumps(paths))
+        paths = json.loads(marker.read_text())
+        mapping = {DEMO_DATA_TRAIN: paths["train"], DEMO_DATA_EVAL: paths["eval"]}
+        data = dataclasses.replace(data, train=mapping.get(data.train, data.train), eval=mapping.get(data.eval, data.eval))
+    return dataclasses.replace(cfg, model=model, data=data)
+
+
+def preflight_local(cfg: Config) -> None:
+    """Checks local inputs exist before any task starts.
+
+    Raises:
+        RunError: The model folder or a data file is missing, or the root is remote.
+    """
+    if "://" in cfg.pipeline.root:
+        raise RunError(f"{cfg.path}: pipeline.root {cfg.pipeline.root!r} is remote; a local run needs a local folder (use --root)")
+    if "://" in cfg.model.source:
+        raise RunError(f"{cfg.path}: model.source {cfg.model.source!r}: a local run needs a local model folder")
+    if not Path(cfg.model.source).expanduser().is_dir():
+        raise RunError(f"{cfg.path}: model.source: model folder not found: {cfg.model.source}")
+    for key, value in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+        for item in filter(None, value.split(",")):
+            if "://" not in item and not Path(item).expanduser().is_file():
+                raise RunError(f"{cfg.path}: {key}: data file not found: {item}")
+
+
+class _TaskTimer(logging.Handler):
+    """Records when kfp.local starts and finishes each task (from its log lines)."""
+
+    _start = re.compile(r"Executing task (?:\x1b\[\d+m)?'([\w-]+)'")
+    _end = re.compile(r"Task (?:\x1b\[\d+m)?'([\w-]+)'(?:\x1b\[\d+m)? finished with status (?:\x1b\[\d+m)?(\w+)")
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.started: dict[str, float] = {}
+        self.times: dict[str, tuple[float, str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if m := self._start.search(msg):
+            self.started[m.group(1)] = record.created
+        elif m := self._end.search(msg):
+            name = m.group(1)
+            self.times[name] = (record.created - self.started.get(name, record.created), m.group(2))
+
+
+def _newest_run_dir(root: Path, name: str, after: float) -> Path | None:
+    runs = [p for p in root.glob(f"{name}-*") if p.is_dir() and p.stat().st_mtime >= after - 1]
+    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+
+
+def read_eval_metrics(run_dir: Path) -> dict[str, Any]:
+    """Returns the evaluate task's metrics from a local run folder (empty if absent)."""
+    out = run_dir / "evaluate" / "executor_output.json"
+    if not out.is_file():
+        return {}
+    data = json.loads(out.read_text())
+    for artifact in data.get("artifacts", {}).get("metrics", {}).get("artifacts", []):
+        return artifact.get("metadata", {})
+    return {}
+
+
+def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None = None) -> dict[str, Any]:
+    """Runs the whole DAG under kfp.local.
+
+    Args:
+        cfg: The config (demo:// sources are built first).
+        root: Pipeline root folder; default the config's `pipeline.root`.
+        enable_caching: Reuse unchanged tasks' outputs; default the config's setting.
+
+    Returns:
+        {"run_dir", "passed", "wall_s", "tasks": {name: seconds}, "metrics": {...}}.
+
+    Raises:
+        RunError: Inputs missing, or a task failed (the task's own message is above).
+    """
+    from kfp import local
+
+    from pipelines.pipeline import build_pipeline, pipeline_arguments
+
+    if root:
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=root))
+    os.environ.update(OFFLINE_ENV)
+    cfg = resolve_demo_inputs(cfg)
+    preflight_local(cfg)
+    root_dir = Path(cfg.pipeline.root).expanduser().resolve()
+    root_dir.mkdir(parents=True, exist_ok=True)
+    caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching
+    local.init(local.SubprocessRunner(use_venv=False), pipeline_root=str(root_dir), enable_caching=caching)
+
+    timer = _TaskTimer()
+    logging.getLogger().addHandler(timer)
+    start = time.time()
+    try:
+        passed = build_pipeline(cfg)(**pipeline_arguments(cfg)).output
+    except RuntimeError as exc:
+        failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
+        raise RunError(
+            f"pipeline failed at task {', '.join(failed) or '?'} (its error is printed above): {str(exc).splitlines()[0]}"
+        ) from None
+    finally:
+        logging.getLogger().removeHandler(timer)
+    wall = time.time() - start
+    run_dir = _newest_run_dir(root_dir, cfg.pipeline.name, start)
+    return {
+        "run_dir": str(run_dir) if run_dir else str(root_dir),
+        "passed": bool(passed),
+        "wall_s": round(wall, 1),
+        "tasks": {name: round(sec, 1) for name, (sec, _) in timer.times.items()},
+        "metrics": read_eval_metrics(run_dir) if run_dir else {},
+    }
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """Returns the human-readable end-of-run summary."""
+    lines = [f"run folder: {result['run_dir']}", f"wall time: {result['wall_s']:.1f} s", "tasks:"]
+    lines += [f"  {name:<16} {sec:7.1f} s" for name, sec in result["tasks"].items()]
+    metrics = result["metrics"]
+    if metrics:
+        lines.append("eval (held-out):        base      tuned")
+        for key in ("json_valid_rate", "precision", "recall", "f1", "exact_match_rate"):
+            if f"base_{key}" in metrics:
+                lines.append(f"  {key:<20} {metrics[f'base_{key}']:8.3f}   {metrics[f'tuned_{key}']:8.3f}")
+    lines.append(f"gate passed: {result['passed']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true", help="run the whole DAG here under kfp.local")
+    parser.add_argument("--config", default=None, help="config YAML (default with --local: configs/local/tiny_cpu.yaml)")
+    parser.add_argument("--root", default=None, help="pipeline root folder (default: the config's pipeline.root)")
+    parser.add_argument("--no-cache", action="store_true", help="run every task even if its inputs did not change")
+    args = parser.parse_args(argv)
+    if not args.local:
+        print(
+            "error: submitting to Vertex AI is not available yet; run with --local, or compile with "
+            "`python -m pipelines.compile` and submit the YAML yourself",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG)
+        result = run_local(cfg, args.root, False if args.no_cache else None)
+    except (ConfigError, RunError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    print(format_summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
