@@ -7,6 +7,7 @@ argument names, passed through unchanged) plus the task's inputs to the command 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -70,7 +71,7 @@ def check_swift_args(args: dict[str, Any], known: set[str] | None = None, where:
         if key in RESERVED_ARGS:
             raise TrainError(f"{where}: 'swift.{key}' is set by the pipeline from its inputs; remove it from the config")
         if key not in known:
-            close = sorted(k for k in known if k.replace("_", "") == key.replace("_", "") or key in k)[:5]
+            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise TrainError(f"{where}: 'swift.{key}' is not an argument of the installed ms-swift `swift sft`{hint}")
 

@@ -227,18 +227,20 @@ def _validate_file(path: Path, seen: dict[str, str], issues: list[Issue]) -> lis
     return rows
 
 
-_SHA_CACHE: dict[Path, str] = {}
+_SHA_CACHE: dict[tuple[Path, int, int], str] = {}
 
 
 def sha_of_file(path: Path) -> str:
-    """Returns the sha256 of a file's bytes (cached per path within a process)."""
-    if path not in _SHA_CACHE:
+    """Returns the sha256 of a file's bytes (cached per path, size and mtime within a process)."""
+    st = path.stat()
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
         digest = hashlib.sha256()
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-        _SHA_CACHE[path] = digest.hexdigest()
-    return _SHA_CACHE[path]
+        _SHA_CACHE[key] = digest.hexdigest()
+    return _SHA_CACHE[key]
 
 
 def _write_dataset(rows: list[tuple[dict[str, Any], list[Path], str]], out_dir: Path) -> int:
@@ -253,6 +255,7 @@ def _write_dataset(rows: list[tuple[dict[str, Any], list[Path], str]], out_dir: 
                 name = sha_of_file(src)[:20] + src.suffix.lower()
                 dst = image_dir / name
                 if name not in written:
+                    dst.unlink(missing_ok=True)  # left by an earlier run into this folder
                     try:
                         os.link(src, dst)
                     except OSError:

@@ -1,0 +1,87 @@
+"""Unit tests of the evaluate core with a fake generator (the real one runs in the pipeline test)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.evaluate.core import EvalError, evaluate, load_eval_rows
+
+GOLD = [
+    '```json\n[{"label": "title_block", "bbox": [180, 200, 250, 250]}]\n```',
+    '```json\n[{"label": "hole", "bbox": [10, 10, 30, 30]}, {"label": "title_block", "bbox": [170, 200, 250, 250]}]\n```',
+]
+
+
+def _dataset(tmp_path: Path, golds=GOLD) -> Path:
+    ds = tmp_path / "eval"
+    ds.mkdir()
+    with open(ds / "data.jsonl", "w") as f:
+        for i, gold in enumerate(golds):
+            row = {
+                "messages": [{"role": "user", "content": "<image>Find things"}, {"role": "assistant", "content": gold}],
+                "images": [f"images/{i}.png"],
+            }
+            f.write(json.dumps(row) + "\n")
+    return ds
+
+
+def _fake(answers_by_model):
+    calls = []
+
+    def generate(model_dir, model_type, rows, batch_size, max_new_tokens):
+        calls.append((model_dir, model_type, len(rows), batch_size, max_new_tokens))
+        return answers_by_model[model_dir], 7 * len(rows)
+
+    return generate, calls
+
+
+def test_load_eval_rows_splits_prompt_and_gold(tmp_path):
+    ds = _dataset(tmp_path)
+    rows = load_eval_rows(ds)
+    assert [r["gold"] for r in rows] == GOLD
+    assert rows[0]["messages"] == [{"role": "user", "content": "<image>Find things"}]
+    assert rows[0]["images"] == [str((ds / "images/0.png").resolve())]
+    assert len(load_eval_rows(ds, max_samples=1)) == 1
+
+
+def test_empty_eval_set_is_a_named_error(tmp_path):
+    ds = tmp_path / "e"
+    ds.mkdir()
+    (ds / "data.jsonl").write_text("")
+    with pytest.raises(EvalError, match="eval set is empty"):
+        load_eval_rows(ds)
+    with pytest.raises(EvalError, match="no data.jsonl"):
+        load_eval_rows(tmp_path / "missing")
+
+
+def test_tuned_beats_reference_and_passes_gate(tmp_path):
+    ds = _dataset(tmp_path)
+    gen, calls = _fake({"tuned": GOLD, "base": ["no idea", "```json\n[oops\n```"]})
+    result = evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5,
+                      "f1", 0.5, 0.1, generate_fn=gen)
+    assert result.passed and result.reason.startswith("PASS")
+    assert result.tuned["f1"] == 1.0 and result.tuned["json_valid_rate"] == 1.0
+    assert result.reference["f1"] == 0.0 and result.reference["json_valid_rate"] == 0.0
+    assert result.tuned["generated_tokens_per_second"] > 0
+    assert calls == [("base", "qwen3_vl", 2, 4, 64), ("tuned", "qwen3_vl", 2, 4, 64)]
+    lines = [json.loads(x) for x in Path(result.predictions).read_text().splitlines()]
+    assert [x["line"] for x in lines] == [1, 2]
+    assert lines[0]["tuned_score"]["tp"] == 1 and lines[1]["reference_score"]["json_valid"] is False
+
+
+def test_gate_fails_when_threshold_unreachable(tmp_path):
+    ds = _dataset(tmp_path)
+    half = [GOLD[0], '```json\n[]\n```']
+    gen, _ = _fake({"tuned": half, "base": half})
+    result = evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5,
+                      "f1", 0.0, 0.01, generate_fn=gen)
+    assert not result.passed and result.reason.startswith("FAIL")
+    assert result.tuned["recall"] == pytest.approx(1 / 3)
+
+
+def test_model_returning_too_few_answers_is_an_error(tmp_path):
+    ds = _dataset(tmp_path)
+    gen, _ = _fake({"tuned": GOLD, "base": GOLD[:1]})
+    with pytest.raises(EvalError, match="reference model returned 1 answers for 2 prompts"):
+        evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen)

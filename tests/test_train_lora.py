@@ -1,0 +1,136 @@
+"""Unit tests of the train-lora core: command builder, datasets, checkpoints, logs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.train_lora import core
+from components.train_lora.core import (
+    TrainError,
+    build_sft_command,
+    check_swift_args,
+    find_checkpoints,
+    materialize_dataset,
+    summarize_log,
+    to_cli,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_to_cli_formats_bools_lists_and_numbers():
+    assert to_cli({"a": True, "b": False, "c": [1, "x"], "d": 1e-4, "e": {"k": 1}}) == [
+        "--a", "true", "--b", "false", "--c", "1", "x", "--d", "0.0001", "--e", '{"k": 1}',
+    ]
+
+
+def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
+    cmd = build_sft_command(
+        {"lora_rank": 8, "learning_rate": 1e-4, "gradient_checkpointing": True, "target_modules": ["q_proj", "v_proj"]},
+        "/m", "qwen3_vl", "/w/train.jsonl", "/w/eval.jsonl", "/w/out",
+    )
+    assert cmd[:2] == ["swift", "sft"]
+    args = cmd[2:]
+    pairs = dict(zip(args[::2], args[1::2]))
+    assert pairs["--model"] == "/m" and pairs["--model_type"] == "qwen3_vl"
+    assert pairs["--dataset"] == "/w/train.jsonl" and pairs["--val_dataset"] == "/w/eval.jsonl"
+    assert pairs["--output_dir"] == "/w/out" and pairs["--add_version"] == "false"
+    assert pairs["--tuner_type"] == "lora" and pairs["--lora_rank"] == "8"
+    assert pairs["--gradient_checkpointing"] == "true"
+    i = args.index("--target_modules")
+    assert args[i + 1 : i + 3] == ["q_proj", "v_proj"]
+    assert "--resume_from_checkpoint" not in args
+
+
+def test_build_sft_command_without_eval_and_with_resume():
+    cmd = build_sft_command({}, "/m", "qwen3_vl", "/t.jsonl", "", "/o", resume_from="/o/checkpoint-10")
+    assert "--val_dataset" not in cmd
+    assert cmd[cmd.index("--resume_from_checkpoint") + 1] == "/o/checkpoint-10"
+
+
+@pytest.mark.parametrize("key", ["model", "dataset", "output_dir", "val_dataset"])
+def test_reserved_keys_are_refused(key):
+    with pytest.raises(TrainError, match=f"swift.{key}"):
+        build_sft_command({key: "x"}, "/m", "qwen3_vl", "/t", "", "/o")
+
+
+def test_check_swift_args_names_the_unknown_key():
+    known = {"lora_rank", "tuner_type", "learning_rate"}
+    check_swift_args({"lora_rank": 8}, known)
+    with pytest.raises(TrainError, match=r"'swift.train_type'.*did you mean tuner_type"):
+        check_swift_args({"train_type": "lora"}, known, where="cfg.yaml")
+    with pytest.raises(TrainError, match="set by the pipeline"):
+        check_swift_args({"model": "x"}, known)
+
+
+def test_every_config_uses_real_ms_swift_argument_names():
+    """Checks each config's swift section against the installed ms-swift (names change between versions)."""
+    known = core.swift_arg_names()
+    assert "tuner_type" in known and "train_type" not in known
+    configs = sorted(ROOT.glob("configs/**/*.yaml"))
+    assert configs
+    for path in configs:
+        check_swift_args(yaml.safe_load(path.read_text()).get("swift", {}), known, where=str(path))
+
+
+def _dataset(tmp_path: Path) -> Path:
+    ds = tmp_path / "ds"
+    (ds / "images").mkdir(parents=True)
+    (ds / "images" / "a.png").write_bytes(b"png")
+    rows = [
+        {"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "[]"}], "images": ["images/a.png"]},
+        {"messages": [{"role": "user", "content": "text only"}, {"role": "assistant", "content": "ok"}]},
+    ]
+    (ds / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ds
+
+
+def test_materialize_dataset_makes_image_paths_absolute(tmp_path):
+    ds = _dataset(tmp_path)
+    out = tmp_path / "train.jsonl"
+    assert materialize_dataset(ds, out) == 2
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["images"] == [str((ds / "images" / "a.png").resolve())]
+    assert rows[0]["messages"][0]["content"] == "<image>hi"
+    assert "images" not in rows[1]
+
+
+def test_materialize_dataset_errors(tmp_path):
+    with pytest.raises(TrainError, match="no data.jsonl"):
+        materialize_dataset(tmp_path, tmp_path / "o.jsonl")
+    ds = _dataset(tmp_path)
+    (ds / "images" / "a.png").unlink()
+    with pytest.raises(TrainError, match=r"data.jsonl:1: image 'images/a.png' not found"):
+        materialize_dataset(ds, tmp_path / "o.jsonl")
+
+
+def test_find_checkpoints_orders_by_step_and_skips_incomplete(tmp_path):
+    for step, complete in ((10, True), (2, True), (30, False)):
+        ck = tmp_path / f"checkpoint-{step}"
+        ck.mkdir()
+        if complete:
+            (ck / "adapter_model.safetensors").write_bytes(b"x")
+            (ck / "adapter_config.json").write_text("{}")
+    (tmp_path / "checkpoint-x").mkdir()
+    assert [p.name for p in find_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-10"]
+
+
+def test_summarize_log():
+    log = [
+        {"loss": 3.0, "step": 5},
+        {"loss": 1.5, "step": 10},
+        {"eval_loss": 1.7, "step": 10},
+        {"train_loss": 2.2, "train_runtime": 12.5, "train_samples_per_second": 8.0, "step": 10},
+    ]
+    m = summarize_log(log)
+    assert m == {
+        "first_loss": 3.0, "final_loss": 1.5, "eval_loss": 1.7, "train_loss": 2.2,
+        "train_runtime_s": 12.5, "samples_per_second": 8.0, "steps": 10.0,
+    }
+
+
+def test_explain_failure_points_at_the_knob():
+    assert "per_device_train_batch_size" in core._explain_failure("torch.OutOfMemoryError: CUDA out of memory.", 1)
+    assert "last line: boom" in core._explain_failure("a\nboom\n", 3)
