@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,11 +254,8 @@ def _write_dataset(rows: list[tuple[dict[str, Any], list[Path], str]], out_dir: 
                 name = sha_of_file(src)[:20] + src.suffix.lower()
                 dst = image_dir / name
                 if name not in written:
-                    dst.unlink(missing_ok=True)  # left by an earlier run into this folder
-                    try:
-                        os.link(src, dst)
-                    except OSError:
-                        shutil.copyfile(src, dst)
+                    # a copy, not a link: a validated dataset must not change with its source
+                    shutil.copyfile(src, dst)
                     written.add(name)
                 refs.append(f"images/{name}")
             out = dict(row)
