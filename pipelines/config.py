@@ -58,13 +58,22 @@ class ModelSection:
     """The base model and its cache.
 
     Attributes:
-        source: A local model folder (later: `hf://org/name[@rev]`, `ms://…`, `gs://…`), or
-            `demo://tiny-qwen3-vl` for the tiny offline model the project builds itself.
+        source: `hf://org/name[@rev]`, `ms://org/name[@rev]`, `gs://bucket/prefix`, a local
+            model folder, or `demo://tiny-qwen3-vl` (the tiny offline model).
         cache: Model cache root: a local folder or `gs://bucket/models`.
+        revision: Branch, tag or commit for hf:// and ms:// sources; "" = default branch.
+        token_from: Where a gated model's hub token is read: `env:VAR` or a Secret Manager
+            name `projects/P/secrets/S[/versions/V]`; never the token itself. Default "".
+        allow: Only stage files matching these globs. Default [] (all).
+        ignore: Skip files matching these globs (e.g. `*.bin`, `original/*`). Default [].
     """
 
     source: str
     cache: str
+    revision: str = ""
+    token_from: str = ""
+    allow: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,8 @@ _GATE_METRICS = ("f1", "precision", "recall", "json_valid_rate", "exact_match_ra
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is dict:
         return "a mapping"
+    if typing.get_origin(tp) is list:
+        return "a list of strings"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
         tp, getattr(tp, "__name__", str(tp))
     )
@@ -168,6 +179,9 @@ def _check_value(value: Any, tp: Any) -> Any:
             return value
     elif typing.get_origin(tp) is dict:
         if isinstance(value, dict):
+            return value
+    elif typing.get_origin(tp) is list:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
     raise TypeError
 
@@ -270,15 +284,22 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("pipeline.name", _valid_name(cfg.pipeline.name), "lowercase letters, digits and '-', starting with a letter"),
         ("model.source", bool(cfg.model.source.strip()), "a model folder or URI"),
         ("model.cache", bool(cfg.model.cache.strip()), "a folder or gs:// URI"),
+        ("model.token_from", _valid_token_ref(cfg.model.token_from),
+         "'' or 'env:VAR' or 'projects/P/secrets/S[/versions/V]' (a reference, never the token itself)"),
         ("data.train", bool(cfg.data.train.strip()), "a JSONL path or URI"),
     ]
     for key, ok, expected in checks:
         if not ok:
             section, name = key.split(".")
             value = getattr(getattr(cfg, section), name)
-            raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {value!r}")
+            shown = "a value that is not a reference (not echoed)" if key == "model.token_from" else repr(value)
+            raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {shown}")
     if "tuner_type" in cfg.swift and cfg.swift["tuner_type"] != "lora":
         raise ConfigError(f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' (this pipeline trains LoRA adapters)")
+
+
+def _valid_token_ref(ref: str) -> bool:
+    return ref == "" or ref.startswith("env:") or ref.startswith("projects/")
 
 
 def _valid_name(name: str) -> bool:

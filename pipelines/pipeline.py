@@ -37,6 +37,10 @@ def build_pipeline(cfg: Config) -> Any:
     def vlm_lora_pipeline(
         model_source: str = a["model_source"],
         model_cache: str = a["model_cache"],
+        model_revision: str = a["model_revision"],
+        model_token_from: str = a["model_token_from"],
+        model_allow: list = a["model_allow"],
+        model_ignore: list = a["model_ignore"],
         train_data: str = a["train_data"],
         eval_data: str = a["eval_data"],
         eval_fraction: float = a["eval_fraction"],
@@ -54,8 +58,13 @@ def build_pipeline(cfg: Config) -> Any:
         """Fine-tunes a vision-language model with LoRA and gates it on held-out data.
 
         Args:
-            model_source: Base model: local folder (later hf://, ms://, gs://).
+            model_source: Base model: hf://org/name, ms://org/name, gs://bucket/prefix or a folder.
             model_cache: Model cache root (folder or gs://bucket/models).
+            model_revision: Branch, tag or commit of a hub model ("" = default branch).
+            model_token_from: Gated-model token reference: env:VAR or a Secret Manager
+                secret name (never the token itself; "" = none).
+            model_allow: Only stage model files matching these globs ([] = all).
+            model_ignore: Skip model files matching these globs.
             train_data: ms-swift JSONL file(s), comma-separated.
             eval_data: Held-out JSONL file(s), comma-separated; empty = split train_data.
             eval_fraction: Held-out fraction when eval_data is empty.
@@ -73,7 +82,14 @@ def build_pipeline(cfg: Config) -> Any:
         Returns:
             Whether the tuned model passed the gate.
         """
-        stage = stage_model(source=model_source, cache=model_cache).set_display_name("stage-model")
+        stage = stage_model(
+            source=model_source,
+            cache=model_cache,
+            revision=model_revision,
+            token_from=model_token_from,
+            allow=model_allow,
+            ignore=model_ignore,
+        ).set_display_name("stage-model")
         data = validate_data(
             train_data=train_data,
             eval_data=eval_data,
@@ -114,6 +130,10 @@ def pipeline_arguments(cfg: Config) -> dict[str, Any]:
     return {
         "model_source": cfg.model.source,
         "model_cache": cfg.model.cache,
+        "model_revision": cfg.model.revision,
+        "model_token_from": cfg.model.token_from,
+        "model_allow": list(cfg.model.allow),
+        "model_ignore": list(cfg.model.ignore),
         "train_data": d.train,
         "eval_data": d.eval,
         "eval_fraction": d.eval_fraction,

@@ -82,9 +82,7 @@ def preflight_local(cfg: Config) -> None:
     """
     if "://" in cfg.pipeline.root:
         raise RunError(f"{cfg.path}: pipeline.root {cfg.pipeline.root!r} is remote; a local run needs a local folder (use --root)")
-    if "://" in cfg.model.source:
-        raise RunError(f"{cfg.path}: model.source {cfg.model.source!r}: a local run needs a local model folder")
-    if not Path(cfg.model.source).expanduser().is_dir():
+    if "://" not in cfg.model.source and not Path(cfg.model.source).expanduser().is_dir():
         raise RunError(f"{cfg.path}: model.source: model folder not found: {cfg.model.source}")
     for key, value in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
         for item in filter(None, value.split(",")):

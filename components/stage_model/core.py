@@ -1,27 +1,64 @@
 """Stage a base model into the model cache, verified, once.
 
-A cache entry is a folder `<cache>/<scheme>/<name>/<revision>/` holding the model files
-and `manifest.json` (files, sizes, sha256, source, revision, time). The manifest is
-written last, atomically: an entry without a manifest, or whose files do not match it,
-is not trusted and is repaired by copying again. A valid entry is reused with nothing
+A cache entry is `<cache>/<scheme>/<org>/<name>/<revision>/` (a local folder or a
+gs:// prefix) holding the model files and `manifest.json` (files, sizes, sha256 and
+crc32c, source, resolved revision, time, model facts). The manifest is written last: an
+entry without a manifest, or whose files do not match it, is not trusted and is repaired
+(only the missing or bad files are copied again). A valid entry is reused with nothing
 copied (a cache hit).
 
-Sources handled here: a local model folder. Its revision is a fingerprint of its
-content (sha256 over file names, sizes and hashes), so a changed folder is a new entry.
+Sources: `hf://org/name[@rev]` and `ms://org/name[@rev]` (revision resolved to the commit
+hash), `gs://bucket/prefix` and a local folder (revision = content fingerprint, so a
+changed folder is a new entry).
+
+Two stagers of one entry at once (two pipeline runs) are safe by construction:
+  1. Same entry => same bytes: the entry name is a commit hash or content fingerprint
+     (plus the file selection), so every stager writes identical content to each file.
+  2. Every file write is atomic: a temporary name + rename locally, a single object
+     upload on GCS (readers never see a torn object). A reader sees a whole file or none.
+  3. The manifest is written last, only after every file it lists was checked in the
+     entry, create-only (O_EXCL link / ifGenerationMatch=0). A stager that loses the race
+     keeps the winner's manifest if it verifies.
+  4. A lock `<entry>.lock` (create-only, heartbeat, taken over when stale) makes a second
+     stager wait for the first and then return a cache hit instead of copying again. It is
+     an optimisation: where preconditions are not enforced (the GCS emulator), both copy
+     and the end state is still one valid entry.
 """
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import hashlib
 import json
+import logging
 import os
+import shutil
+import socket
 import struct
 import tempfile
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from components.stage_model import _gcs
+from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
+from components.stage_model._sources import (
+    Listing,
+    SourceError,
+    SourceSpec,
+    fingerprint,
+    parse_source,
+    read_token,
+    resolve_hf,
+    resolve_ms,
+)
+
+log = logging.getLogger("stage_model")
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -81,18 +118,8 @@ def list_files(folder: Path, allow: list[str] | None = None, ignore: list[str] |
     Returns:
         Relative file paths, sorted.
     """
-    patterns = list(DEFAULT_IGNORE) + list(ignore or [])
-    out = []
-    for path in folder.rglob("*"):
-        if not path.is_file():
-            continue
-        rel = path.relative_to(folder).as_posix()
-        if any(fnmatch.fnmatch(rel, p) for p in patterns):
-            continue
-        if allow and not any(fnmatch.fnmatch(rel, p) for p in allow):
-            continue
-        out.append(rel)
-    return sorted(out)
+    names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+    return _select(names, allow, ignore)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -201,29 +228,165 @@ def local_revision(folder: Path, files: list[str], hashes: dict[str, str]) -> st
     return "sha256-" + digest.hexdigest()[:16]
 
 
-def verify_entry(entry: Path) -> tuple[bool, str]:
-    """Checks a cache entry against its manifest (sizes and sha256 of every file).
+def crc32c_file(path: Path) -> str:
+    """Returns the base64 crc32c of a file (the form GCS reports), read in 8 MiB chunks."""
+    import google_crc32c
+
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            checksum.update(chunk)
+    return base64.b64encode(checksum.digest()).decode()
+
+
+def _select(names: list[str], allow: list[str] | None, ignore: list[str] | None) -> list[str]:
+    """Filters relative names by allow/ignore globs (DEFAULT_IGNORE always applies); sorted."""
+    patterns = list(DEFAULT_IGNORE) + list(ignore or [])
+    return sorted(
+        n for n in names
+        if not any(fnmatch.fnmatch(n, p) for p in patterns) and (not allow or any(fnmatch.fnmatch(n, p) for p in allow))
+    )
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class LocalEntry:
+    """A cache entry folder on a local (or FUSE-mounted) file system.
+
+    Same contract as `_gcs.GcsEntry`: files are replaced atomically (temporary name +
+    rename), the manifest is created only if absent (hard link of a complete temporary
+    file), and the lock `<entry>.lock` is created with O_EXCL.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.uri = str(self.path)
+
+    def read_manifest(self) -> tuple[dict[str, Any] | None, Any]:
+        path = self.path / MANIFEST
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None, None
+        return json.loads(raw), path.stat().st_ino
+
+    def verify(self, manifest: dict[str, Any]) -> tuple[bool, str]:
+        files = {rel: (info["size"], info["sha256"]) for rel, info in manifest["files"].items()}
+        for rel, (size, sha) in files.items():
+            path = self.path / rel
+            if not path.is_file():
+                return False, f"{rel}: missing"
+            if path.stat().st_size != size:
+                return False, f"{rel}: size {path.stat().st_size} != {size}"
+            if sha256_file(path) != sha:
+                return False, f"{rel}: sha256 mismatch"
+        return True, "ok"
+
+    def good_files(self, expected: dict[str, dict[str, Any]]) -> set[str]:
+        good = set()
+        for rel, info in expected.items():
+            path = self.path / rel
+            if path.is_file() and path.stat().st_size == info["size"] and sha256_file(path) == info["sha256"]:
+                good.add(rel)
+        return good
+
+    def put(self, local: Path, rel: str, info: dict[str, Any]) -> int:
+        return _copy_verified(local, self.path / rel, info["sha256"])
+
+    def write_manifest(self, manifest: dict[str, Any], replace_generation: Any = None) -> bool:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if replace_generation is not None:
+            _atomic_write_json(self.path / MANIFEST, manifest)
+            return True
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=MANIFEST + ".partial-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, self.path / MANIFEST)  # fails if a manifest exists: create-only
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def delete_manifest(self, generation: Any = None) -> None:
+        (self.path / MANIFEST).unlink(missing_ok=True)
+
+    def _lock_path(self) -> Path:
+        return self.path.parent / (self.path.name + ".lock")
+
+    def try_lock(self, owner: str, stale_s: float) -> bool:
+        lock = self._lock_path()
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                if time.time() - lock.stat().st_mtime > stale_s:
+                    stale = lock.with_name(f"{lock.name}.stale-{owner}")
+                    os.replace(lock, stale)  # only one stager can move this very file away
+                    stale.unlink()
+            except FileNotFoundError:
+                pass
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump({"owner": owner, "time": time.time()}, f)
+        return True
+
+    def refresh_lock(self, owner: str) -> None:
+        try:
+            os.utime(self._lock_path())
+        except FileNotFoundError:
+            pass
+
+    def unlock(self, owner: str) -> None:
+        lock = self._lock_path()
+        try:
+            if json.loads(lock.read_text()).get("owner") == owner:
+                lock.unlink()
+        except (FileNotFoundError, ValueError):
+            pass
+
+
+def _open_entry(entry: Path | str):
+    if str(entry).startswith("gs://"):
+        return _gcs.GcsEntry(str(entry))
+    return LocalEntry(Path(entry))
+
+
+def _check_entry(entry) -> tuple[bool, str, dict[str, Any] | None, Any]:
+    """Returns (valid, reason, manifest, manifest generation) of an entry."""
+    try:
+        manifest, generation = entry.read_manifest()
+    except (OSError, ValueError) as exc:
+        return False, f"unreadable manifest ({exc!r})", {}, None  # {}: present, must be removed
+    if manifest is None:
+        return False, "no manifest (incomplete entry)", None, None
+    try:
+        valid, reason = entry.verify(manifest)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return False, f"unreadable manifest ({exc!r})", manifest, generation
+    return valid, reason, manifest, generation
+
+
+def verify_entry(entry: Path | str) -> tuple[bool, str]:
+    """Checks a cache entry against its manifest.
+
+    A local entry is checked by size and sha256 of every file; a gs:// entry by size and
+    crc32c of every object, from the object listing (no data is read).
+
+    Args:
+        entry: The entry folder, or its gs:// URI.
 
     Returns:
         (valid, reason): reason says what is wrong when not valid.
     """
-    manifest_path = entry / MANIFEST
-    if not manifest_path.is_file():
-        return False, "no manifest (incomplete entry)"
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = {rel: (info["size"], info["sha256"]) for rel, info in manifest["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return False, f"unreadable manifest ({exc!r})"
-    for rel, (size, sha) in files.items():
-        path = entry / rel
-        if not path.is_file():
-            return False, f"{rel}: missing"
-        if path.stat().st_size != size:
-            return False, f"{rel}: size {path.stat().st_size} != {size}"
-        if sha256_file(path) != sha:
-            return False, f"{rel}: sha256 mismatch"
-    return True, "ok"
+    valid, reason, _, _ = _check_entry(_open_entry(entry))
+    return valid, reason
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
@@ -258,13 +421,259 @@ def _copy_verified(src: Path, dst: Path, expected_sha: str) -> int:
     return size
 
 
+class _Heartbeat:
+    """Holds the entry lock: refreshes it every `every_s` seconds until stopped."""
+
+    def __init__(self, entry, owner: str, every_s: float):
+        self._entry, self._owner, self._every = entry, owner, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._entry.refresh_lock(self._owner)
+            except Exception:  # noqa: BLE001 - a missed refresh only risks duplicate work
+                log.warning("stage-model: could not refresh the lock of %s", self._entry.uri)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._entry.unlock(self._owner)
+
+
+def _acquire(entry, owner: str, wait_s: float, stale_s: float, poll_s: float):
+    """Takes the entry's lock, or waits while another live stager holds it.
+
+    Returns:
+        ("hit", manifest) when the other stager finished a valid entry meanwhile,
+        ("locked", None) when this stager holds the lock, ("unlocked", None) after
+        `wait_s` (staging then goes on without the lock; it stays correct, see module doc).
+    """
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        if entry.try_lock(owner, stale_s):
+            # Double-checked: another stager may have finished between our first check and the lock.
+            valid, _, manifest, _ = _check_entry(entry)
+            if valid:
+                entry.unlock(owner)
+                return "hit", manifest
+            return "locked", None
+        if not waited:
+            log.info("stage-model: %s is being staged by another run; waiting", entry.uri)
+        waited = True
+        valid, _, manifest, _ = _check_entry(entry)
+        if valid:
+            return "hit", manifest
+        if time.monotonic() > deadline:
+            log.warning("stage-model: lock of %s still held after %.0f s; staging without it", entry.uri, wait_s)
+            return "unlocked", None
+        time.sleep(poll_s)
+
+
+def _parallel(fn, items: list, workers: int, total_bytes: int, progress: bool, desc: str) -> list:
+    """Runs fn(item) -> bytes on a thread pool with a byte progress bar; returns results in order."""
+    from tqdm import tqdm
+
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress,
+              mininterval=1.0) as bar, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        out = []
+        for fut in futures:
+            n = fut.result()
+            bar.update(n if isinstance(n, int) else 0)
+            out.append(n)
+        return out
+
+
+@dataclass
+class _Prepared:
+    """A source ready to publish: complete local files, their checksums and model facts."""
+
+    folder: Path
+    files: list[str]
+    infos: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+
+
+def _prepare_local(src: Path, files: list[str], workers: int) -> _Prepared:
+    meta = check_model(src, files)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        shas = list(pool.map(lambda rel: sha256_file(src / rel), files))
+        crcs = list(pool.map(lambda rel: crc32c_file(src / rel), files))
+    infos = {rel: {"size": (src / rel).stat().st_size, "sha256": s, "crc32c": c} for rel, s, c in zip(files, shas, crcs)}
+    return _Prepared(src, files, infos, meta)
+
+
+def _download(spec: SourceSpec, listing: Listing, files: list[str], workdir: Path, workers: int,
+              progress: bool) -> _Prepared:
+    """Fetches the files of a remote source into workdir, checks sizes and known checksums."""
+
+    def fetch(rel: str) -> int:
+        path = listing.fetch(rel, workdir)
+        if path != workdir / rel:
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, workdir / rel)
+        return (workdir / rel).stat().st_size
+
+    _parallel(fetch, files, workers, sum(listing.files[r] for r in files), progress, f"download {spec.uri}")
+    for rel in files:
+        size = (workdir / rel).stat().st_size
+        if listing.files[rel] and size != listing.files[rel]:
+            raise StageError(f"model source {spec.uri}: {rel} downloaded {size} bytes, expected "
+                             f"{listing.files[rel]}; stage again")
+    prepared = _prepare_local(workdir, files, workers)
+    for rel, known in listing.expected.items():
+        for kind, value in known.items():
+            if rel in prepared.infos and prepared.infos[rel][kind] != value:
+                raise StageError(f"model source {spec.uri}: {rel} {kind} differs from the source's; stage again")
+    return prepared
+
+
+def _entry_for(cache: str, spec: SourceSpec, revision: str):
+    if cache.startswith("gs://"):
+        return _gcs.GcsEntry("/".join([cache.rstrip("/"), spec.scheme, *spec.parts, revision]))
+    if "://" in cache:
+        raise StageError(f"model cache {cache!r}: unknown scheme; use gs://bucket/prefix or a local folder")
+    root = Path(cache).expanduser().resolve()
+    return LocalEntry(root.joinpath(spec.scheme, *spec.parts, revision))
+
+
+def _stage(spec: SourceSpec, cache: str, allow, ignore, token_from, workers, progress, lock_wait_s,
+           lock_stale_s, poll_s) -> StageResult:
+    if cache.startswith("gs://"):
+        try:
+            _gcs.GcsEntry(cache.rstrip("/") + "/x").check_bucket()  # fail fast: bucket missing
+        except FileNotFoundError:
+            raise StageError(f"model cache {cache}: bucket not found; create it or fix the cache URI") from None
+    listing = None
+    if spec.scheme == "local":
+        src = Path(spec.uri).expanduser()
+        if not src.is_dir():
+            raise StageError(f"model source {spec.uri!r}: folder not found; pass an existing model folder")
+        src = src.resolve()
+        files = list_files(src, allow, ignore)
+        if not files:
+            raise StageError(f"model source {src}: no files to stage (after allow/ignore patterns)")
+        prepared = _prepare_local(src, files, workers)
+        hashes = {rel: info["sha256"] for rel, info in prepared.infos.items()}
+        revision = local_revision(src, files, hashes)
+        source_uri = str(src)
+    else:
+        if spec.scheme == "gs":
+            try:
+                objects = _gcs.list_source(spec.uri)
+            except FileNotFoundError as exc:
+                raise StageError(f"model source {spec.uri}: {exc}; check the bucket name") from None
+            if not objects:
+                raise StageError(f"model source {spec.uri}: no objects under this prefix; check the path")
+            names = _select(list(objects), allow, ignore)
+            listing = Listing(
+                fingerprint({n: objects[n][1] for n in names}),
+                {n: objects[n][0] for n in names},
+                lambda rel, workdir: _gs_fetch(spec.uri, rel, workdir),
+                {n: {"crc32c": objects[n][1]} for n in names},
+            )
+        else:
+            token = read_token(token_from, "HF_TOKEN" if spec.scheme == "hf" else "MODELSCOPE_API_TOKEN")
+            listing = resolve_hf(spec, token) if spec.scheme == "hf" else resolve_ms(spec, token)
+        files = _select(list(listing.files), allow, ignore)
+        if not files:
+            raise StageError(f"model source {spec.uri}: no files to stage (after allow/ignore patterns)")
+        if "config.json" not in files:
+            raise StageError(f"model source {spec.uri}: no config.json; not a Hugging Face model repo/folder")
+        if not any(f.endswith(".safetensors") for f in files):
+            raise StageError(f"model source {spec.uri}: no *.safetensors weights; use a safetensors revision "
+                             "or convert the model first")
+        revision = listing.revision
+        if spec.scheme in ("hf", "ms") and (allow or ignore):  # a file selection is its own entry
+            revision += "-" + fingerprint({f: "" for f in files})[len("sha256-"):][:8]
+        source_uri = spec.uri
+        prepared = None
+
+    entry = _entry_for(cache, spec, revision)
+    valid, reason, manifest, generation = _check_entry(entry)
+    if valid:
+        return _result(entry, True, 0, manifest)
+    log.info("stage-model: staging %s into %s (%s)", source_uri, entry.uri, reason)
+
+    owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    state, theirs = _acquire(entry, owner, lock_wait_s, lock_stale_s, poll_s)
+    if state == "hit":
+        return _result(entry, True, 0, theirs)
+    heartbeat = _Heartbeat(entry, owner, max(1.0, lock_stale_s / 5)) if state == "locked" else None
+    workdir = None
+    try:
+        if prepared is None:
+            workdir = Path(tempfile.mkdtemp(prefix="stage-model-"))
+            prepared = _download(spec, listing, files, workdir, workers, progress)
+        return _publish(entry, prepared, {
+            "version": MANIFEST_VERSION,
+            "source": source_uri,
+            "scheme": spec.scheme,
+            "requested_revision": spec.revision or "",
+            "revision": listing.revision if listing else revision,
+            "created": _now(),
+            "total_bytes": sum(i["size"] for i in prepared.infos.values()),
+            "files": prepared.infos,
+            "model": prepared.meta,
+        }, workers, progress)
+    finally:
+        if heartbeat:
+            heartbeat.stop()
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _gs_fetch(uri: str, rel: str, workdir: Path) -> Path:
+    _gcs.download(uri, rel, workdir / rel)
+    return workdir / rel
+
+
+def _publish(entry, prepared: _Prepared, manifest: dict[str, Any], workers: int, progress: bool) -> StageResult:
+    """Copies the missing or bad files into the entry, then writes the manifest last."""
+    _, _, old, generation = _check_entry(entry)
+    if old is not None:  # a manifest that does not verify must not vouch for a repair in progress
+        entry.delete_manifest(generation)
+    good = entry.good_files(prepared.infos)
+    todo = [rel for rel in prepared.files if rel not in good]
+
+    def put(rel: str) -> int:
+        try:
+            return entry.put(prepared.folder / rel, rel, prepared.infos[rel])
+        except _gcs.ChecksumError as exc:
+            raise StageError(f"{exc}; stage again") from None
+
+    copied = sum(_parallel(put, todo, workers, sum(prepared.infos[r]["size"] for r in todo), progress,
+                           f"copy to {entry.uri}"))
+    if isinstance(entry, LocalEntry):
+        check_model(entry.path, prepared.files)
+    if not entry.write_manifest(manifest):
+        # Another stager finished first. Keep its manifest if it verifies, else replace it.
+        valid, _, theirs, generation = _check_entry(entry)
+        if valid:
+            return _result(entry, False, copied, theirs)
+        entry.write_manifest(manifest, replace_generation=generation)
+    valid, reason, final, _ = _check_entry(entry)
+    if not valid:
+        entry.delete_manifest()
+        raise StageError(f"cache entry {entry.uri}: does not verify after copying ({reason}); stage again")
+    return _result(entry, False, copied, final)
+
+
+def _result(entry, cache_hit: bool, copied: int, manifest: dict[str, Any]) -> StageResult:
+    return StageResult(entry.uri, cache_hit, copied, manifest, {**manifest.get("model", {}), "cache_hit": cache_hit})
+
+
 def stage_local(
     source: str | Path,
     cache: str | Path,
     allow: list[str] | None = None,
     ignore: list[str] | None = None,
 ) -> StageResult:
-    """Stages a local model folder into a local model cache.
+    """Stages a local model folder into the model cache (a local folder or gs://).
 
     Args:
         source: The model folder.
@@ -279,76 +688,80 @@ def stage_local(
         StageError: The source is missing or not a valid model (see `check_model`), or a
             file changed while being copied. Nothing is left that looks like a valid entry.
     """
-    src = Path(source).expanduser()
-    if not src.is_dir():
-        raise StageError(f"model source {str(source)!r}: folder not found; pass an existing model folder")
-    src = src.resolve()
-    files = list_files(src, allow, ignore)
-    if not files:
-        raise StageError(f"model source {src}: no files to stage (after allow/ignore patterns)")
-    meta = check_model(src, files)
-    hashes = {rel: sha256_file(src / rel) for rel in files}
-    revision = local_revision(src, files, hashes)
-    entry = Path(cache).expanduser().resolve() / "local" / src.name / revision
-
-    valid, reason = verify_entry(entry)
-    if valid:
-        manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
-        return StageResult(str(entry), True, 0, manifest, {**meta, "cache_hit": True})
-
-    entry.mkdir(parents=True, exist_ok=True)
-    stale = entry / MANIFEST
-    if stale.exists():  # a manifest that does not verify must not vouch for a repair in progress
-        stale.unlink()
-    copied = 0
-    for rel in files:
-        dst = entry / rel
-        if dst.is_file() and dst.stat().st_size == (src / rel).stat().st_size and sha256_file(dst) == hashes[rel]:
-            continue  # a good file from an earlier, interrupted stage
-        copied += _copy_verified(src / rel, dst, hashes[rel])
-    check_model(entry, files)
-    manifest = {
-        "version": MANIFEST_VERSION,
-        "source": str(src),
-        "scheme": "local",
-        "revision": revision,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "total_bytes": sum((src / rel).stat().st_size for rel in files),
-        "files": {rel: {"size": (src / rel).stat().st_size, "sha256": hashes[rel]} for rel in files},
-        "model": meta,
-    }
-    _atomic_write_json(entry / MANIFEST, manifest)
-    valid, reason = verify_entry(entry)
-    if not valid:
-        (entry / MANIFEST).unlink(missing_ok=True)
-        raise StageError(f"cache entry {entry}: does not verify after copying ({reason}); check the disk and stage again")
-    return StageResult(str(entry), False, copied, manifest, {**meta, "cache_hit": False})
+    path = Path(source).expanduser()
+    spec = SourceSpec("local", str(path), [path.resolve().name], None)
+    return _stage(spec, str(cache), allow, ignore, None, 8, False, _LOCK_WAIT_S, _LOCK_STALE_S, _POLL_S)
 
 
-def stage_model(source: str, cache: str, allow: list[str] | None = None, ignore: list[str] | None = None) -> StageResult:
+def stage_model(
+    source: str,
+    cache: str,
+    allow: list[str] | None = None,
+    ignore: list[str] | None = None,
+    *,
+    revision: str | None = None,
+    token_from: str | None = None,
+    workers: int = 8,
+    progress: bool = False,
+    lock_wait_s: float = None,
+    lock_stale_s: float = None,
+    poll_s: float = None,
+) -> StageResult:
     """Stages a model from any supported source into the cache (the component's core).
 
     Args:
-        source: Local model folder. (`hf://`, `ms://` and `gs://` sources: not yet.)
-        cache: Cache root folder.
-        allow: Only stage files matching these globs. Default None.
-        ignore: Skip files matching these globs. Default None.
+        source: `hf://org/name[@rev]`, `ms://org/name[@rev]`, `gs://bucket/prefix` or a
+            local model folder.
+        cache: Cache root: a local folder or `gs://bucket/prefix`. The entry is
+            `<cache>/<scheme>/<org>/<name>/<revision>/` (hf/ms: commit hash, plus a
+            selection suffix when allow/ignore are given; gs/local: content fingerprint).
+        allow: Only stage files matching these globs. Default None (all).
+        ignore: Skip files matching these globs (e.g. '*.bin', 'original/*'). Default None.
+        revision: Branch, tag or commit for hf/ms sources. Default None (main/master).
+        token_from: Hub token source: 'env:VAR' or a Secret Manager name
+            'projects/P/secrets/S[/versions/V]'. Default None: $HF_TOKEN /
+            $MODELSCOPE_API_TOKEN if set. Never the token itself.
+        workers: Files copied in parallel. Default 8.
+        progress: Show tqdm byte progress bars on stderr. Default False.
+        lock_wait_s: Longest wait, in seconds, for another stager of the same entry
+            before staging without the lock. Default 4 h.
+        lock_stale_s: A lock not refreshed for this many seconds is taken over. Default 300.
+        poll_s: Seconds between checks while waiting. Default 2.
 
     Returns:
-        The StageResult.
+        The StageResult; `entry` is a folder or a gs:// URI.
 
     Raises:
-        StageError: Unsupported scheme, or any staging failure.
+        StageError: Unknown scheme, repo/revision/bucket not found, no permission, no
+            safetensors, unsupported architecture, or any copy failure. One line naming
+            the source or file and the fix; no valid-looking partial entry is left.
     """
-    scheme = source.split("://", 1)[0] if "://" in source else ""
-    if scheme:
-        raise StageError(
-            f"model source {source!r}: scheme '{scheme}://' is not supported yet; "
-            "stage it to a local folder and pass that folder"
-        )
-    if "://" in cache:
-        raise StageError(f"model cache {cache!r}: only local cache folders are supported yet")
-    return stage_local(source, cache, allow, ignore)
+    from google.api_core import exceptions as gex
+    from google.auth import exceptions as gauth
+
+    try:
+        spec = parse_source(source, revision)
+        return _stage(spec, cache, allow, ignore, token_from, workers, progress,
+                      _LOCK_WAIT_S if lock_wait_s is None else lock_wait_s,
+                      _LOCK_STALE_S if lock_stale_s is None else lock_stale_s,
+                      _POLL_S if poll_s is None else poll_s)
+    except SourceError as exc:
+        raise StageError(str(exc)) from None
+    except gex.Forbidden:
+        raise StageError(f"model source {source} / cache {cache}: no permission on Cloud Storage; grant the "
+                         "service account roles/storage.objectAdmin on the cache bucket "
+                         "(objectViewer on the source)") from None
+    except gauth.DefaultCredentialsError:
+        raise StageError(f"model source {source} / cache {cache}: no Google credentials for Cloud Storage; run "
+                         "`gcloud auth application-default login` or run on Vertex with a service account") from None
+    except gex.NotFound as exc:
+        raise StageError(f"model source {source} / cache {cache}: not found on Cloud Storage "
+                         f"({exc.__class__.__name__}); check the bucket and prefix") from None
+
+
+_LOCK_WAIT_S = 4 * 3600.0
+_LOCK_STALE_S = 300.0
+_POLL_S = 2.0
 
 
 def result_summary(result: StageResult) -> dict[str, Any]:
@@ -358,5 +771,5 @@ def result_summary(result: StageResult) -> dict[str, Any]:
     out["revision"] = result.manifest.get("revision", "")
     out["source"] = result.manifest.get("source", "")
     out["total_bytes"] = result.manifest.get("total_bytes", 0)
+    out["fuse_path"] = _gcs.to_fuse_path(result.entry)
     return out
-
