@@ -87,6 +87,8 @@ class DataSection:
         max_invalid_fraction: Largest fraction of invalid lines tolerated (they are
             quarantined and reported); above it validation fails. Default 0.0.
         split_seed: Salt of the deterministic hash split. Default "split-v1".
+        task: Check of the assistant answers: "" (none), "json" (fenced JSON) or
+            "detection" (fenced JSON list of {label, bbox}). Default "".
     """
 
     train: str
@@ -94,6 +96,7 @@ class DataSection:
     eval_fraction: float = 0.1
     max_invalid_fraction: float = 0.0
     split_seed: str = "split-v1"
+    task: str = ""
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,7 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     checks = [
         ("data.eval_fraction", 0.0 < d.eval_fraction < 1.0, "a number between 0 and 1 (exclusive)"),
         ("data.max_invalid_fraction", 0.0 <= d.max_invalid_fraction <= 1.0, "a number between 0 and 1"),
+        ("data.task", d.task in ("", "json", "detection"), "'', 'json' or 'detection'"),
         ("eval.max_new_tokens", e.max_new_tokens > 0, "a positive integer"),
         ("eval.batch_size", e.batch_size > 0, "a positive integer"),
         ("eval.max_samples", e.max_samples >= 0, "0 (all) or a positive integer"),

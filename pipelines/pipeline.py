@@ -46,6 +46,7 @@ def build_pipeline(cfg: Config) -> Any:
         eval_fraction: float = a["eval_fraction"],
         max_invalid_fraction: float = a["max_invalid_fraction"],
         split_seed: str = a["split_seed"],
+        data_task: str = a["data_task"],
         swift_args: dict = a["swift_args"],
         eval_max_new_tokens: int = a["eval_max_new_tokens"],
         eval_batch_size: int = a["eval_batch_size"],
@@ -70,6 +71,7 @@ def build_pipeline(cfg: Config) -> Any:
             eval_fraction: Held-out fraction when eval_data is empty.
             max_invalid_fraction: Largest tolerated fraction of invalid data lines.
             split_seed: Salt of the deterministic train/eval hash split.
+            data_task: Answer check in validation: "", "json" or "detection".
             swift_args: `swift sft` arguments (ms-swift names).
             eval_max_new_tokens: Greedy generation budget per held-out sample.
             eval_batch_size: Held-out samples generated together.
@@ -96,6 +98,9 @@ def build_pipeline(cfg: Config) -> Any:
             eval_fraction=eval_fraction,
             max_invalid_fraction=max_invalid_fraction,
             split_seed=split_seed,
+            base_model=stage.outputs["model"],
+            swift_args=swift_args,
+            task=data_task,
         ).set_display_name("validate-data")
         train = train_lora(
             base_model=stage.outputs["model"],
@@ -139,6 +144,7 @@ def pipeline_arguments(cfg: Config) -> dict[str, Any]:
         "eval_fraction": d.eval_fraction,
         "max_invalid_fraction": d.max_invalid_fraction,
         "split_seed": d.split_seed,
+        "data_task": d.task,
         "swift_args": dict(cfg.swift),
         "eval_max_new_tokens": e.max_new_tokens,
         "eval_batch_size": e.batch_size,

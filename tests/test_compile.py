@@ -41,7 +41,7 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
 def test_tasks_are_wired_in_order(tmp_path):
     spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml")))
     up = _upstream(spec)
-    assert up["stage-model"] == set() and up["validate-data"] == set()
+    assert up["stage-model"] == set() and up["validate-data"] == {"stage-model"}  # tokenizer for the token check
     assert up["train-lora"] == {"stage-model", "validate-data"}
     assert up["merge-export"] == {"stage-model", "train-lora"}
     assert up["evaluate"] == {"stage-model", "merge-export", "validate-data"}

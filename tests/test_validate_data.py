@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,9 @@ def png(path: Path, size: tuple[int, int] = (64, 48), color=(200, 30, 30), mode:
     return path
 
 
-def row(question: str, images: list[str] | None = None, answer: str = "[]", system: str | None = None) -> dict:
+def row(question: str, images: list[str] | None = None, answer: str | None = None, system: str | None = None) -> dict:
     images = images or []
+    answer = fenced(0) if answer is None else answer
     messages = [{"role": "user", "content": "<image>" * len(images) + question}, {"role": "assistant", "content": answer}]
     if system:
         messages.insert(0, {"role": "system", "content": system})
@@ -82,8 +84,23 @@ def run(tmp_path) -> Run:
     return Run(tmp_path / "out")
 
 
+def fenced(i: int) -> str:
+    return f'```json\n[{{"label": "hole", "bbox": [{i}, 2, 30, 40]}}]\n```'
+
+
 def good_rows(n: int = 4) -> list[dict]:
-    return [row(f"find the holes in drawing {i}", [f"img/d{i % 4}.png"], answer=f'[{{"label": "hole", "i": {i}}}]') for i in range(n)]
+    return [row(f"find the holes in drawing {i}", [f"img/d{i % 4}.png"], answer=fenced(i)) for i in range(n)]
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (connections are refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The options under which every check in CODES is active.
+ALL_CHECKS = {"task": "detection", "max_length": 400, "fetch_timeout": 5.0}
 
 
 # --- one bad line per check code ---------------------------------------------------
@@ -92,6 +109,7 @@ def good_rows(n: int = 4) -> list[dict]:
 def bad_lines(folder: Path) -> dict[str, bytes | str]:
     """One line per code, each failing only that check."""
     png(folder / "tiny.png", size=(10, 10))
+    png(folder / "big.png", size=(1024, 1024))  # ~1026 image tokens > max_length 400
     (folder / "broken.png").write_bytes(b"this is not a png at all")
     return {
         "E_ENCODING": b'{"messages": [{"role": "user", "content": "caf\xe9"}]}',
@@ -100,11 +118,14 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         "E_SCHEMA": line({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ROLE": line({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ORDER": line({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]}),
-        "E_IMAGE_COUNT": line({"messages": [{"role": "user", "content": "<image><image>q"}, {"role": "assistant", "content": "a"}], "images": ["img/d0.png"]}),
+        "E_IMAGE_COUNT": line({"messages": [{"role": "user", "content": "<image><image>q"}, {"role": "assistant", "content": fenced(0)}], "images": ["img/d0.png"]}),
+        "E_ANSWER": line(row("q", ["img/d0.png"], answer="two holes at [1, 2]")),
         "E_IMAGE_PATH": line(row("q", ["../../etc/passwd"])),
+        "E_IMAGE_FETCH": line(row("q", [f"http://127.0.0.1:{closed_port()}/a.png"])),
         "E_IMAGE_MISSING": line(row("q", ["img/nope.png"])),
         "E_IMAGE_UNREADABLE": line(row("q", ["broken.png"])),
         "E_IMAGE_SIZE": line(row("q", ["tiny.png"])),
+        "E_TOKENS": line(row("q", ["big.png"])),
         "E_DUPLICATE": line(good_rows()[0]),
     }
 
@@ -121,7 +142,7 @@ def test_each_check_fires_on_its_own_line(data, run, monkeypatch, code):
     bad = bad_lines(data)[code]
     # good, good, BAD, good, good: the bad line is line 3
     path = write_lines(data / "train.jsonl", good[:2] + [bad] + good[2:])
-    result = run([path], max_invalid_fraction=0.5)
+    result = run([path], max_invalid_fraction=0.5, **ALL_CHECKS)
 
     assert len(result.issues) == 1
     issue = result.issues[0]
@@ -153,7 +174,7 @@ def test_messages_name_the_problem(data, run, monkeypatch):
     bad = bad_lines(data)
     good = [line(r) for r in good_rows()]
     path = write_lines(data / "train.jsonl", good + [bad[c] for c in CODES])
-    result = run([path], max_invalid_fraction=0.9)
+    result = run([path], max_invalid_fraction=0.9, **ALL_CHECKS)
     by_code = {i.code: i for i in result.issues}
     assert [i.code for i in result.issues] == list(CODES)
     assert [i.line for i in result.issues] == list(range(5, 5 + len(CODES)))
@@ -228,7 +249,11 @@ def test_system_prompt_and_multi_turn_are_valid(data, run):
     assert result.counts["n_invalid"] == 0 and result.counts["n_valid"] == 5
 
 
-@pytest.mark.parametrize("ref", ["http://example.com/a.png", "gs://bucket/a.png", "data:image/png;base64,AAAA", "../data/img/d0.png"])
+# http(s), gs:// and base64 images are supported (tests/test_validate_data_sources.py);
+# these forms are not.
+@pytest.mark.parametrize(
+    "ref", ["ftp://example.com/a.png", "gs://bucket-only", "data:image/png,not-base64", "../data/img/d0.png", "../../etc/passwd"]
+)
 def test_image_path_variants(data, run, ref):
     path = write_lines(data / "sub" / "train.jsonl", [line(row(f"q{i}")) for i in range(4)] + [line(row("q", [ref]))])
     result = run([path], max_invalid_fraction=0.5)

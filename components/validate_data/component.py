@@ -14,10 +14,14 @@ def validate_data(
     eval_fraction: float,
     max_invalid_fraction: float,
     split_seed: str,
+    base_model: dsl.Input[dsl.Model],
     train_dataset: dsl.Output[dsl.Dataset],
     eval_dataset: dsl.Output[dsl.Dataset],
     quarantine: dsl.Output[dsl.Dataset],
     metrics: dsl.Output[dsl.Metrics],
+    report: dsl.Output[dsl.HTML],
+    swift_args: dict,
+    task: str = "",
 ) -> NamedTuple("Outputs", [("n_train", int), ("n_eval", int)]):
     """Checks every line of the data; writes clean train/eval datasets and a quarantine.
 
@@ -27,10 +31,17 @@ def validate_data(
         eval_fraction: Held-out fraction for the hash split.
         max_invalid_fraction: Largest tolerated fraction of invalid lines.
         split_seed: Salt of the split hash.
+        base_model: Staged base model; its tokenizer and image processor settings give
+            the token estimate checked against max_length.
         train_dataset: Output: clean training set (data.jsonl + images/).
         eval_dataset: Output: clean held-out set (data.jsonl + images/).
         quarantine: Output: rejected lines with file, line, code and message.
-        metrics: Output: line counts, per-check counts.
+        metrics: Output: line counts, per-check counts, token-count figures.
+        report: Output: HTML report (counts by check, token and image-size
+            distributions, first errors with thumbnails).
+        swift_args: `swift sft` arguments; rows whose estimated token count exceeds
+            their max_length are rejected (no check without max_length).
+        task: Answer check: "" none, "json" or "detection". Default "".
     """
     from collections import namedtuple
 
@@ -46,12 +57,20 @@ def validate_data(
             eval_fraction,
             max_invalid_fraction,
             split_seed,
+            report_out=report.path,
+            max_length=int(swift_args.get("max_length", 0) or 0),
+            task=task,
+            model_dir=base_model.path,
         )
     except DataError as exc:
         raise SystemExit(f"validate-data: {exc}") from None
     print(result.summary())
     for key, value in result.counts.items():
         metrics.log_metric(key, value)
+    tokens = sorted(result.stats["token_counts"])
+    if tokens:
+        metrics.log_metric("tokens_median", tokens[len(tokens) // 2])
+        metrics.log_metric("tokens_max", tokens[-1])
     train_dataset.metadata.update({"rows": result.counts["n_train"], "format": "ms-swift jsonl"})
     eval_dataset.metadata.update({"rows": result.counts["n_eval"], "format": "ms-swift jsonl"})
     quarantine.metadata["rows"] = result.counts["n_invalid"]

@@ -10,19 +10,34 @@ A dataset written here is a folder:
     images/       the rows' images, named by content hash (copied once)
 
 so it is self-contained and readable by the training task wherever the folder is
-(`/gcs/...` on Vertex, a local folder under kfp.local).
+(`/gcs/...` on Vertex, a local folder under kfp.local). Images given as http(s) URLs,
+gs:// URIs or base64 are fetched once and copied in like local ones.
+
+How it runs: each file is parsed line by line (text checks), then every distinct image
+is inspected once, in a thread pool: its bytes hashed and its header read (PIL's
+`Image.open` + `verify()`: size, mode, chunk checksums; no pixel decode). Token counts
+come from the image sizes and the text (see `_tokens.py`). An HTML report
+(`_report.py`) shows the counts, distributions and the first errors with thumbnails.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from PIL import Image, UnidentifiedImageError
+
+from components.validate_data import _sources
+from components.validate_data._sources import Reject as _Reject
+from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
 
 ROLES = ("system", "user", "assistant", "tool")
 IMAGE_TAG = "<image>"
@@ -40,12 +55,16 @@ CODES = {
     "E_ROLE": "unknown role",
     "E_ORDER": "messages out of order (alternation / last message must be the assistant's)",
     "E_IMAGE_COUNT": "number of <image> tags differs from len(images)",
+    "E_ANSWER": "assistant answer is not fenced JSON of the task's shape (only with task=...)",
     "E_IMAGE_PATH": "image path escapes the dataset folder or uses an unsupported form",
+    "E_IMAGE_FETCH": "image URL / gs:// object could not be downloaded (timeout, HTTP or storage error)",
     "E_IMAGE_MISSING": "image file not found",
     "E_IMAGE_UNREADABLE": "image cannot be opened",
-    "E_IMAGE_SIZE": "image size or mode not usable",
+    "E_IMAGE_SIZE": "image size, aspect ratio or mode not usable",
+    "E_TOKENS": "estimated token count exceeds max_length (only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
 }
+TASKS = ("", "json", "detection")  # answer checks: none, any fenced JSON, detection findings
 
 
 class DataError(ValueError):
@@ -76,6 +95,9 @@ class ValidationResult:
         quarantine: JSONL of rejected lines (file, line, code, message, raw text).
         counts: n_lines, n_valid, n_invalid, n_train, n_eval, n_images, per-code counts.
         issues: The rejected lines, in input order.
+        stats: token_counts (per valid row), token_source ("approx" or the tokenizer),
+            max_length, image_sizes ((width, height) per distinct valid image).
+        report: The HTML report file ("" when none was asked for).
     """
 
     train_dir: str
@@ -83,6 +105,8 @@ class ValidationResult:
     quarantine: str
     counts: dict[str, int]
     issues: list[Issue] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    report: str = ""
 
     def summary(self, max_issues: int = 10) -> str:
         """Returns a human-readable summary: counts per check and the first errors."""
@@ -91,6 +115,13 @@ class ValidationResult:
             f"{c['n_lines']} lines: {c['n_valid']} valid ({c['n_train']} train, {c['n_eval']} eval), "
             f"{c['n_invalid']} quarantined; {c['n_images']} images"
         ]
+        tokens = sorted(self.stats.get("token_counts", []))
+        if tokens:
+            limit = self.stats.get("max_length") or "none"
+            lines.append(
+                f"tokens per valid row ({self.stats.get('token_source', 'approx')}): median {tokens[len(tokens) // 2]}, "
+                f"p95 {tokens[min(len(tokens) - 1, int(len(tokens) * 0.95))]}, max {tokens[-1]} (max_length {limit})"
+            )
         for code in CODES:
             if c.get(code):
                 lines.append(f"  {code}: {c[code]}  ({CODES[code]})")
@@ -99,13 +130,6 @@ class ValidationResult:
         if len(self.issues) > max_issues:
             lines.append(f"  ... and {len(self.issues) - max_issues} more in {self.quarantine}")
         return "\n".join(lines)
-
-
-class _Reject(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _check_messages(row: Any) -> list[dict[str, Any]]:
@@ -139,91 +163,39 @@ def _check_messages(row: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _resolve_image(ref: str, base: Path) -> Path:
-    """Resolves an image reference to a local file inside the dataset folder tree."""
-    if "://" in ref or ref.startswith("data:"):
-        raise _Reject("E_IMAGE_PATH", f"image {ref!r}: URLs, gs:// and base64 images are not supported yet")
-    path = Path(ref)
-    if path.is_absolute():
-        return path
-    resolved = (base / path).resolve()
-    if not resolved.is_relative_to(base.resolve()):
-        raise _Reject("E_IMAGE_PATH", f"image {ref!r} escapes the dataset folder {base}")
-    return resolved
 
+def _check_answer(messages: list[dict[str, Any]], task: str) -> None:
+    """Checks that every assistant answer is fenced JSON of the task's shape."""
+    from components.evaluate.metrics import _FENCE_RE, parse_findings
 
-def _check_image(path: Path, ref: str) -> tuple[int, int]:
-    if not path.is_file():
-        raise _Reject("E_IMAGE_MISSING", f"image {ref!r} not found (looked at {path})")
-    try:
-        with Image.open(path) as img:
-            width, height = img.size
-            mode = img.mode
-            img.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise _Reject("E_IMAGE_UNREADABLE", f"image {ref!r} cannot be opened: {exc}") from None
-    if min(width, height) < MIN_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
-        raise _Reject(
-            "E_IMAGE_SIZE",
-            f"image {ref!r} is {width}x{height}; sides must be >= {MIN_IMAGE_SIDE} px and area <= {MAX_IMAGE_PIXELS} px",
-        )
-    if mode not in IMAGE_MODES:
-        raise _Reject("E_IMAGE_SIZE", f"image {ref!r} has mode {mode!r}, not one of {', '.join(IMAGE_MODES)}")
-    return width, height
-
-
-def _read_lines(path: Path):
-    """Yields (line_number, raw_bytes) of a JSONL file, tolerating a BOM and CRLF."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            yield number, raw.rstrip(b"\r\n")
-
-
-def _validate_file(path: Path, seen: dict[str, str], issues: list[Issue]) -> list[tuple[dict[str, Any], list[Path], str]]:
-    """Returns the valid rows of one file as (row, image paths, row key); records issues."""
-    if not path.is_file():
-        raise DataError(f"{path}: data file not found")
-    base = path.parent
-    rows = []
-    n_lines = 0
-    for number, raw in _read_lines(path):
-        if not raw.strip():
-            continue  # blank lines are not rows
-        n_lines += 1
-        try:
-            if len(raw) > MAX_LINE_BYTES:
-                raise _Reject("E_TOO_LONG", f"line has {len(raw)} bytes (limit {MAX_LINE_BYTES})")
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        text = msg["content"]
+        body = next((m.group(2) for m in _FENCE_RE.finditer(text) if m.group(1).strip().lower() == "json"), None)
+        if body is None:
+            raise _Reject("E_ANSWER", f"messages[{i}] (assistant) has no ```json fenced block")
+        if task == "json":
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _Reject("E_ENCODING", f"not UTF-8 at byte {exc.start}") from None
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
-            _check_messages(row)
-            image_paths = []
-            for ref in row.get("images", []):
-                image_path = _resolve_image(ref, base)
-                _check_image(image_path, ref)
-                image_paths.append(image_path)
-            key = hashlib.sha256(
-                json.dumps(
-                    [row["messages"], [sha_of_file(p) for p in image_paths]], sort_keys=True, ensure_ascii=False
-                ).encode()
-            ).hexdigest()
-            if key in seen:
-                raise _Reject("E_DUPLICATE", f"same messages and images as {seen[key]}")
-            seen[key] = f"{path}:{number}"
-            rows.append((row, image_paths, key))
-        except _Reject as rej:
-            text = raw[:65536].decode("utf-8", errors="replace")
-            issues.append(Issue(str(path), number, rej.code, rej.message, text))
-    if n_lines == 0:
-        raise DataError(f"{path}: file is empty (no JSONL rows)")
-    return rows
+                json.loads(body)
+            except ValueError as exc:
+                raise _Reject("E_ANSWER", f"messages[{i}] (assistant): invalid JSON in the fence: {exc}") from None
+        else:
+            _, reason = parse_findings(text)
+            if reason:
+                raise _Reject("E_ANSWER", f"messages[{i}] (assistant): {reason}")
+
+
+@dataclass
+class _Image:
+    """One inspected image: its local file, content hash and header facts."""
+
+    path: Path
+    sha: str
+    width: int
+    height: int
+    mode: str
+    suffix: str
 
 
 _SHA_CACHE: dict[tuple[Path, int, int], str] = {}
@@ -242,27 +214,156 @@ def sha_of_file(path: Path) -> str:
     return _SHA_CACHE[key]
 
 
-def _write_dataset(rows: list[tuple[dict[str, Any], list[Path], str]], out_dir: Path) -> int:
+_FORMAT_SUFFIX = {"PNG": ".png", "JPEG": ".jpg", "GIF": ".gif", "WEBP": ".webp", "BMP": ".bmp", "TIFF": ".tif"}
+
+
+def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: float) -> _Image:
+    """Fetches (if remote), hashes and reads the header of one image; raises _Reject."""
+    path = _sources.fetch(source, ref, staging, timeout)
+    if not path.is_file():
+        raise _Reject("E_IMAGE_MISSING", f"image {ref!r} not found (looked at {path})")
+    try:
+        sha = sha_of_file(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                width, height = img.size
+                mode, fmt = img.mode, img.format
+                img.verify()
+    except Image.DecompressionBombError as exc:
+        raise _Reject("E_IMAGE_SIZE", f"image {ref!r}: {exc}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise _Reject("E_IMAGE_UNREADABLE", f"image {ref!r} cannot be opened: {exc}") from None
+    if min(width, height) < MIN_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
+        raise _Reject(
+            "E_IMAGE_SIZE",
+            f"image {ref!r} is {width}x{height}; sides must be >= {MIN_IMAGE_SIDE} px and area <= {MAX_IMAGE_PIXELS} px",
+        )
+    if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise _Reject("E_IMAGE_SIZE", f"image {ref!r} is {width}x{height}; aspect ratio above {MAX_ASPECT_RATIO}")
+    if mode not in IMAGE_MODES:
+        raise _Reject("E_IMAGE_SIZE", f"image {ref!r} has mode {mode!r}, not one of {', '.join(IMAGE_MODES)}")
+    suffix = path.suffix.lower() if source.kind == "file" else ""
+    return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""))
+
+
+def _read_lines(path: Path):
+    """Yields (line number, raw bytes, length) of a JSONL file, tolerating a BOM and CRLF.
+
+    A line longer than MAX_LINE_BYTES is not held in memory: its first 64 KiB are yielded
+    with its full length, and the rest is skipped.
+    """
+    limit = MAX_LINE_BYTES
+    with open(path, "rb") as f:
+        number = 0
+        while True:
+            raw = f.readline(limit + 2)
+            if not raw:
+                return
+            number += 1
+            length = len(raw)
+            if length == limit + 2 and not raw.endswith(b"\n"):
+                head, tail = raw, raw
+                while True:
+                    more = f.readline(1 << 20)
+                    length += len(more)
+                    if len(head) < 65536:
+                        head += more[: 65536 - len(head)]
+                    tail = (tail + more)[-2:]
+                    if not more or more.endswith(b"\n"):
+                        break
+                length -= 2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0
+                yield number, head[:65536].rstrip(b"\r\n"), length
+                continue
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            raw = raw.rstrip(b"\r\n")
+            yield number, raw, len(raw)
+
+
+@dataclass
+class _Pending:
+    """A line that passed the text checks, waiting for its images."""
+
+    file: str
+    line: int
+    raw: bytes
+    row: dict[str, Any]
+    sources: list[tuple[str, _sources.Source]]
+    is_eval: bool
+
+
+def _open_input(name: str, staging: Path, index: int) -> tuple[Path, str]:
+    """Returns (local JSONL path, folder that relative image paths resolve against)."""
+    if name.startswith("gs://"):
+        local = staging / f"_input_{index}.jsonl"
+        try:
+            local.write_bytes(_sources.read_gs(name, timeout=300))
+        except _Reject as rej:
+            raise DataError(f"{name}: data file cannot be read ({rej.message})") from None
+        return local, name.rsplit("/", 1)[0]
+    path = Path(name)
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found")
+    return path, str(path.parent)
+
+
+def _parse_file(
+    name: str, staging: Path, index: int, is_eval: bool, task: str, issues: list[tuple[Issue, list[Path]]]
+) -> list[_Pending]:
+    """Runs the text checks of one file; returns its pending rows, records issues."""
+    path, base = _open_input(name, staging, index)
+    pending = []
+    n_lines = 0
+    for number, raw, length in _read_lines(path):
+        if not raw.strip():
+            continue  # blank lines are not rows
+        n_lines += 1
+        try:
+            if length > MAX_LINE_BYTES:
+                raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _Reject("E_ENCODING", f"not UTF-8 at byte {exc.start}") from None
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
+            except RecursionError:
+                raise _Reject("E_JSON", "JSON nested too deeply") from None
+            messages = _check_messages(row)
+            if task:
+                _check_answer(messages, task)
+            sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]
+            pending.append(_Pending(name, number, raw, row, sources, is_eval))
+        except _Reject as rej:
+            text = raw[:65536].decode("utf-8", errors="replace")
+            issues.append((Issue(name, number, rej.code, rej.message, text), []))
+    if n_lines == 0:
+        raise DataError(f"{name}: file is empty (no JSONL rows)")
+    return pending
+
+
+def _write_dataset(rows: list[tuple[dict[str, Any], list[_Image], str]], out_dir: Path, pool: ThreadPoolExecutor) -> int:
     """Writes rows + their images into a self-contained dataset folder; returns image count."""
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
-    written = set()
+    to_copy: dict[str, Path] = {}
     with open(out_dir / "data.jsonl", "w", encoding="utf-8") as f:
-        for row, image_paths, _ in rows:
+        for row, images, _ in rows:
             refs = []
-            for src in image_paths:
-                name = sha_of_file(src)[:20] + src.suffix.lower()
-                dst = image_dir / name
-                if name not in written:
-                    # a copy, not a link: a validated dataset must not change with its source
-                    shutil.copyfile(src, dst)
-                    written.add(name)
+            for image in images:
+                name = image.sha[:20] + image.suffix
+                to_copy.setdefault(name, image.path)
                 refs.append(f"images/{name}")
             out = dict(row)
             if refs or "images" in row:
                 out["images"] = refs
             f.write(json.dumps(out, ensure_ascii=False) + "\n")
-    return len(written)
+    # a copy, not a link: a validated dataset must not change with its source
+    list(pool.map(lambda item: shutil.copyfile(item[1], image_dir / item[0]), to_copy.items()))
+    return len(to_copy)
 
 
 def split_key(row_key: str, salt: str) -> float:
@@ -280,11 +381,20 @@ def validate_data(
     eval_fraction: float = 0.1,
     max_invalid_fraction: float = 0.0,
     split_seed: str = "split-v1",
+    *,
+    report_out: str | None = None,
+    model_dir: str | None = None,
+    max_length: int = 0,
+    max_pixels: int = 0,
+    task: str = "",
+    fetch_timeout: float = 30.0,
+    workers: int = 0,
 ) -> ValidationResult:
     """Validates JSONL files and writes clean train/eval datasets and a quarantine.
 
     Args:
-        train_files: ms-swift JSONL files with training rows.
+        train_files: ms-swift JSONL files with training rows: local paths (`/gcs/...` on
+            Vertex) or gs:// URIs.
         train_out: Folder for the clean training set (data.jsonl + images/).
         eval_out: Folder for the clean held-out set (data.jsonl + images/).
         quarantine_out: JSONL file for the rejected lines.
@@ -295,20 +405,110 @@ def validate_data(
             lowest split key goes to eval, so there is always something to evaluate on.
         max_invalid_fraction: Largest tolerated fraction of invalid lines. Default 0.0.
         split_seed: Salt of the split hash. Default "split-v1".
+        report_out: HTML report file; None = no report. Written before the policy check,
+            so a failed run still has one. Default None.
+        model_dir: Model folder whose tokenizer and preprocessor_config.json count tokens;
+            None = the approximation of `_tokens.approx_text_tokens` with Qwen3-VL image
+            defaults. Default None.
+        max_length: Largest estimated token count of a row (ms-swift `max_length`);
+            0 = no check (counts are still reported). Default 0.
+        max_pixels: Image area cap in px for the token estimate (ms-swift MAX_PIXELS);
+            0 = from the model folder or the Qwen3-VL default. Default 0.
+        task: Answer check: "" none, "json" (every assistant answer holds a ```json block
+            that parses), "detection" (that block is a list of {"label", "bbox": [4
+            numbers]}, as evaluate parses it). Default "".
+        fetch_timeout: Seconds a single image download (http(s), gs://) may take in all.
+            Default 30.
+        workers: Threads inspecting images; 0 = 4 per CPU, at most 32. Default 0.
 
     Returns:
         The ValidationResult.
 
     Raises:
-        DataError: A file is missing or empty, fewer than one valid train row, or the
-            invalid fraction exceeds `max_invalid_fraction` (message holds the summary).
+        DataError: A file is missing or empty, the model folder has no tokenizer, the task
+            is unknown, fewer than one valid train row, or the invalid fraction exceeds
+            `max_invalid_fraction` (message holds the summary).
     """
-    issues: list[Issue] = []
+    if task not in TASKS:
+        raise DataError(f"task {task!r} is not one of {TASKS}")
+    try:
+        counter = TokenCounter(model_dir, max_pixels)
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    workers = workers or min(32, 4 * (os.cpu_count() or 1))
+    staging = Path(tempfile.mkdtemp(prefix="validate-data-"))
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            return _validate(
+                train_files, eval_files or [], Path(train_out), Path(eval_out), Path(quarantine_out),
+                eval_fraction, max_invalid_fraction, split_seed, report_out, counter, max_length, task,
+                fetch_timeout, staging, pool,
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _validate(
+    train_files, eval_files, train_out, eval_out, quarantine, eval_fraction, max_invalid_fraction, split_seed,
+    report_out, counter, max_length, task, fetch_timeout, staging, pool,
+) -> ValidationResult:  # fmt: skip
+    issues: list[tuple[Issue, list[Path]]] = []  # with the local images, for the report's thumbnails
+    pending = [
+        p
+        for i, (name, is_eval) in enumerate([(f, False) for f in train_files] + [(f, True) for f in eval_files])
+        for p in _parse_file(str(name), staging, i, is_eval, task, issues)
+    ]
+
+    # every distinct image once, in parallel
+    distinct = list(dict.fromkeys(src for p in pending for _, src in p.sources))
+    refs = {src: ref for p in pending for ref, src in p.sources}
+
+    def inspect(src):
+        try:
+            return _inspect_image(src, refs[src], staging, fetch_timeout)
+        except _Reject as rej:
+            return rej
+
+    inspected = dict(zip(distinct, pool.map(inspect, distinct)))
+
     seen: dict[str, str] = {}
-    train_rows = [r for f in train_files for r in _validate_file(Path(f), seen, issues)]
-    if eval_files:
-        eval_rows = [r for f in eval_files for r in _validate_file(Path(f), seen, issues)]
-    else:
+    train_rows, eval_rows, token_counts = [], [], []
+    for p in pending:
+        images: list[_Image] = []
+        try:
+            for ref, src in p.sources:
+                info = inspected[src]
+                if isinstance(info, _Reject):
+                    raise _Reject(info.code, info.message)
+                images.append(info)
+            try:
+                n_tokens = counter.text_tokens(p.row["messages"]) + sum(counter.image_tokens(i.width, i.height) for i in images)
+            except ValueError as exc:
+                raise _Reject("E_IMAGE_SIZE", str(exc)) from None
+            if max_length and n_tokens > max_length:
+                raise _Reject(
+                    "E_TOKENS", f"about {n_tokens} tokens ({counter.source}) > max_length {max_length}; "
+                    "shrink the images (max_pixels) or raise max_length"
+                )  # fmt: skip
+            key = hashlib.sha256(
+                json.dumps([p.row["messages"], [i.sha for i in images]], sort_keys=True, ensure_ascii=False).encode()
+            ).hexdigest()
+            if key in seen:
+                raise _Reject("E_DUPLICATE", f"same messages and images as {seen[key]}")
+            seen[key] = f"{p.file}:{p.line}"
+            token_counts.append(n_tokens)
+            (eval_rows if p.is_eval else train_rows).append((p.row, images, key))
+        except _Reject as rej:
+            text = p.raw[:65536].decode("utf-8", errors="replace")
+            local = [  # for the report's thumbnails: readable images, and those of the wrong size
+                x.path if isinstance(x, _Image) else Path(s.location)
+                for _, s in p.sources
+                if isinstance(x := inspected[s], _Image) or (x.code == "E_IMAGE_SIZE" and s.kind == "file")
+            ]
+            issues.append((Issue(p.file, p.line, rej.code, rej.message, text), local))
+    issues.sort(key=lambda item: (_file_order(item[0].file, train_files, eval_files), item[0].line))
+
+    if not eval_files:
         positions = {r[2]: split_key(r[2], split_seed) for r in train_rows}
         eval_keys = {k for k, pos in positions.items() if pos < eval_fraction}
         if not eval_keys and len(train_rows) >= 2:
@@ -316,12 +516,11 @@ def validate_data(
         eval_rows = [r for r in train_rows if r[2] in eval_keys]
         train_rows = [r for r in train_rows if r[2] not in eval_keys]
 
-    quarantine = Path(quarantine_out)
     quarantine.parent.mkdir(parents=True, exist_ok=True)
     with open(quarantine, "w", encoding="utf-8") as f:
-        for issue in issues:
+        for issue, _ in issues:
             f.write(json.dumps(issue.__dict__, ensure_ascii=False) + "\n")
-    n_images = _write_dataset(train_rows, Path(train_out)) + _write_dataset(eval_rows, Path(eval_out))
+    n_images = _write_dataset(train_rows, train_out, pool) + _write_dataset(eval_rows, eval_out, pool)
     n_valid = len(train_rows) + len(eval_rows)
     counts: dict[str, int] = {
         "n_lines": n_valid + len(issues),
@@ -331,9 +530,23 @@ def validate_data(
         "n_eval": len(eval_rows),
         "n_images": n_images,
     }
-    for issue in issues:
+    for issue, _ in issues:
         counts[issue.code] = counts.get(issue.code, 0) + 1
-    result = ValidationResult(train_out, eval_out, str(quarantine), counts, issues)
+    valid_images = {id(i): i for r in train_rows + eval_rows for i in r[1]}.values()
+    stats = {
+        "token_counts": token_counts,
+        "token_source": counter.source,
+        "max_length": max_length,
+        "max_invalid_fraction": max_invalid_fraction,
+        "image_sizes": [(i.width, i.height) for i in {i.sha: i for i in valid_images}.values()],
+    }
+    result = ValidationResult(
+        str(train_out), str(eval_out), str(quarantine), counts, [i for i, _ in issues], stats, report_out or ""
+    )
+    if report_out:
+        from components.validate_data._report import write_report
+
+        write_report(report_out, result, issues)
     invalid_fraction = len(issues) / counts["n_lines"]
     if invalid_fraction > max_invalid_fraction:
         raise DataError(
@@ -347,3 +560,7 @@ def validate_data(
         raise DataError("no valid eval rows: pass an eval file or more training rows\n" + result.summary())
     return result
 
+
+def _file_order(name: str, train_files: list[str], eval_files: list[str]) -> int:
+    names = [str(f) for f in list(train_files) + list(eval_files)]
+    return names.index(name) if name in names else len(names)

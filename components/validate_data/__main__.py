@@ -1,0 +1,66 @@
+"""Validate ms-swift JSONL data on your own machine, with the pipeline's core.
+
+    python -m components.validate_data DATA.jsonl [DATA2.jsonl ...] [--eval EVAL.jsonl]
+        [--model DIR] [--max-length N] [--task detection] [--out DIR]
+
+Writes DIR/train/, DIR/eval/ (data.jsonl + images/), DIR/quarantine.jsonl and
+DIR/report.html, prints the summary, and exits 1 when the policy fails (or a file is
+missing / empty), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from components.validate_data.core import TASKS, DataError, validate_data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.validate_data", description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", nargs="+", help="ms-swift JSONL file(s): local paths or gs:// URIs")
+    parser.add_argument("--eval", action="append", default=[], help="held-out JSONL (repeatable); default: hash split")
+    parser.add_argument("--model", default="", help="model folder: its tokenizer counts tokens (offline)")
+    parser.add_argument("--max-length", type=int, default=0, help="largest token count of a row (0 = no check)")
+    parser.add_argument("--max-pixels", type=int, default=0, help="image area cap for the token count (0 = model's)")
+    parser.add_argument("--task", default="", choices=TASKS, help="answer check: json or detection (default none)")
+    parser.add_argument("--eval-fraction", type=float, default=0.1, help="held-out fraction of the split (0.1)")
+    parser.add_argument("--max-invalid-fraction", type=float, default=0.0, help="tolerated invalid fraction (0)")
+    parser.add_argument("--split-seed", default="split-v1", help="salt of the split hash (split-v1)")
+    parser.add_argument("--fetch-timeout", type=float, default=30.0, help="seconds per image download (30)")
+    parser.add_argument("--out", default="validate-data-out", help="output folder (validate-data-out)")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    (out / "report.html").unlink(missing_ok=True)  # never point at an older run's report
+    print(f"validate-data: {', '.join(args.data)}" + (f" (eval: {', '.join(args.eval)})" if args.eval else ""))
+    try:
+        result = validate_data(
+            args.data,
+            str(out / "train"),
+            str(out / "eval"),
+            str(out / "quarantine.jsonl"),
+            eval_files=args.eval,
+            eval_fraction=args.eval_fraction,
+            max_invalid_fraction=args.max_invalid_fraction,
+            split_seed=args.split_seed,
+            report_out=str(out / "report.html"),
+            model_dir=args.model or None,
+            max_length=args.max_length,
+            max_pixels=args.max_pixels,
+            task=args.task,
+            fetch_timeout=args.fetch_timeout,
+        )
+    except DataError as exc:
+        print(f"validate-data: FAILED: {exc}", file=sys.stderr)
+        if (out / "report.html").is_file():
+            print(f"report: {out / 'report.html'}", file=sys.stderr)
+        return 1
+    print(result.summary())
+    print(f"outputs: {out}/train, {out}/eval, {result.quarantine}, {result.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Where an image reference points, and how its bytes are fetched.
+
+ms-swift accepts an image as a path relative to the JSONL's folder, an absolute path, an
+http(s) URL or base64 (a `data:` URI or a bare base64 string longer than 200 characters).
+gs:// URIs are accepted too (read with google-cloud-storage, which honours
+`STORAGE_EMULATOR_HOST`). Remote and inline images are fetched once per run into a
+staging folder, so every later check, and the training task, reads a local file.
+
+Every failure is a `Reject` with a stable code; nothing here raises anything else and
+nothing waits longer than the fetch timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import posixpath
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_FETCH_BYTES = 64 * 1024 * 1024  # a remote image larger than this is rejected
+_BASE64_RE = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
+_DATA_URI_RE = re.compile(r"^data:([^;,]*)(;[^,]*)?,(.*)$", re.DOTALL)
+
+
+class Reject(Exception):
+    """A line fails a check; `code` is one of core.CODES."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved image reference.
+
+    Attributes:
+        kind: "file", "http", "gs" or "base64".
+        location: The local path (file), the URL / gs:// URI, or the base64 payload.
+    """
+
+    kind: str
+    location: str
+
+
+def split_gs(uri: str) -> tuple[str, str]:
+    """Returns (bucket, object name) of a gs:// URI."""
+    rest = uri[len("gs://") :]
+    bucket, _, name = rest.partition("/")
+    return bucket, name
+
+
+def resolve(ref: str, base: str) -> Source:
+    """Resolves an image reference against the folder of its JSONL file.
+
+    Args:
+        ref: The reference as written in the row's `images`.
+        base: The JSONL file's folder: a local path or a gs:// prefix.
+
+    Returns:
+        The Source.
+
+    Raises:
+        Reject: E_IMAGE_PATH when a relative path escapes the dataset folder or the form
+            is not supported.
+    """
+    ref_s = ref.strip()
+    if ref_s.startswith(("http://", "https://")):
+        return Source("http", ref_s)
+    if ref_s.startswith("gs://"):
+        bucket, name = split_gs(ref_s)
+        if not bucket or not name:
+            raise Reject("E_IMAGE_PATH", f"image {ref!r}: gs:// URI needs a bucket and an object name")
+        return Source("gs", ref_s)
+    if ref_s.startswith("data:"):
+        match = _DATA_URI_RE.match(ref_s)
+        if not match or "base64" not in (match.group(2) or ""):
+            raise Reject("E_IMAGE_PATH", f"image {ref[:60]!r}...: only base64 data: URIs are supported")
+        return Source("base64", match.group(3))
+    if "://" in ref_s:
+        raise Reject("E_IMAGE_PATH", f"image {ref[:200]!r}: unsupported URL scheme (use a path, http(s)://, gs:// or base64)")
+    if base.startswith("gs://"):
+        if ref_s.startswith("/"):
+            return Source("file", ref_s)
+        bucket, prefix = split_gs(base)
+        prefix = prefix.strip("/")
+        joined = posixpath.normpath(posixpath.join(prefix, ref_s))
+        if joined == ".." or joined.startswith("../") or (prefix and not joined.startswith(prefix + "/")):
+            raise Reject("E_IMAGE_PATH", f"image {ref!r} escapes the dataset folder {base}")
+        return Source("gs", f"gs://{bucket}/{joined}")
+    if len(ref_s) > 200 and _BASE64_RE.match(ref_s) and not os.path.exists(ref_s):
+        return Source("base64", ref_s)
+    path = Path(ref_s)
+    if path.is_absolute():
+        return Source("file", str(path))
+    base_path = Path(base).resolve()
+    resolved = (base_path / path).resolve()
+    if not resolved.is_relative_to(base_path):
+        raise Reject("E_IMAGE_PATH", f"image {ref!r} escapes the dataset folder {base}")
+    return Source("file", str(resolved))
+
+
+def _fetch_http(url: str, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    request = urllib.request.Request(url, headers={"User-Agent": "vlm-lora-validate-data"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http/https only)
+            chunks, size = [], 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise Reject("E_IMAGE_FETCH", f"image {url!r}: download took longer than {timeout:g} s")
+                chunk = response.read1(1 << 16)  # what has arrived, so the deadline is checked often
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_FETCH_BYTES:
+                    raise Reject("E_IMAGE_FETCH", f"image {url!r}: larger than {MAX_FETCH_BYTES} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except urllib.error.HTTPError as exc:
+        code = "E_IMAGE_MISSING" if exc.code in (404, 410) else "E_IMAGE_FETCH"
+        raise Reject(code, f"image {url!r}: HTTP {exc.code} {exc.reason}") from None
+    except (TimeoutError, socket.timeout):
+        raise Reject("E_IMAGE_FETCH", f"image {url!r}: no answer within {timeout:g} s") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise Reject("E_IMAGE_FETCH", f"image {url!r}: no answer within {timeout:g} s") from None
+        raise Reject("E_IMAGE_FETCH", f"image {url!r}: {reason}") from None
+
+
+_GCS_CLIENT = threading.local()
+
+
+def gcs_client():
+    """Returns a google-cloud-storage client (per thread; honours STORAGE_EMULATOR_HOST)."""
+    from google.cloud import storage  # imported here: only gs:// data needs it
+
+    key = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    cached = getattr(_GCS_CLIENT, "value", None)
+    if cached is None or cached[0] != key:
+        if key:
+            from google.auth.credentials import AnonymousCredentials
+
+            client = storage.Client(project="emulator", credentials=AnonymousCredentials())
+        else:
+            client = storage.Client()
+        _GCS_CLIENT.value = (key, client)
+    return _GCS_CLIENT.value[1]
+
+
+def read_gs(uri: str, timeout: float) -> bytes:
+    """Returns the bytes of a gs:// object.
+
+    Raises:
+        Reject: E_IMAGE_MISSING when the object does not exist, E_IMAGE_FETCH otherwise.
+    """
+    from google.api_core import exceptions as gexc
+
+    bucket, name = split_gs(uri)
+    try:
+        blob = gcs_client().bucket(bucket).blob(name)
+        return blob.download_as_bytes(timeout=timeout, retry=None)
+    except Reject:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any client error becomes a quarantine entry
+        if isinstance(exc, gexc.NotFound):
+            raise Reject("E_IMAGE_MISSING", f"image {uri!r} not found") from None
+        raise Reject("E_IMAGE_FETCH", f"image {uri!r}: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
+_MAGIC = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF8", ".gif"), (b"BM", ".bmp"))
+
+
+def _sniff_suffix(data: bytes) -> str:
+    """Returns the file suffix of image bytes by their magic number ("" when unknown)."""
+    for magic, suffix in _MAGIC:
+        if data.startswith(magic):
+            return suffix
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    return ""
+
+
+def fetch(source: Source, ref: str, staging: Path, timeout: float) -> Path:
+    """Returns a local file with the image's bytes, fetching remote and inline images.
+
+    Args:
+        source: The resolved reference.
+        ref: The reference as written (for messages).
+        staging: Folder for fetched images (named by content hash).
+        timeout: Seconds a download may take in all.
+
+    Raises:
+        Reject: E_IMAGE_MISSING, E_IMAGE_FETCH or E_IMAGE_UNREADABLE.
+    """
+    if source.kind == "file":
+        return Path(source.location)
+    if source.kind == "http":
+        data = _fetch_http(source.location, timeout)
+    elif source.kind == "gs":
+        data = read_gs(source.location, timeout)
+    else:
+        try:
+            data = base64.b64decode("".join(source.location.split()), validate=False)
+        except (binascii.Error, ValueError) as exc:
+            raise Reject("E_IMAGE_UNREADABLE", f"image {ref[:60]!r}...: not valid base64 ({exc})") from None
+        if not data:
+            raise Reject("E_IMAGE_UNREADABLE", f"image {ref[:60]!r}...: empty base64 payload")
+    staging.mkdir(parents=True, exist_ok=True)
+    suffix = _sniff_suffix(data)
+    path = staging / (hashlib.sha256(data).hexdigest() + suffix)
+    if not path.exists():
+        tmp = path.with_name(path.name + f".{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return path
