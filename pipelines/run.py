@@ -59,7 +59,7 @@ def resolve_demo_inputs(cfg: Config) -> Config:
     if model.source == DEMO_MODEL:
         from pipelines.demo.tiny_model import ensure_tiny_model
 
-        model = dataclasses.replace(model, source=str(ensure_tiny_model(demo_cache_dir())))
+        model = dataclasses.replace(model, source=str(ensure_tiny_model()))
     if DEMO_DATA_TRAIN in (data.train, data.eval) or DEMO_DATA_EVAL in (data.train, data.eval):
         from pipelines.demo.drawings import generate_dataset
 
@@ -90,24 +90,29 @@ def preflight_local(cfg: Config) -> None:
                 raise RunError(f"{cfg.path}: {key}: data file not found: {item}")
 
 
-class _TaskTimer(logging.Handler):
-    """Records when kfp.local starts and finishes each task (from its log lines)."""
+class _TaskTimer(logging.Filter):
+    """Records when kfp.local starts and finishes each task (from its log lines).
+
+    A filter on the root logger, not a handler: kfp.local replaces the root's handlers
+    while a pipeline runs, but keeps its filters.
+    """
 
     _start = re.compile(r"Executing task (?:\x1b\[\d+m)?'([\w-]+)'")
     _end = re.compile(r"Task (?:\x1b\[\d+m)?'([\w-]+)'(?:\x1b\[\d+m)? finished with status (?:\x1b\[\d+m)?(\w+)")
 
     def __init__(self):
-        super().__init__(logging.INFO)
+        super().__init__()
         self.started: dict[str, float] = {}
         self.times: dict[str, tuple[float, str]] = {}
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         if m := self._start.search(msg):
             self.started[m.group(1)] = record.created
         elif m := self._end.search(msg):
             name = m.group(1)
             self.times[name] = (record.created - self.started.get(name, record.created), m.group(2))
+        return True
 
 
 def _newest_run_dir(root: Path, name: str, after: float) -> Path | None:
@@ -155,7 +160,7 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     local.init(local.SubprocessRunner(use_venv=False), pipeline_root=str(root_dir), enable_caching=caching)
 
     timer = _TaskTimer()
-    logging.getLogger().addHandler(timer)
+    logging.getLogger().addFilter(timer)
     start = time.time()
     try:
         passed = build_pipeline(cfg)(**pipeline_arguments(cfg)).output
@@ -165,7 +170,7 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
             f"pipeline failed at task {', '.join(failed) or '?'} (its error is printed above): {str(exc).splitlines()[0]}"
         ) from None
     finally:
-        logging.getLogger().removeHandler(timer)
+        logging.getLogger().removeFilter(timer)
     wall = time.time() - start
     run_dir = _newest_run_dir(root_dir, cfg.pipeline.name, start)
     return {

@@ -221,7 +221,9 @@ def test_metadata_counts_parameters_and_dtype(model, cache):
     assert "manifest" not in summary
     assert summary["revision"] == result.manifest["revision"]
     assert summary["total_bytes"] == result.manifest["total_bytes"]
-    assert summary["metadata"]["num_parameters"] == N_PARAMS
+    # flat: the Model artifact's metadata is read as base_model.metadata["model_type"]
+    assert summary["num_parameters"] == N_PARAMS and summary["model_type"] == "qwen3_vl"
+    assert "metadata" not in summary
 
 
 def test_metadata_dtype_is_the_majority_dtype(tmp_path):

@@ -26,6 +26,12 @@ def test_to_cli_formats_bools_lists_and_numbers():
     ]
 
 
+def test_to_cli_turns_whole_floats_from_kfp_structs_into_ints():
+    assert to_cli({"gradient_accumulation_steps": 1.0, "lr": 0.5, "ids": [2.0, 3.5]}) == [
+        "--gradient_accumulation_steps", "1", "--lr", "0.5", "--ids", "2", "3.5",
+    ]
+
+
 def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
     cmd = build_sft_command(
         {"lora_rank": 8, "learning_rate": 1e-4, "gradient_checkpointing": True, "target_modules": ["q_proj", "v_proj"]},

@@ -768,6 +768,7 @@ def result_summary(result: StageResult) -> dict[str, Any]:
     """Returns the JSON-able facts of a StageResult (for logs and artifact metadata)."""
     out = asdict(result)
     out.pop("manifest")
+    out.update(out.pop("metadata"))  # architecture, model_type, ... at the top level
     out["revision"] = result.manifest.get("revision", "")
     out["source"] = result.manifest.get("source", "")
     out["total_bytes"] = result.manifest.get("total_bytes", 0)

@@ -79,7 +79,9 @@ def check_swift_args(args: dict[str, Any], known: set[str] | None = None, where:
 def to_cli(args: dict[str, Any]) -> list[str]:
     """Turns {name: value} into ['--name', 'value', ...] as ms-swift's parser expects.
 
-    Booleans become 'true'/'false', lists become several values, dicts become JSON.
+    Booleans become 'true'/'false', lists become several values, dicts become JSON, and
+    whole floats become integers (KFP passes dict parameters as protobuf Structs, whose
+    numbers are all floats: `gradient_accumulation_steps: 1` arrives as 1.0).
     """
     out: list[str] = []
     for key, value in args.items():
@@ -87,12 +89,18 @@ def to_cli(args: dict[str, Any]) -> list[str]:
         if isinstance(value, bool):
             out.append("true" if value else "false")
         elif isinstance(value, list):
-            out.extend(str(v) for v in value)
+            out.extend(_scalar(v) for v in value)
         elif isinstance(value, dict):
             out.append(json.dumps(value))
         else:
-            out.append(str(value))
+            out.append(_scalar(value))
     return out
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return str(value)
 
 
 def build_sft_command(
