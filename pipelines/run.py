@@ -151,7 +151,6 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
 
     if root:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=root))
-    os.environ.update(OFFLINE_ENV)
     cfg = resolve_demo_inputs(cfg)
     preflight_local(cfg)
     root_dir = Path(cfg.pipeline.root).expanduser().resolve()
@@ -160,6 +159,8 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     local.init(local.SubprocessRunner(use_venv=False), pipeline_root=str(root_dir), enable_caching=caching)
 
     timer = _TaskTimer()
+    saved_env = dict(os.environ)
+    os.environ.update(OFFLINE_ENV)  # the tasks are subprocesses: they inherit it
     logging.getLogger().addFilter(timer)
     start = time.time()
     try:
@@ -171,6 +172,8 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
         ) from None
     finally:
         logging.getLogger().removeFilter(timer)
+        os.environ.clear()
+        os.environ.update(saved_env)
     wall = time.time() - start
     run_dir = _newest_run_dir(root_dir, cfg.pipeline.name, start)
     return {

@@ -1,0 +1,92 @@
+"""End-to-end: the whole DAG under kfp.local on the tiny model and the demo drawings.
+
+Marked `pipeline` (minutes on 2 cores); CI runs it. The second test reuses the first
+run's cached tasks (kfp.local caching) and re-runs only evaluate with a gate the tuned
+model cannot meet.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import DEFAULT_LOCAL_CONFIG, load_config
+from pipelines.pipeline import TASK_ORDER
+from pipelines.run import main, run_local
+
+pytestmark = pytest.mark.pipeline
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pipeline-root")
+
+
+@pytest.fixture(scope="module")
+def first_run(root):
+    cfg = load_config(DEFAULT_LOCAL_CONFIG)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, cache=str(root / "model-cache")))
+    return run_local(cfg, root=str(root / "runs"), enable_caching=True)
+
+
+def test_whole_dag_runs_and_the_tuned_model_beats_the_base(first_run):
+    run_dir = Path(first_run["run_dir"])
+    assert set(first_run["tasks"]) == set(TASK_ORDER)
+    m = first_run["metrics"]
+    assert m["tuned_n"] == m["base_n"] > 0
+    assert m["tuned_json_valid_rate"] > m["base_json_valid_rate"], m
+    assert first_run["passed"] is True
+
+    adapter = run_dir / "train-lora" / "adapter"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    ref = json.loads((adapter / "base_model.json").read_text())
+    assert ref["model_type"] == "qwen3_vl" and ref["revision"].startswith("sha256-")
+
+    merged = run_dir / "merge-export" / "merged_model"
+    assert (merged / "model.safetensors").is_file() and (merged / "lineage.json").is_file()
+
+    predictions = (run_dir / "evaluate" / "predictions").read_text().splitlines()
+    n_eval = len((run_dir / "validate-data" / "eval_dataset" / "data.jsonl").read_text().splitlines())
+    assert len(predictions) == n_eval == m["tuned_n"]
+
+
+def test_unreachable_gate_fails_and_upstream_tasks_come_from_the_cache(first_run, root):
+    cfg = load_config(DEFAULT_LOCAL_CONFIG)
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, cache=str(root / "model-cache")),
+        eval=dataclasses.replace(cfg.eval, metric="f1", min_value=1.01),
+    )
+    second = run_local(cfg, root=str(root / "runs"), enable_caching=True)
+    assert second["passed"] is False
+    # only evaluate ran again: the others were cache hits (no time spent training)
+    assert second["tasks"].get("train-lora", 0.0) < 5.0
+    assert second["metrics"]["tuned_f1"] < 1.01
+
+
+def test_bad_config_stops_before_any_work(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pipeline: {name: demo, root: " + str(tmp_path / "runs") + "}\n"
+        "model: {source: demo://tiny-qwen3-vl, cache: c}\n"
+        "data: {train: t.jsonl}\n"
+        "eval:\n  batch_size: eight\n"
+    )
+    assert main(["--local", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:5" in err and "eval.batch_size" in err and "an integer" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_data_file_is_a_named_error(tmp_path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "pipeline: {name: demo, root: " + str(tmp_path / "runs") + "}\n"
+        f"model: {{source: {tmp_path}, cache: {tmp_path / 'cache'}}}\n"
+        f"data: {{train: {tmp_path / 'nope.jsonl'}}}\n"
+    )
+    assert main(["--local", "--config", str(cfg_file)]) == 1
+    err = capsys.readouterr().err
+    assert "data.train: data file not found" in err and "nope.jsonl" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
