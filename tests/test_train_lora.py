@@ -140,3 +140,11 @@ def test_summarize_log():
 def test_explain_failure_points_at_the_knob():
     assert "per_device_train_batch_size" in core._explain_failure("torch.OutOfMemoryError: CUDA out of memory.", 1)
     assert "last line: boom" in core._explain_failure("a\nboom\n", 3)
+
+
+def test_cpu_speed_env_only_without_gpu_and_never_overrides():
+    assert core.cpu_speed_env(True, {}) == {}
+    env = core.cpu_speed_env(False, {})
+    assert env == core.CPU_SPEED_ENV and env["OMP_NUM_THREADS"] == "1"
+    kept = core.cpu_speed_env(False, {"OMP_NUM_THREADS": "8"})
+    assert "OMP_NUM_THREADS" not in kept and "MALLOC_TRIM_THRESHOLD_" in kept

@@ -248,6 +248,44 @@ def swift_executable() -> str:
     return str(beside) if beside.exists() else "swift"
 
 
+# CPU-only runs (the local demo): one intra-op thread per process and a glibc malloc that
+# keeps freed memory instead of returning it to the OS after every step. On a 2-core machine
+# this halves the time per training step (the step is dominated by page faults and thread
+# hand-offs around the 151936-wide LM head, not by arithmetic).
+CPU_SPEED_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MALLOC_MMAP_THRESHOLD_": "2147483647",
+    "MALLOC_TRIM_THRESHOLD_": "4294967296",
+    "MALLOC_TOP_PAD_": "536870912",
+}
+
+
+def cpu_speed_env(cuda_available: bool, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Returns environment variables that speed up `swift sft` on a CPU-only machine.
+
+    Args:
+        cuda_available: Whether a GPU is usable; then nothing is returned.
+        environ: The current environment (default os.environ); variables already set
+            there are left alone, so a user's choice wins.
+
+    Returns:
+        The variables of CPU_SPEED_ENV that are not set yet ({} with a GPU).
+    """
+    if cuda_available:
+        return {}
+    current = os.environ if environ is None else environ
+    return {k: v for k, v in CPU_SPEED_ENV.items() if k not in current}
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no torch here means no GPU either
+        return False
+
+
 def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None) -> tuple[int, str]:
     """Runs a command, streaming its output; returns (exit code, last 20 kB of output)."""
     tail = ""
@@ -306,7 +344,10 @@ def train_lora(
     cmd[0] = swift_executable()
     print("train-lora:", " ".join(cmd), flush=True)
     start = time.time()
-    code, tail = run_command(cmd, log_path=work / "swift_sft.log")
+    env = cpu_speed_env(_cuda_available())
+    if env:
+        print("train-lora: CPU-only, setting", " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    code, tail = run_command(cmd, env=env, log_path=work / "swift_sft.log")
     wall = time.time() - start
     if code != 0:
         raise TrainError(_explain_failure(tail, code))

@@ -56,11 +56,9 @@ LABELS: tuple[str, ...] = ("title_block", "part_outline", "hole", "dimension")
 """Labels that can appear in a finding, in no particular order."""
 
 PROMPT: str = (
-    "Detect the elements of this engineering drawing. Answer with a JSON list "
-    'of objects {"label": ..., "bbox": [x1, y1, x2, y2]} where label is one '
-    "of title_block, part_outline, hole, dimension and bbox is in integer "
-    "pixel coordinates of the image. Order the list top-to-bottom, then "
-    "left-to-right. Answer with an empty list if there is nothing to report."
+    "Detect the title_block, part_outline, hole and dimension elements of this "
+    'engineering drawing. Answer with a JSON list of {"label": ..., "bbox": '
+    '[x1, y1, x2, y2]} in pixels, top to bottom.'
 )
 """User prompt that follows the ``<image>`` tag in every row."""
 
