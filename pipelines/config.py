@@ -8,6 +8,15 @@ A config is value-only YAML with four sections:
 * `swift`: arguments for `swift sft`, in ms-swift's own names, passed through unchanged
   (checked against the installed ms-swift by `components.train_lora.core.check_swift_args`).
 * `eval`: generation settings, the IoU threshold and the promotion gate.
+* `vertex`: project, region, service account, network, experiment, labels, CMEK key,
+  TensorBoard and template repository of the Vertex target (all optional: compiling
+  needs none of them, submitting needs `project` and a gs:// `pipeline.root`).
+* `resources`: the GPU profile of train-lora's CustomJob (machine, accelerators, replicas,
+  disk, Spot / FLEX_START, reservation) and the machines of the other tasks; checked
+  against the machine-shape and region tables in `pipelines.vertex`.
+* `images`: container image overrides (default: `components.images`).
+* `register`: the Vertex Model Registry entry a passing model becomes a version of.
+* `schedule`: the recurring run of `python -m pipelines.schedule`.
 
 Unknown keys and wrong types are errors that name the file, the line, the key and what
 is expected: `ConfigError`, raised before any work starts.
@@ -125,6 +134,131 @@ class EvalSection:
 
 
 @dataclass(frozen=True)
+class VertexSection:
+    """Where the Vertex target runs. Every key is optional until a run is submitted.
+
+    Attributes:
+        project: Google Cloud project ID. Required by run / schedule / upload. Default "".
+        region: Vertex region (also where GPUs must be offered). Default us-central1.
+        service_account: Service account the pipeline and its jobs run as
+            (docs/setup.md creates it). Default "" (the Compute Engine default account).
+        network: VPC network `projects/NUMBER/global/networks/NAME` for peering. Default "".
+        experiment: Vertex experiment the runs join, to compare metrics across runs. Default "".
+        labels: Labels of runs, jobs and models (lowercase keys and values). Default {}.
+        encryption_key: CMEK key `projects/P/locations/R/keyRings/K/cryptoKeys/C`. Default "".
+        tensorboard: Vertex TensorBoard `projects/P/locations/R/tensorboards/ID` for
+            train-lora's logs (needs a gs:// `pipeline.root`). Default "".
+        template_repo: Artifact Registry KFP repository
+            `https://REGION-kfp.pkg.dev/PROJECT/REPO` for `pipelines.upload`. Default "".
+        region_check: Check the region against the GPU table in `pipelines.vertex` (a
+            snapshot; turn off if Vertex has added the GPU there since). Default true.
+    """
+
+    project: str = ""
+    region: str = "us-central1"
+    service_account: str = ""
+    network: str = ""
+    experiment: str = ""
+    labels: dict[str, Any] = field(default_factory=dict)
+    encryption_key: str = ""
+    tensorboard: str = ""
+    template_repo: str = ""
+    region_check: bool = True
+
+
+@dataclass(frozen=True)
+class ResourcesSection:
+    """Machines of the Vertex target. Defaults are the seed profile (1 x A100 40GB).
+
+    Attributes:
+        machine_type: train-lora's machine type. Default a2-highgpu-1g.
+        accelerator_type: Vertex accelerator enum, e.g. NVIDIA_H100_80GB. Default NVIDIA_TESLA_A100.
+        accelerator_count: GPUs per replica (must match the machine type). Default 1.
+        replica_count: Machines (nodes) of the training job; > 1 = multi-node. Default 1.
+        boot_disk_gb: Boot disk per replica, GB (checkpoints land here first). Default 200.
+        boot_disk_type: pd-ssd or pd-standard. Default pd-ssd.
+        scheduling: standard (on demand), spot or flex_start (Dynamic Workload
+            Scheduler). Default standard.
+        max_wait_s: Longest wait for capacity with flex_start, seconds. Default 86400.
+        timeout_s: Longest training run, seconds. Default 604800 (7 days).
+        reservation: "" (none), "any" (any matching reservation) or a reservation name
+            `projects/P/zones/Z/reservations/R` (that one only). Default "".
+        eval_accelerator_type: GPU of merge-export and evaluate (one each). Default NVIDIA_TESLA_A100.
+        eval_cpu: vCPUs of merge-export and evaluate. Default 12.
+        eval_memory_gb: Memory of merge-export and evaluate, GB. Default 85.
+        light_cpu: vCPUs of stage-model, validate-data and register. Default 4.
+        light_memory_gb: Memory of the light tasks, GB. Default 16.
+    """
+
+    machine_type: str = "a2-highgpu-1g"
+    accelerator_type: str = "NVIDIA_TESLA_A100"
+    accelerator_count: int = 1
+    replica_count: int = 1
+    boot_disk_gb: int = 200
+    boot_disk_type: str = "pd-ssd"
+    scheduling: str = "standard"
+    max_wait_s: int = 86400
+    timeout_s: int = 604800
+    reservation: str = ""
+    eval_accelerator_type: str = "NVIDIA_TESLA_A100"
+    eval_cpu: int = 12
+    eval_memory_gb: int = 85
+    light_cpu: int = 4
+    light_memory_gb: int = 16
+
+
+@dataclass(frozen=True)
+class ImagesSection:
+    """Container image overrides; "" = the tag in `components.images`.
+
+    Attributes:
+        light: CPU image of stage-model, validate-data and register. Default "".
+        train: CUDA image of train-lora, merge-export and evaluate. Default "".
+    """
+
+    light: str = ""
+    train: str = ""
+
+
+@dataclass(frozen=True)
+class RegisterSection:
+    """The Vertex Model Registry entry a model that passed the gate becomes a version of.
+
+    Attributes:
+        model_id: ID of the parent model (created by the first registration). Default:
+            the pipeline name.
+        display_name: Display name of the parent model. Default: the pipeline name.
+        serving_image: Serving container image of the model (e.g. a vLLM image). Required
+            for registration to be useful; "" skips the register step.
+        alias: Version alias moved to every newly registered version. Default champion.
+    """
+
+    model_id: str = ""
+    display_name: str = ""
+    serving_image: str = ""
+    alias: str = "champion"
+
+
+@dataclass(frozen=True)
+class ScheduleSection:
+    """The recurring run created by `python -m pipelines.schedule create`.
+
+    Attributes:
+        cron: Five-field cron expression, e.g. "0 3 * * 1" (Mondays 03:00). Default "".
+        time_zone: IANA time zone the cron is read in. Default UTC.
+        max_concurrent_runs: Runs of this schedule at the same time. Default 1.
+        start_time: First possible run, RFC 3339 (e.g. 2026-01-01T00:00:00Z); "" = now.
+        end_time: No runs after this, RFC 3339; "" = never.
+    """
+
+    cron: str = ""
+    time_zone: str = "UTC"
+    max_concurrent_runs: int = 1
+    start_time: str = ""
+    end_time: str = ""
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole validated config file."""
 
@@ -133,6 +267,11 @@ class Config:
     data: DataSection
     swift: dict[str, Any] = field(default_factory=dict)
     eval: EvalSection = field(default_factory=EvalSection)
+    vertex: VertexSection = field(default_factory=VertexSection)
+    resources: ResourcesSection = field(default_factory=ResourcesSection)
+    images: ImagesSection = field(default_factory=ImagesSection)
+    register: RegisterSection = field(default_factory=RegisterSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
     path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,11 +390,14 @@ def load_config(path: str | Path) -> Config:
         line = lines.get(key) or lines.get(key.split(".")[0])
         return f"{path}:{line}" if line else str(path)
 
-    sections = {"pipeline": PipelineSection, "model": ModelSection, "data": DataSection, "eval": EvalSection}
+    sections = {"pipeline": PipelineSection, "model": ModelSection, "data": DataSection, "eval": EvalSection,
+                "vertex": VertexSection, "resources": ResourcesSection, "images": ImagesSection,
+                "register": RegisterSection, "schedule": ScheduleSection}
     unknown = sorted(map(str, set(raw) - set(sections) - {"swift"}))  # YAML keys may be non-strings
     if unknown:
         raise ConfigError(
-            f"{where(unknown[0])}: unknown section '{unknown[0]}'; allowed: pipeline, model, data, swift, eval"
+            f"{where(unknown[0])}: unknown section '{unknown[0]}'; allowed: pipeline, model, data, swift, eval, "
+            "vertex, resources, images, register, schedule"
         )
     for required in ("pipeline", "model", "data"):
         if required not in raw:
@@ -300,6 +442,106 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
             raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {shown}")
     if "tuner_type" in cfg.swift and cfg.swift["tuner_type"] != "lora":
         raise ConfigError(f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' (this pipeline trains LoRA adapters)")
+    _check_vertex(cfg, where)
+
+
+def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
+    """Checks the Vertex sections: shapes and regions against `pipelines.vertex`'s tables."""
+    from pipelines import vertex
+
+    v, r, s = cfg.vertex, cfg.resources, cfg.schedule
+    checks = [
+        ("resources.accelerator_count", r.accelerator_count >= 0, "0 or a positive integer"),
+        ("resources.replica_count", r.replica_count >= 1, "a positive integer (machines of the training job)"),
+        ("resources.boot_disk_gb", 100 <= r.boot_disk_gb <= 65536, "an integer from 100 to 65536 (GB)"),
+        ("resources.boot_disk_type", r.boot_disk_type in ("pd-ssd", "pd-standard"), "'pd-ssd' or 'pd-standard'"),
+        ("resources.scheduling", r.scheduling in vertex.SCHEDULING, "one of " + ", ".join(vertex.SCHEDULING)),
+        ("resources.max_wait_s", r.max_wait_s > 0, "a positive number of seconds"),
+        ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
+        ("resources.reservation", r.reservation in ("", "any") or _is_reservation(r.reservation),
+         "'', 'any' or 'projects/P/zones/Z/reservations/R'"),
+        ("resources.eval_accelerator_type", r.eval_accelerator_type in vertex.GPU_REGIONS,
+         "one of " + ", ".join(vertex.ACCELERATOR_TYPES)),
+        ("resources.eval_cpu", r.eval_cpu > 0, "a positive integer"),
+        ("resources.eval_memory_gb", r.eval_memory_gb > 0, "a positive integer"),
+        ("resources.light_cpu", r.light_cpu > 0, "a positive integer"),
+        ("resources.light_memory_gb", r.light_memory_gb > 0, "a positive integer"),
+        ("vertex.region", _is_region(v.region), "a Vertex region such as 'us-central1'"),
+        ("vertex.labels", all(_is_label(k, 1) and _is_label(str(x), 0) for k, x in v.labels.items()),
+         "a mapping of lowercase labels (letters, digits, '_' and '-', at most 63 characters)"),
+        ("vertex.service_account", v.service_account == "" or v.service_account.endswith(".gserviceaccount.com"),
+         "'' or a service account e-mail NAME@PROJECT.iam.gserviceaccount.com"),
+        ("vertex.template_repo", v.template_repo == "" or v.template_repo.startswith(("https://", "http://")),
+         "'' or https://REGION-kfp.pkg.dev/PROJECT/REPO"),
+        ("vertex.tensorboard", v.tensorboard == "" or "/tensorboards/" in v.tensorboard,
+         "'' or projects/P/locations/R/tensorboards/ID"),
+        ("schedule.max_concurrent_runs", s.max_concurrent_runs >= 1, "a positive integer"),
+    ]
+    for key, ok, expected in checks:
+        if not ok:
+            section, name = key.split(".")
+            value = getattr(getattr(cfg, section), name)
+            raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {value!r}")
+    problem = vertex.check_machine(r.machine_type, r.accelerator_type, r.accelerator_count)
+    if problem:
+        key = "resources.accelerator_count" if "count" in problem and r.machine_type.startswith("n1-") else "resources.machine_type"
+        raise ConfigError(f"{where(key)}: {problem}")
+    if r.machine_type in vertex.PREEMPTIBLE_ONLY and r.scheduling == "standard":
+        raise ConfigError(f"{where('resources.scheduling')}: {r.machine_type} runs only with scheduling spot or flex_start")
+    if v.region_check:
+        for key, gpu in (("resources.accelerator_type", r.accelerator_type), ("resources.eval_accelerator_type", r.eval_accelerator_type)):
+            problem = vertex.check_region(gpu, v.region)
+            if problem:
+                raise ConfigError(f"{where(key)}: {problem} (vertex.region at {where('vertex.region')})")
+    if s.cron:
+        problem = cron_problem(s.cron)
+        if problem:
+            raise ConfigError(f"{where('schedule.cron')}: 'schedule.cron' {s.cron!r}: {problem}")
+
+
+_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
+_CRON_NAMES = {"jan": 1, "feb": 2, "mar": 3, "apr": 4, "may": 5, "jun": 6, "jul": 7, "aug": 8, "sep": 9, "oct": 10,
+               "nov": 11, "dec": 12, "sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+
+
+def cron_problem(cron: str) -> str | None:
+    """Checks a five-field cron expression (unix-cron, as Vertex schedules read it).
+
+    Args:
+        cron: e.g. "0 3 * * 1"; a leading "TZ=Area/City " is not allowed (use the time zone key).
+
+    Returns:
+        None when valid, else what is wrong.
+    """
+    fields = cron.split()
+    if len(fields) != 5:
+        return f"must have 5 fields (minute hour day-of-month month day-of-week), got {len(fields)}"
+    for text, (name, low, high) in zip(fields, _CRON_FIELDS):
+        for part in text.split(","):
+            base, _, step = part.partition("/")
+            if step and not (step.isdigit() and int(step) > 0):
+                return f"{name} field {text!r}: step {step!r} must be a positive integer"
+            if base == "*":
+                continue
+            for bound in base.split("-", 1):
+                value = _CRON_NAMES.get(bound.lower()) if not bound.isdigit() else int(bound)
+                if value is None or not low <= value <= high:
+                    return f"{name} field {text!r}: {bound!r} is not in {low}-{high}"
+    return None
+
+
+def _is_reservation(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 6 and parts[0] == "projects" and parts[2] == "zones" and parts[4] == "reservations"
+
+
+def _is_region(region: str) -> bool:
+    parts = region.split("-")
+    return len(parts) >= 2 and all(p.isalnum() and p.islower() for p in parts) and parts[-1][-1].isdigit()
+
+
+def _is_label(text: str, min_len: int) -> bool:
+    return min_len <= len(text) <= 63 and all(c.islower() or c.isdigit() or c in "_-" for c in text)
 
 
 def _valid_token_ref(ref: str) -> bool:

@@ -1,38 +1,87 @@
 """The pipeline: stage-model -> validate-data -> train-lora -> merge-export -> evaluate.
 
-`build_pipeline(cfg)` returns the pipeline function with the config's values as the
-parameters' defaults, so a run from the Vertex console (or `kfp.local`) needs no typing.
+`build_pipeline(cfg, target)` returns the pipeline function with the config's values as
+the parameters' defaults, so a run from the Vertex console (or `kfp.local`) needs no typing.
+
+Targets (one DAG, same task names):
+
+* `vertex`: train-lora runs as a Vertex CustomJob (GCPC
+  `create_custom_training_job_from_component`) with the config's `resources` profile:
+  machine, GPUs, replicas (multi-node), boot disk, Spot / FLEX_START, reservation, plus
+  the `vertex` section's service account, network, CMEK key, TensorBoard and labels.
+  merge-export and evaluate are single-GPU tasks: they ask for one GPU through the task's
+  resource settings (accelerator type/limit, CPU, memory) and Vertex picks the machine;
+  they need none of the CustomJob features (multi-node, Spot, reservation). The light
+  tasks (stage-model, validate-data, register) get a small CPU machine. When the gate
+  passes and `register.serving_image` is set, register uploads the merged model to the
+  Vertex Model Registry.
+* `local`: plain lightweight components for `kfp.local` (GCPC wrappers do not run locally).
 """
 
-
+import copy
 from typing import Any
 
 from kfp import dsl
 
 from components.evaluate import evaluate
+from components.images import resolve_images
 from components.merge_export import merge_export
 from components.stage_model import stage_model
+from components.register import register
 from components.train_lora import train_lora
 from components.validate_data import validate_data
 from pipelines.config import Config
+from pipelines.vertex import SCHEDULING
 
 TASK_ORDER = ("stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
+# Vertex only, after the gate: the condition group and the task inside it.
+REGISTER_TASK = "register"
+TARGETS = ("vertex", "local")
 
 
-def build_pipeline(cfg: Config) -> Any:
+def build_pipeline(cfg: Config, target: str = "local") -> Any:
     """Builds the pipeline for a config.
 
     Args:
         cfg: The validated config; its values become the parameters' defaults.
+        target: "vertex" (train-lora as a CustomJob, GPUs on merge/eval, register) or
+            "local" (plain components for kfp.local). Default "local" (what kfp.local runs;
+            `pipelines.compile` passes "vertex").
 
     Returns:
         The `@dsl.pipeline` function (compile it, or call it under `kfp.local`).
+
+    Raises:
+        ValueError: Unknown target.
     """
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
     a = pipeline_arguments(cfg)
+    vertex = target == "vertex"
+    images = resolve_images(cfg.images.light, cfg.images.train)
+    train_op = _training_job(cfg, images["train"]) if vertex else train_lora
+    register_op = _with_image(register, images["light"]) if vertex and cfg.register.serving_image else None
+    root = cfg.pipeline.root
+
+    def light(task: Any, name: str) -> Any:
+        task.set_display_name(name)
+        if vertex:
+            r = cfg.resources
+            task.set_container_image(images["light"]).set_cpu_limit(str(r.light_cpu)).set_memory_limit(f"{r.light_memory_gb}G")
+        return task
+
+    def gpu(task: Any, name: str) -> Any:
+        task.set_display_name(name)
+        if vertex:
+            r = cfg.resources
+            task.set_container_image(images["train"]).set_accelerator_type(r.eval_accelerator_type).set_accelerator_limit(1)
+            task.set_cpu_limit(str(r.eval_cpu)).set_memory_limit(f"{r.eval_memory_gb}G")
+        return task
 
     @dsl.pipeline(
         name=cfg.pipeline.name,
         description="Stage a Qwen-VL model, validate ms-swift data, LoRA-tune with ms-swift, merge, evaluate and gate.",
+        pipeline_root=root if vertex and root.startswith("gs://") else None,
     )
     def vlm_lora_pipeline(
         model_source: str = a["model_source"],
@@ -84,15 +133,15 @@ def build_pipeline(cfg: Config) -> Any:
         Returns:
             Whether the tuned model passed the gate.
         """
-        stage = stage_model(
+        stage = light(stage_model(
             source=model_source,
             cache=model_cache,
             revision=model_revision,
             token_from=model_token_from,
             allow=model_allow,
             ignore=model_ignore,
-        ).set_display_name("stage-model")
-        data = validate_data(
+        ), "stage-model")
+        data = light(validate_data(
             train_data=train_data,
             eval_data=eval_data,
             eval_fraction=eval_fraction,
@@ -101,18 +150,20 @@ def build_pipeline(cfg: Config) -> Any:
             base_model=stage.outputs["model"],
             swift_args=swift_args,
             task=data_task,
-        ).set_display_name("validate-data")
-        train = train_lora(
+        ), "validate-data")
+        train = train_op(
             base_model=stage.outputs["model"],
             train_dataset=data.outputs["train_dataset"],
             eval_dataset=data.outputs["eval_dataset"],
             swift_args=swift_args,
         ).set_display_name("train-lora")
-        merge = merge_export(
+        if vertex and cfg.resources.scheduling == "spot":
+            train.set_retry(num_retries=2)  # a preempted job restarts and resumes from its last checkpoint
+        merge = gpu(merge_export(
             base_model=stage.outputs["model"],
             adapter=train.outputs["adapter"],
-        ).set_display_name("merge-export")
-        evaluation = evaluate(
+        ), "merge-export")
+        evaluation = gpu(evaluate(
             base_model=stage.outputs["model"],
             tuned_model=merge.outputs["merged_model"],
             eval_dataset=data.outputs["eval_dataset"],
@@ -123,10 +174,67 @@ def build_pipeline(cfg: Config) -> Any:
             gate_metric=gate_metric,
             gate_min_value=gate_min_value,
             gate_min_margin=gate_min_margin,
-        ).set_display_name("evaluate")
+        ), "evaluate")
+        if register_op is not None:
+            reg = cfg.register
+            with dsl.If(evaluation.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 (KFP condition)
+                light(register_op(
+                    merged_model=merge.outputs["merged_model"],
+                    eval_metrics=evaluation.outputs["metrics"],
+                    model_id=reg.model_id or cfg.pipeline.name,
+                    display_name=reg.display_name or cfg.pipeline.name,
+                    serving_image=reg.serving_image,
+                    alias=reg.alias,
+                    labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
+                    run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                ), REGISTER_TASK)
         return evaluation.outputs["passed"]
 
     return vlm_lora_pipeline
+
+
+def _with_image(component: Any, image: str) -> Any:
+    """Returns a copy of a lightweight component that runs in `image`."""
+    out = copy.deepcopy(component)
+    out.component_spec.implementation.container.image = image
+    return out
+
+
+def _training_job(cfg: Config, image: str) -> Any:
+    """Returns train_lora wrapped as a Vertex CustomJob with the config's GPU profile."""
+    from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
+
+    r, v = cfg.resources, cfg.vertex
+    reservation: dict[str, Any] = {}
+    if r.reservation == "any":
+        reservation = {"reservation_affinity_type": "ANY_RESERVATION"}
+    elif r.reservation:
+        reservation = {
+            "reservation_affinity_type": "SPECIFIC_RESERVATION",
+            "reservation_affinity_key": "compute.googleapis.com/reservation-name",
+            "reservation_affinity_values": [r.reservation],
+        }
+    root = cfg.pipeline.root.rstrip("/")
+    return create_custom_training_job_from_component(
+        _with_image(train_lora, image),
+        display_name=f"{cfg.pipeline.name}-train-lora",
+        replica_count=r.replica_count,
+        machine_type=r.machine_type,
+        accelerator_type=r.accelerator_type,
+        accelerator_count=r.accelerator_count if r.accelerator_type else 0,
+        boot_disk_type=r.boot_disk_type,
+        boot_disk_size_gb=r.boot_disk_gb,
+        timeout=f"{r.timeout_s}s",
+        strategy=SCHEDULING[r.scheduling],
+        max_wait_duration=f"{r.max_wait_s}s",
+        service_account=v.service_account,
+        network=v.network,
+        encryption_spec_key_name=v.encryption_key,
+        tensorboard=v.tensorboard,
+        base_output_directory=f"{root}/custom-jobs/{dsl.PIPELINE_JOB_ID_PLACEHOLDER}" if root.startswith("gs://") else "",
+        labels={str(k): str(x) for k, x in v.labels.items()},
+        **reservation,
+    )
 
 
 def pipeline_arguments(cfg: Config) -> dict[str, Any]:

@@ -1,6 +1,12 @@
 """Run the pipeline.
 
+    python -m pipelines.run --config F [--wait] [--no-cache] [--project P]   (Vertex AI)
     python -m pipelines.run --local [--config F] [--root DIR] [--no-cache]
+
+Without `--local` it compiles the config for Vertex, checks project, region, GPU shape and
+buckets, and submits an `aiplatform.PipelineJob` (pipeline root, labels, experiment,
+caching switch, service account, network, CMEK key); it prints the console link, and with
+`--wait` the job's state until it ends.
 
 `--local` runs the whole DAG on this machine under `kfp.local` (SubprocessRunner, no
 containers, no cloud): each task runs in this Python environment, artifacts go to a local
@@ -63,7 +69,7 @@ def resolve_demo_inputs(cfg: Config) -> Config:
     if DEMO_DATA_TRAIN in (data.train, data.eval) or DEMO_DATA_EVAL in (data.train, data.eval):
         from pipelines.demo.drawings import generate_dataset
 
-        folder = demo_cache_dir() / "demo-drawings-v1"
+        folder = demo_cache_dir() / "demo-drawings-v2"
         marker = folder / "COMPLETE"
         if not marker.exists():
             paths = generate_dataset(folder)
@@ -164,7 +170,7 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     logging.getLogger().addFilter(timer)
     start = time.time()
     try:
-        passed = build_pipeline(cfg)(**pipeline_arguments(cfg)).output
+        passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
     except RuntimeError as exc:
         failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
         raise RunError(
@@ -185,6 +191,83 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     }
 
 
+def submit_vertex(
+    cfg: Config,
+    *,
+    wait: bool = False,
+    enable_caching: bool | None = None,
+    credentials: Any = None,
+    api_endpoint: str | None = None,
+    poll_s: float = 30.0,
+    out: Any = None,
+) -> dict[str, Any]:
+    """Compiles the config for Vertex and submits it as a PipelineJob.
+
+    Args:
+        cfg: The validated config (`vertex.project` and a gs:// `pipeline.root` needed).
+        wait: Print the job's state until it ends. Default false.
+        enable_caching: Reuse unchanged tasks; default the config's setting.
+        credentials: google-auth credentials; default Application Default Credentials.
+        api_endpoint: Vertex API endpoint override (tests). Default the regional endpoint.
+        poll_s: Seconds between state checks with `wait`. Default 30.
+        out: Stream for progress lines. Default stdout.
+
+    Returns:
+        {"name": resource name, "link": console URL, "state": last known state}.
+
+    Raises:
+        VertexError: The config cannot be submitted (missing project or bucket, ...);
+            raised before anything is created.
+        RunError: With `wait`, the job ended in a state other than SUCCEEDED.
+    """
+    import tempfile
+
+    from kfp import compiler
+
+    from pipelines.pipeline import build_pipeline
+    from pipelines.vertex import console_link, init_vertex, pipeline_job, preflight
+
+    out = out or sys.stdout
+    preflight(cfg, credentials)
+    v = cfg.vertex
+    init_vertex(v.project, v.region, credentials=credentials, api_endpoint=api_endpoint,
+                service_account=v.service_account or None, encryption_key=v.encryption_key or None)
+    with tempfile.TemporaryDirectory(prefix="vlm-lora-") as tmp:
+        template = str(Path(tmp) / "pipeline.yaml")
+        compiler.Compiler().compile(build_pipeline(cfg, "vertex"), package_path=template)
+        job = pipeline_job(cfg, template, enable_caching=enable_caching, credentials=credentials)
+        job.submit(service_account=v.service_account or None, network=v.network or None,
+                   experiment=v.experiment or None)
+    link = console_link(job.resource_name)
+    print(f"submitted {job.resource_name}\nconsole: {link}", file=out, flush=True)
+    state = job._gca_resource.state.name
+    if wait:
+        state = wait_for(job, poll_s, out)
+        if state != "PIPELINE_STATE_SUCCEEDED":
+            raise RunError(f"pipeline job {job.resource_name} ended {state}; see {link}")
+    return {"name": job.resource_name, "link": link, "state": state}
+
+
+def wait_for(job: Any, poll_s: float, out: Any) -> str:
+    """Prints a pipeline job's state (and its tasks' states) on every change until it ends."""
+    done = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
+    seen: dict[str, str] = {}
+    while True:
+        job._sync_gca_resource()
+        resource = job._gca_resource
+        state = resource.state.name
+        for detail in resource.job_detail.task_details:
+            if detail.task_name and seen.get(detail.task_name) != detail.state.name:
+                seen[detail.task_name] = detail.state.name
+                print(f"  {detail.task_name:<16} {detail.state.name}", file=out, flush=True)
+        if seen.get("") != state:
+            seen[""] = state
+            print(f"{time.strftime('%H:%M:%S')} {state}", file=out, flush=True)
+        if state in done:
+            return state
+        time.sleep(poll_s)
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """Returns the human-readable end-of-run summary."""
     lines = [f"run folder: {result['run_dir']}", f"wall time: {result['wall_s']:.1f} s", "tasks:"]
@@ -203,16 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="run the whole DAG here under kfp.local")
     parser.add_argument("--config", default=None, help="config YAML (default with --local: configs/local/tiny_cpu.yaml)")
-    parser.add_argument("--root", default=None, help="pipeline root folder (default: the config's pipeline.root)")
+    parser.add_argument("--root", default=None, help="pipeline root: folder (--local) or gs:// (default: the config's)")
     parser.add_argument("--no-cache", action="store_true", help="run every task even if its inputs did not change")
+    parser.add_argument("--wait", action="store_true", help="Vertex: print the job's state until it ends")
+    parser.add_argument("--project", default=None, help="Vertex: project ID (default: the config's vertex.project)")
     args = parser.parse_args(argv)
     if not args.local:
-        print(
-            "error: submitting to Vertex AI is not available yet; run with --local, or compile with "
-            "`python -m pipelines.compile` and submit the YAML yourself",
-            file=sys.stderr,
-        )
-        return 2
+        return _main_vertex(args)
     try:
         cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG)
         result = run_local(cfg, args.root, False if args.no_cache else None)
@@ -220,6 +300,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     print(format_summary(result))
+    return 0
+
+
+def _main_vertex(args: argparse.Namespace) -> int:
+    from pipelines.vertex import VertexError
+
+    if not args.config:
+        print("error: --config is required to submit to Vertex AI (or use --local)", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config)
+        if args.project:
+            cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
+        if args.root:
+            cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=args.root))
+        submit_vertex(cfg, wait=args.wait, enable_caching=False if args.no_cache else None)
+    except (ConfigError, VertexError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -29,13 +29,24 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
     spec = _spec(out)
     cfg = load_config(config)
     assert spec.pipeline_info.name == cfg.pipeline.name
-    assert set(spec.root.dag.tasks) == set(TASK_ORDER)
+    # the five tasks, plus on Vertex the gate's condition group holding register
+    gate = {"condition-1"} if cfg.register.serving_image else set()
+    assert set(spec.root.dag.tasks) == set(TASK_ORDER) | gate
     # the config's values are the parameters' defaults
     params = spec.root.input_definitions.parameters
     assert params["model_source"].default_value.string_value == cfg.model.source
     assert params["train_data"].default_value.string_value == cfg.data.train
     swift = json_format.MessageToDict(params["swift_args"].default_value)
     assert swift == {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in cfg.swift.items()}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_compiles_for_the_local_target(config, tmp_path):
+    spec = _spec(compile_pipeline(config, str(tmp_path / "p.yaml"), target="local"))
+    assert set(spec.root.dag.tasks) == set(TASK_ORDER)
+    assert "train-lora" in spec.root.dag.tasks and not spec.deployment_spec.fields["executors"].struct_value.fields[
+        "exec-train-lora"].struct_value.fields.get("customJob")
+    assert not spec.default_pipeline_root
 
 
 def test_tasks_are_wired_in_order(tmp_path):

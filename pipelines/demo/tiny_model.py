@@ -496,6 +496,30 @@ def _processor_configs() -> tuple[dict, dict]:
     return preprocessor, video
 
 
+def write_tokenizer_and_processor(out: str | Path, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> int:
+    """Writes the offline tokenizer, the Qwen3-VL chat template and processor configs.
+
+    Also used for the 4B-shaped benchmark model (with the real model's pixel limits).
+
+    Args:
+        out: Model folder.
+        min_pixels: Image processor's smallest image area, px. Default MIN_PIXELS.
+        max_pixels: Image processor's largest image area, px. Default MAX_PIXELS.
+
+    Returns:
+        The number of trained (reachable) BPE tokens.
+    """
+    out = Path(out)
+    n_bpe = _write_tokenizer(out)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    preprocessor, video = _processor_configs()
+    preprocessor["size"] = {"longest_edge": max_pixels, "shortest_edge": min_pixels}
+    _write_json(out / "preprocessor_config.json", preprocessor)
+    _write_json(out / "video_preprocessor_config.json", video)
+    return n_bpe
+
+
 def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -528,7 +552,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
 
     cfg = _make_config()
-    n_bpe = _write_tokenizer(out)
+    n_bpe = write_tokenizer_and_processor(out)
     # Deterministic init on CPU, independent of the global RNG state of the caller.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -553,12 +577,6 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
         repetition_penalty=1.0,
     )
     model.save_pretrained(str(out), safe_serialization=True)
-
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-    _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    preprocessor, video = _processor_configs()
-    _write_json(out / "preprocessor_config.json", preprocessor)
-    _write_json(out / "video_preprocessor_config.json", video)
     _write_json(
         out / "tiny_model_info.json",
         {"name": "tiny-qwen3-vl", "version": TINY_MODEL_VERSION, "seed": seed, "random_init": True},

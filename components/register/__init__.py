@@ -1,0 +1,15 @@
+"""The register component (KFP). Its pure core is `components.register.core`.
+
+The component is imported lazily: inside a running KFP task (`_KFP_RUNTIME=true`)
+`kfp.dsl.component` does not exist, and the task imports only the core.
+"""
+
+__all__ = ["register"]
+
+
+def __getattr__(name):
+    if name == "register":
+        from components.register.component import register
+
+        return register
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,178 @@
+"""A local stand-in for the Vertex AI, Cloud Storage and Artifact Registry KFP APIs.
+
+A `http.server` on 127.0.0.1 that records every request and answers like the REST APIs,
+just enough for the real clients (`google.cloud.aiplatform` with the REST transport,
+`google.cloud.storage` via STORAGE_EMULATOR_HOST, `kfp.registry.RegistryClient`) to
+complete: resources are stored on create and returned on get / list; long-running
+operations are answered done. Tests assert on `server.requests`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+PROJECT_NUMBER = "123456789"
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: Any
+    raw: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class FakeApis:
+    """State of the fake: resources by name, existing buckets, the record of requests."""
+
+    buckets: set[str] = field(default_factory=set)
+    resources: dict[str, dict] = field(default_factory=dict)
+    requests: list[Recorded] = field(default_factory=list)
+    # States a pipeline job reports on successive GETs (the last one repeats).
+    job_states: list[str] = field(default_factory=lambda: ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"])
+    url: str = ""
+
+    def calls(self, method: str, contains: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and contains in r.path]
+
+
+def _kind_id(query: dict[str, list[str]]) -> str | None:
+    for key, values in query.items():
+        if key.endswith("Id") and key not in ("$alt",):
+            return values[0]
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeApis
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _not_found(self, name: str) -> None:
+        self._send(404, {"error": {"code": 404, "message": f"{name} not found", "status": "NOT_FOUND"}})
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        try:
+            body = json.loads(raw) if raw and "json" in (self.headers.get("Content-Type") or "") else None
+        except ValueError:
+            body = None
+        self.fake.requests.append(Recorded(self.command, url.path, query, body, raw, dict(self.headers)))
+        path = unquote(url.path)
+        if path.startswith("/storage/v1/b/"):
+            return self._storage(path)
+        if path.startswith("/v1/") or path.startswith("/v1beta1/"):
+            return self._vertex(path.split("/", 2)[2], query, body or {})
+        return self._registry(path)
+
+    do_GET = do_POST = do_DELETE = do_PATCH = _handle
+
+    # --- Cloud Storage: bucket metadata only ---------------------------------------
+    def _storage(self, path: str) -> None:
+        bucket = path[len("/storage/v1/b/"):].split("/")[0]
+        if bucket in self.fake.buckets:
+            return self._send(200, {"kind": "storage#bucket", "name": bucket, "id": bucket,
+                                    "projectNumber": PROJECT_NUMBER, "location": "US-CENTRAL1"})
+        return self._not_found(f"bucket {bucket}")
+
+    # --- Artifact Registry KFP repository: multipart upload ------------------------
+    def _registry(self, path: str) -> None:
+        if self.command == "POST":
+            version = "sha256:" + uuid.uuid4().hex
+            return self._send(200, f"{self.fake.package}/{version}".encode(), "text/plain")
+        return self._not_found(path)
+
+    # --- Vertex AI ----------------------------------------------------------------
+    def _vertex(self, path: str, query: dict[str, list[str]], body: dict) -> None:
+        res = self.fake.resources
+        if self.command == "POST" and path.endswith("models:upload"):
+            parent = path[: -len("/models:upload")]
+            model = body.get("model", {})
+            name = body.get("parentModel") or f"{parent}/models/{body.get('modelId') or uuid.uuid4().hex[:8]}"
+            versions = [r for k, r in res.items() if k.startswith(name + "@")]
+            version = str(len(versions) + 1)
+            res[name] = {**model, "name": name, "versionId": version}
+            res[f"{name}@{version}"] = res[name]
+            return self._send(200, self._done_operation(parent, {
+                "@type": "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse",
+                "model": name, "modelVersionId": version}))
+        if self.command == "POST" and ":" in path.rsplit("/", 1)[-1]:  # custom methods: name:pause, ...
+            name, verb = path.rsplit(":", 1)
+            if name in res and verb in ("pause", "resume"):
+                res[name]["state"] = "PAUSED" if verb == "pause" else "ACTIVE"
+            return self._send(200, {})
+        if self.command == "POST":
+            new_id = _kind_id(query) or uuid.uuid4().hex[:12]
+            name = f"{path}/{new_id}"
+            item = {**body, "name": name, "createTime": "2026-01-01T00:00:00Z"}
+            if path.endswith("/pipelineJobs"):
+                item["state"] = "PIPELINE_STATE_PENDING"
+                store = path.rsplit("/", 1)[0] + "/metadataStores/default/contexts"
+                item["jobDetail"] = {"pipelineContext": {"name": f"{store}/{body.get('displayName', 'p')}"},
+                                     "pipelineRunContext": {"name": f"{store}/{new_id}"}}
+                res[f"{store}/{new_id}"] = {"name": f"{store}/{new_id}", "schemaTitle": "system.PipelineRun"}
+            if path.endswith("/schedules"):
+                item["state"] = "ACTIVE"
+            res[name] = item
+            return self._send(200, item)
+        if self.command == "DELETE":
+            res.pop(path, None)
+            return self._send(200, self._done_operation(path, {"@type": "type.googleapis.com/google.protobuf.Empty"}))
+        if self.command == "GET":
+            if path in res:
+                item = res[path]
+                if "/pipelineJobs/" in path:
+                    states = self.fake.job_states
+                    item["state"] = states.pop(0) if len(states) > 1 else states[0]
+                return self._send(200, item)
+            collection = path.rsplit("/", 1)[-1]
+            children = [r for k, r in res.items() if k.rsplit("/", 1)[0] == path and "@" not in k]
+            if collection in ("schedules", "pipelineJobs", "models"):
+                return self._send(200, {collection: children})
+            return self._not_found(path)
+        return self._send(400, {"error": {"code": 400, "message": "unsupported", "status": "INVALID_ARGUMENT"}})
+
+    @staticmethod
+    def _done_operation(parent: str, response: dict) -> dict:
+        return {"name": f"{parent}/operations/{uuid.uuid4().hex[:8]}", "done": True, "response": response}
+
+
+class FakeServer:
+    """Starts the fake on a free port of 127.0.0.1; use as a context manager."""
+
+    def __init__(self, buckets: set[str] | None = None, package: str = "qwen3-vl-4b-lora-seed"):
+        self.fake = FakeApis(buckets=set(buckets or ()))
+        self.fake.package = package  # type: ignore[attr-defined]
+        handler = type("Handler", (_Handler,), {"fake": self.fake})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.fake.url = self.url
+
+    def __enter__(self) -> FakeApis:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self.fake
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
