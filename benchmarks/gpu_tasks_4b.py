@@ -130,7 +130,8 @@ def main() -> None:
     result = validate_data([data["train"]], str(out / "train"), str(out / "eval"), str(out / "q.jsonl"),
                            eval_files=[data["eval"]], model_dir=str(model_dir), max_length=3000, task="detection")
     summary["validate_s"] = round(time.time() - t, 1)
-    summary["tokens_median"] = result.counts.get("tokens_median") or (result.stats or {}).get("tokens_median")
+    tokens = sorted((result.stats or {}).get("token_counts") or [0])
+    summary["tokens_median"] = tokens[len(tokens) // 2]
 
     swift = {**SEED_SWIFT, "max_steps": args.steps, "save_steps": args.steps}
     if not gpu:
@@ -141,10 +142,8 @@ def main() -> None:
                          str(out / "train-work"))
     summary["train_wall_s"] = round(time.time() - t, 1)
     summary["train_metrics"] = trained.metrics
-    mem = [e["memory(GiB)"] for e in trained.log_history if "memory(GiB)" in e]
-    speeds = [float(e["train_speed(s/it)"]) for e in trained.log_history if "train_speed(s/it)" in e]
-    summary["peak_memory_gib"] = max(mem) if mem else None
-    summary["s_per_step"] = speeds[-1] if speeds else None
+    sps = trained.metrics.get("samples_per_second", 0.0)
+    summary["lm_tokens_per_s_est"] = round(sps * summary["tokens_median"], 1)
 
     t = time.time()
     merged = merge_export(str(out / "adapter"), str(model_dir), str(out / "merged"), str(out / "merge-work"))
@@ -152,12 +151,13 @@ def main() -> None:
     summary["merge"] = merged.metadata
 
     rows = load_eval_rows(out / "eval", args.eval_samples)
-    t = time.time()
-    answers, generated = swift_generate(str(out / "merged"), "qwen3_vl", rows, args.eval_batch, args.max_new_tokens)
-    sec = time.time() - t
+    timings: dict = {}
+    answers, generated = swift_generate(str(out / "merged"), "qwen3_vl", rows, args.eval_batch, args.max_new_tokens,
+                                        timings)
+    sec = timings["generate_s"]
     summary["eval_batched"] = {"batch": args.eval_batch, "samples": len(rows), "seconds": round(sec, 2),
                                "samples_per_s": round(len(rows) / sec, 3), "gen_tokens_per_s": round(generated / sec, 1),
-                               "generated_tokens": generated}
+                               "generated_tokens": generated, "load_s": round(timings["load_s"], 1)}
     if not args.skip_naive:
         _, gen_naive, sec_naive = naive_generate(str(out / "merged"), rows, args.max_new_tokens)
         summary["eval_naive"] = {"samples": len(rows), "seconds": round(sec_naive, 2),

@@ -137,6 +137,30 @@ def test_summarize_log():
     }
 
 
+def test_summarize_ms_swift_logging_jsonl(tmp_path):
+    """The shape ms-swift writes to <output_dir>/logging.jsonl (strings and the final summary)."""
+    lines = [
+        {"loss": 3.0, "memory(GiB)": 20.5, "global_step/max_steps": "5/10", "train_speed(s/it)": 0.9},
+        {"eval_loss": 2.5, "memory(GiB)": 31.25, "global_step/max_steps": "10/10"},
+        {"train_runtime": 9.0, "train_samples_per_second": 1.1, "train_loss": 2.7,
+         "global_step/max_steps": "10/10", "train_speed(s/it)": 0.8},
+        {"model_parameter_info": "PeftModel: 4B"},
+    ]
+    (tmp_path / "logging.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    log = core.read_trainer_log(tmp_path)
+    assert len(log) == 3
+    m = summarize_log(log)
+    assert m["peak_memory_gib"] == 31.25 and m["steps"] == 10.0 and m["seconds_per_step"] == 0.8
+    assert m["train_runtime_s"] == 9.0 and m["eval_loss"] == 2.5 and m["final_loss"] == 3.0
+
+
+def test_read_trainer_log_falls_back_to_the_checkpoint_state(tmp_path):
+    ck = tmp_path / "checkpoint-4"
+    ck.mkdir()
+    (ck / "trainer_state.json").write_text(json.dumps({"log_history": [{"loss": 1.0, "step": 4}]}))
+    assert core.read_trainer_log(tmp_path, ck) == [{"loss": 1.0, "step": 4}]
+
+
 def test_explain_failure_points_at_the_knob():
     assert "per_device_train_batch_size" in core._explain_failure("torch.OutOfMemoryError: CUDA out of memory.", 1)
     assert "last line: boom" in core._explain_failure("a\nboom\n", 3)

@@ -83,9 +83,17 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
 
 
 def swift_generate(
-    model_dir: str, model_type: str, rows: list[dict[str, Any]], batch_size: int, max_new_tokens: int
+    model_dir: str,
+    model_type: str,
+    rows: list[dict[str, Any]],
+    batch_size: int,
+    max_new_tokens: int,
+    timings: dict[str, float] | None = None,
 ) -> tuple[list[str], int]:
     """Generates greedy answers with ms-swift's TransformersEngine (batched, KV cache).
+
+    Args:
+        timings: If given, receives load_s and generate_s (seconds). Default None.
 
     Returns:
         (answers in row order, number of generated tokens).
@@ -94,12 +102,16 @@ def swift_generate(
     from swift.infer_engine import InferRequest, RequestConfig, TransformersEngine
 
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    start = time.time()
     engine = TransformersEngine(model_dir, model_type=model_type or None, torch_dtype=dtype, max_batch_size=batch_size)
+    loaded = time.time()
     requests = [InferRequest(messages=r["messages"], images=r["images"]) for r in rows]
     config = RequestConfig(max_tokens=max_new_tokens, temperature=0.0)
     responses = engine.infer(requests, config, use_tqdm=False)
     answers = [resp.choices[0].message.content or "" for resp in responses]
     generated = sum(resp.usage.completion_tokens for resp in responses)
+    if timings is not None:
+        timings.update(load_s=loaded - start, generate_s=time.time() - loaded)
     del engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

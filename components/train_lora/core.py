@@ -193,8 +193,25 @@ def find_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def read_trainer_log(checkpoint: Path) -> list[dict[str, Any]]:
-    """Returns the trainer's log history saved with a checkpoint."""
+def read_trainer_log(output_dir: Path, checkpoint: Path | None = None) -> list[dict[str, Any]]:
+    """Returns the training log entries (loss, eval_loss, speed, memory per logging step).
+
+    ms-swift appends every log entry, the final summary (train_runtime, samples/s)
+    included, to `<output_dir>/logging.jsonl`; a checkpoint's trainer_state.json holds only
+    the entries up to that checkpoint. The first is read when present.
+    """
+    log = Path(output_dir) / "logging.jsonl"
+    entries: list[dict[str, Any]] = []
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and ("loss" in entry or "eval_loss" in entry or "train_runtime" in entry):
+                entries.append(entry)
+    if entries or checkpoint is None:
+        return entries
     state = checkpoint / "trainer_state.json"
     if not state.is_file():
         return []
@@ -222,6 +239,12 @@ def summarize_log(log_history: list[dict[str, Any]]) -> dict[str, float]:
                 metrics[dst] = float(entry[src])
         if "step" in entry:
             metrics["steps"] = float(entry["step"])
+        elif isinstance(entry.get("global_step/max_steps"), str):
+            metrics["steps"] = float(entry["global_step/max_steps"].split("/")[0])
+        if "memory(GiB)" in entry:
+            metrics["peak_memory_gib"] = max(metrics.get("peak_memory_gib", 0.0), float(entry["memory(GiB)"]))
+        if "train_speed(s/it)" in entry:
+            metrics["seconds_per_step"] = float(entry["train_speed(s/it)"])
     return metrics
 
 
@@ -360,7 +383,7 @@ def train_lora(
     for name in ADAPTER_FILES:
         if (last / name).is_file():
             shutil.copyfile(last / name, out / name)
-    log_history = read_trainer_log(last)
+    log_history = read_trainer_log(output_dir, last)
     metrics = summarize_log(log_history)
     metrics.update({"wall_s": round(wall, 2), "n_train": float(n_train)})
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
