@@ -3,8 +3,8 @@
 The folder looks like a real ``Qwen/Qwen3-VL-*-Instruct`` checkpoint (same
 architecture class, same vocabulary size, same special-token ids, same
 image-processing semantics: 16 px patches merged 2x2 -> one LLM token per
-32x32 px), but the network is tiny (~10M parameters, 9.7M of them the
-151936 x 64 tied embedding; 40 MB float32) so that ``swift sft`` /
+32x32 px), but the network is tiny (~20M parameters, 19.4M of them the
+151936 x 128 tied embedding; 4 text layers, 2 vision blocks; ~80 MB float32) so that ``swift sft`` /
 ``swift export`` / inference run on a CPU.
 
 Two deliberate deviations from a plain random init make it LoRA-learnable in a
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # Bump when anything that changes the produced files changes (cache key).
-TINY_MODEL_VERSION = "v1"
+TINY_MODEL_VERSION = "v2"
 
 # Model embedding rows, as in every Qwen3-VL checkpoint.
 VOCAB_SIZE = 151936
@@ -92,7 +92,7 @@ VIDEO_PAD_ID = SPECIAL_TOKEN_IDS["<|video_pad|>"]
 VISION_START_ID = SPECIAL_TOKEN_IDS["<|vision_start|>"]
 VISION_END_ID = SPECIAL_TOKEN_IDS["<|vision_end|>"]
 
-# Gain of the final text RMSNorm. With the default 0.02 init and hidden 64 the (tied)
+# Gain of the final text RMSNorm. With the default 0.02 init and a small hidden size the (tied)
 # logits are confined to about +-1.3, which makes the output distribution almost flat
 # and unlearnable with LoRA (the final norm is not a LoRA target). A gain of 16 gives a
 # realistic logit range (~+-20) so a few hundred LoRA steps can learn an output format.
@@ -114,12 +114,12 @@ VIDEO_MAX_PIXELS = 64 * PIXELS_PER_TOKEN
 
 TEXT_CONFIG = dict(
     vocab_size=VOCAB_SIZE,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=16,
+    head_dim=32,
     hidden_act="silu",
     max_position_embeddings=262144,
     initializer_range=0.02,
@@ -127,11 +127,11 @@ TEXT_CONFIG = dict(
     use_cache=True,
     attention_bias=False,
     attention_dropout=0.0,
-    # head_dim 16 -> 8 rotary frequencies split T/H/W like the real [24, 20, 20] of 64.
+    # head_dim 32 -> 16 rotary frequencies split T/H/W like the real [24, 20, 20] of 64.
     rope_parameters={
         "rope_type": "default",
         "rope_theta": 5000000.0,
-        "mrope_section": [4, 2, 2],
+        "mrope_section": [8, 4, 4],
         "mrope_interleaved": True,
     },
     bos_token_id=ENDOFTEXT_ID,
@@ -149,7 +149,7 @@ VISION_CONFIG = dict(
     patch_size=PATCH_SIZE,
     spatial_merge_size=MERGE_SIZE,
     temporal_patch_size=TEMPORAL_PATCH_SIZE,
-    out_hidden_size=64,  # == text hidden_size
+    out_hidden_size=128,  # == text hidden_size
     num_position_embeddings=2304,  # 48x48 learned grid, as the real model
     deepstack_visual_indexes=[0, 1],  # must be < depth and <= text num_hidden_layers
     initializer_range=0.02,
@@ -561,7 +561,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
             model.model.language_model.norm.weight.fill_(FINAL_NORM_GAIN)
             # Rows the tokenizer can never produce (placeholder gap + ids >= len(tokenizer))
             # get zero embeddings (tied -> zero logits), like never-trained rows in real
-            # checkpoints. Otherwise, in a 64-d space, some of the ~150k random placeholder
+            # checkpoints. Otherwise, in a small hidden space, some of the ~150k random placeholder
             # rows always sit next to the digit/punctuation rows and a briefly tuned model
             # emits them instead of digits.
             emb = model.get_input_embeddings().weight
