@@ -158,7 +158,7 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
             swift_args=swift_args,
         ).set_display_name("train-lora")
         if vertex and cfg.resources.scheduling == "spot":
-            train.set_retry(num_retries=2)  # a preempted job restarts and resumes from its last checkpoint
+            train.set_retry(num_retries=2)  # a preempted job is restarted (it trains again from the start: resume is not built yet)
         merge = gpu(merge_export(
             base_model=stage.outputs["model"],
             adapter=train.outputs["adapter"],
