@@ -85,3 +85,31 @@ def test_model_returning_too_few_answers_is_an_error(tmp_path):
     gen, _ = _fake({"tuned": GOLD, "base": GOLD[:1]})
     with pytest.raises(EvalError, match="reference model returned 1 answers for 2 prompts"):
         evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen)
+
+
+def test_missing_reference_model_is_a_named_error(tmp_path):
+    """With the real generator, model folders are checked before any model is loaded."""
+    from components.evaluate.core import check_model_dir
+
+    ds = _dataset(tmp_path)
+    tuned = tmp_path / "tuned"
+    tuned.mkdir()
+    (tuned / "config.json").write_text("{}")
+    with pytest.raises(EvalError, match=r"reference model .*champion: folder not found"):
+        evaluate(str(tuned), str(tmp_path / "champion"), "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"))
+    with pytest.raises(EvalError, match="reference model: no path given"):
+        evaluate(str(tuned), "", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EvalError, match="tuned model .*empty: no config.json"):
+        evaluate(str(tmp_path / "empty"), str(tuned), "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"))
+    with pytest.raises(EvalError, match="reference model /gcs/bucket/champion: folder not found"):
+        check_model_dir("gs://bucket/champion", "reference")  # read through the Cloud Storage FUSE mount
+    assert check_model_dir(str(tuned), "tuned") == str(tuned)
+
+
+def test_answers_without_json_count_as_failures(tmp_path):
+    ds = _dataset(tmp_path)
+    gen, _ = _fake({"tuned": ["I see a drawing.", ""], "base": ["", "nothing"]})
+    result = evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen)
+    assert result.tuned["json_valid_rate"] == 0.0 and result.tuned["f1"] == 0.0
+    assert result.tuned["fn"] == 3

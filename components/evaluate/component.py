@@ -21,11 +21,13 @@ def evaluate(
     gate_min_margin: float,
     metrics: dsl.Output[dsl.Metrics],
     predictions: dsl.Output[dsl.Dataset],
+    report: dsl.Output[dsl.HTML],
+    reference_uri: str = "",
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
-    """Generates on the held-out set with the base and the tuned model, scores, gates.
+    """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
     Args:
-        base_model: Reference model (the staged base).
+        base_model: Staged base model; the reference unless reference_uri is set.
         tuned_model: Merged model from merge-export.
         eval_dataset: Clean held-out set.
         max_new_tokens: Greedy generation budget per sample.
@@ -34,17 +36,24 @@ def evaluate(
         iou_threshold: IoU at which boxes match.
         gate_metric: Metric the gate compares.
         gate_min_value: Minimum tuned value of the metric.
-        gate_min_margin: Minimum improvement over the base model.
-        metrics: Output: base_* and tuned_* metrics, speed figures.
+        gate_min_margin: Minimum improvement over the reference model.
+        metrics: Output: base_* (reference) and tuned_* metrics, speed figures.
         predictions: Output: per-sample answers and scores (JSONL).
+        report: Output: HTML report (metric table, speed, worst samples with boxes drawn).
+        reference_uri: Champion to compare against instead of the base model: a merged
+            model folder or gs:// URI (read through the /gcs mount). "" = the base model.
+            Its metrics are still logged as base_* (reference_is_champion = 1). Default "".
     """
     from collections import namedtuple
 
+    from components.evaluate._report import write_report
     from components.evaluate.core import EvalError, evaluate as run_eval
 
+    reference_dir = reference_uri or base_model.path
+    reference_name = "champion" if reference_uri else "base"
     try:
         result = run_eval(
-            tuned_model.path, base_model.path, base_model.metadata.get("model_type", ""), eval_dataset.path,
+            tuned_model.path, reference_dir, base_model.metadata.get("model_type", ""), eval_dataset.path,
             predictions.path, max_new_tokens, batch_size, max_samples, iou_threshold,
             gate_metric, gate_min_value, gate_min_margin,
         )
@@ -54,5 +63,9 @@ def evaluate(
         for key, value in values.items():
             metrics.log_metric(f"{prefix}_{key}", value)
     metrics.log_metric("passed", float(result.passed))
+    metrics.log_metric("reference_is_champion", float(bool(reference_uri)))
+    write_report(report.path, result.tuned, result.reference, result.samples, result.passed, result.reason,
+                 reference_name=reference_name)
+    report.metadata["reference"] = reference_uri or base_model.uri
     print(f"evaluate: {result.reason}")
     return namedtuple("Outputs", ["passed", "reason"])(result.passed, result.reason)

@@ -82,6 +82,28 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
     return rows
 
 
+def check_model_dir(model_dir: str, role: str) -> str:
+    """Checks that a model folder exists and holds a config.json; returns it.
+
+    Args:
+        model_dir: The folder (a local path; gs:// URIs are mapped to the /gcs FUSE mount).
+        role: "tuned" or "reference", for the message.
+
+    Raises:
+        EvalError: Empty path, missing folder, or no config.json in it.
+    """
+    if not model_dir:
+        raise EvalError(f"{role} model: no path given")
+    if model_dir.startswith("gs://"):
+        model_dir = "/gcs/" + model_dir[len("gs://"):]
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise EvalError(f"{role} model {model_dir}: folder not found")
+    if not (folder / "config.json").is_file():
+        raise EvalError(f"{role} model {model_dir}: no config.json, not a model folder")
+    return str(folder)
+
+
 def swift_generate(
     model_dir: str,
     model_type: str,
@@ -181,9 +203,13 @@ def evaluate(
         The EvalResult.
 
     Raises:
-        EvalError: Empty eval set, missing dataset, or a model returned too few answers.
+        EvalError: Empty eval set, missing dataset, a model folder that is missing (with
+            the real generator), or a model returned too few answers.
         ValueError: Unknown gate metric.
     """
+    if generate_fn is swift_generate:  # fakes in tests take names, not folders
+        reference_dir = check_model_dir(reference_dir, "reference")
+        tuned_dir = check_model_dir(tuned_dir, "tuned")
     rows = load_eval_rows(dataset_dir, max_samples)
     ref_metrics, ref_answers, ref_scores = _score_model(
         "reference", reference_dir, model_type, rows, batch_size, max_new_tokens, iou_threshold, generate_fn

@@ -10,21 +10,27 @@ def merge_export(
     base_model: dsl.Input[dsl.Model],
     adapter: dsl.Input[dsl.Model],
     merged_model: dsl.Output[dsl.Model],
+    run_id: str = "",
 ):
     """Merges the LoRA adapter into the base model (`swift export --merge_lora true`), verified.
+
+    The adapter must belong to the staged model (architecture, sizes, revision, LoRA shapes),
+    and the merged model's logits must match base model + adapter (peft) on probe inputs.
 
     Args:
         base_model: Staged base model.
         adapter: LoRA adapter from train-lora.
-        merged_model: Output: merged model (safetensors, processor, lineage.json).
+        merged_model: Output: merged model (safetensors, processor, lineage.json, README.md model card).
+        run_id: Pipeline run name for the lineage (e.g. dsl.PIPELINE_JOB_NAME_PLACEHOLDER). Default "".
     """
     import tempfile
 
     from components.merge_export.core import MergeError, merge_export as merge
 
     try:
-        result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"))
-    except MergeError as exc:
-        raise SystemExit(f"merge-export: {exc}") from None
+        result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"),
+                       run_id=run_id)
+    except MergeError as exc:  # AdapterBaseMismatch and MergeVerificationError included
+        raise SystemExit(f"merge-export: {type(exc).__name__}: {exc}") from None
     merged_model.metadata.update({**result.metadata, "base_model": base_model.uri, "adapter": adapter.uri,
                                   "model_type": base_model.metadata.get("model_type", "")})

@@ -1,11 +1,28 @@
 """Merge a LoRA adapter into its base model with `swift export --merge_lora true`.
 
-The merged folder is verified before it counts: it must hold a config, safetensors
-weights and the processor/tokenizer files, and it must load and run one forward pass.
+The merged folder is verified before it counts:
+
+* before merging, the adapter must belong to the staged base model
+  (`check_adapter_base`): same architecture and revision where both are recorded, and
+  every LoRA matrix must fit the shape of the base weight it adapts;
+* the merged folder must hold a config, safetensors weights and the processor/tokenizer
+  files, and it must load and run a forward pass;
+* its logits must match those of the base model with the adapter applied by peft
+  (`PeftModel.from_pretrained(base, adapter_dir)`) on a few probe inputs, one text-only
+  and one with an image (`compare_logits`). Both sides run in float32; the merged model
+  passes when ``max |merged - reference| <= atol + rtol * max |reference|``, with
+  (rtol, atol) from `LOGIT_TOLERANCES` by the dtype the merged weights are stored in
+  (a float32 merge differs by float rounding only, ~1e-6; a bf16 merge by rounding
+  each merged weight to 8 mantissa bits). A mismatch raises `MergeVerificationError`
+  naming the max difference.
+
+The merged folder also gets `lineage.json` and a model card (`README.md`) naming the base
+model and revision, the adapter, the run and the library versions.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import time
@@ -17,9 +34,29 @@ from components.train_lora.core import BASE_MODEL_REF, run_command, swift_execut
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 
+# dtype of the stored merged weights -> (rtol relative to max |reference logit|, atol).
+LOGIT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-4),
+    "bfloat16": (2e-2, 1e-2),
+    "float16": (5e-3, 5e-3),
+}
+# Text prompts of the probe inputs (an image prompt is added when the processor takes images).
+PROBE_TEXTS = (
+    "Detect the elements of this engineering drawing. Answer with a fenced JSON list.",
+    "List every hole and title block with its bounding box.",
+)
+
 
 class MergeError(RuntimeError):
     """Merging failed or the merged model does not verify; the message says why."""
+
+
+class AdapterBaseMismatch(MergeError):
+    """The adapter was trained on a different base model than the staged one."""
+
+
+class MergeVerificationError(MergeError):
+    """The merged model's logits differ from base model + adapter beyond the tolerance."""
 
 
 @dataclass
@@ -28,11 +65,26 @@ class MergeResult:
 
     Attributes:
         merged_dir: The merged model folder.
-        metadata: merge_seconds, total_bytes, num_files, transformers version, base model ref.
+        metadata: merge_seconds, total_bytes, num_files, library versions
+            (transformers, peft, ms_swift, torch), logit check figures (logits_max_abs_diff,
+            logits_tolerance, adapter_effect_max_abs, probe_inputs), base model revision.
     """
 
     merged_dir: str
     metadata: dict[str, Any]
+
+
+def library_versions() -> dict[str, str]:
+    """Returns the versions of the libraries that merge and load models ("" if absent)."""
+    from importlib import metadata
+
+    out = {}
+    for key, dist in (("transformers", "transformers"), ("peft", "peft"), ("ms_swift", "ms-swift"), ("torch", "torch")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = ""
+    return out
 
 
 def build_export_command(adapter_dir: str, base_model_dir: str, output_dir: str, extra: dict[str, Any] | None = None) -> list[str]:
@@ -51,6 +103,234 @@ def build_export_command(adapter_dir: str, base_model_dir: str, output_dir: str,
     args = {"adapters": adapter_dir, "model": base_model_dir, "merge_lora": True, "output_dir": output_dir}
     args.update(extra or {})
     return ["swift", "export", *to_cli(args)]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _model_facts(model_dir: Path) -> dict[str, Any]:
+    """Architecture, sizes and revision of a model folder (from config.json / manifest.json)."""
+    config = _read_json(model_dir / "config.json")
+    text = config.get("text_config") or config
+    archs = config.get("architectures") or []
+    return {
+        "architecture": archs[0] if archs else "",
+        "model_type": config.get("model_type", ""),
+        "hidden_size": text.get("hidden_size"),
+        "num_hidden_layers": text.get("num_hidden_layers"),
+        "vocab_size": text.get("vocab_size"),
+        "revision": _read_json(model_dir / "manifest.json").get("revision", ""),
+    }
+
+
+def _weight_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of a folder's safetensors weights (reads headers only)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes
+
+
+def check_adapter_base(adapter_dir: str | Path, base_model_dir: str | Path) -> dict[str, Any]:
+    """Refuses an adapter that was trained on another base model than the staged one.
+
+    Compares what the adapter recorded (base_model.json of train-lora; the config of
+    adapter_config.json's base_model_name_or_path when that folder exists here) with the
+    staged model's config.json / manifest.json: architecture, hidden size, layer count,
+    vocabulary and revision, each where both sides know it. Then checks every LoRA pair
+    against the base weight it adapts: lora_A is (r, in_features), lora_B (out_features, r).
+
+    Returns:
+        The staged model's facts (architecture, model_type, sizes, revision).
+
+    Raises:
+        AdapterBaseMismatch: A recorded fact or a weight shape differs; the message names it.
+        MergeError: The adapter folder has no adapter_config.json.
+    """
+    adapter, base = Path(adapter_dir), Path(base_model_dir)
+    config = _read_json(adapter / "adapter_config.json")
+    if not config:
+        raise MergeError(f"{adapter}: no adapter_config.json; this is not a LoRA adapter folder")
+    staged = _model_facts(base)
+    recorded = dict(_read_json(adapter / BASE_MODEL_REF))
+    origin = Path(str(config.get("base_model_name_or_path") or ""))
+    if str(origin) not in ("", ".") and (origin / "config.json").is_file() and origin.resolve() != base.resolve():
+        for key, value in _model_facts(origin).items():
+            if value not in (None, ""):
+                recorded.setdefault(key, value)
+    for key in ("architecture", "hidden_size", "num_hidden_layers", "vocab_size", "revision"):
+        mine, theirs = staged.get(key), recorded.get(key)
+        if mine not in (None, "") and theirs not in (None, "") and mine != theirs:
+            raise AdapterBaseMismatch(
+                f"adapter {adapter} was trained on a base model with {key}={theirs!r}, "
+                f"the staged model {base} has {key}={mine!r}"
+            )
+    adapter_files = sorted(adapter.glob("adapter_model*.safetensors"))
+    if adapter_files:
+        base_shapes = _weight_shapes(base)
+        lora_shapes = _weight_shapes(adapter)
+        checked = 0
+        for key, shape in sorted(lora_shapes.items()):
+            for part, dim in ((".lora_A.", 1), (".lora_B.", 0)):
+                if part not in key or len(shape) != 2:
+                    continue
+                name = key.removeprefix("base_model.model.").replace(part, ".").replace(".default.", ".")
+                base_shape = base_shapes.get(name)
+                if base_shape is None:
+                    continue
+                checked += 1
+                want = base_shape[1] if dim == 1 else base_shape[0]
+                if shape[dim] != want:
+                    raise AdapterBaseMismatch(
+                        f"adapter {adapter}: {key} has shape {list(shape)}, which does not fit the staged "
+                        f"model's {name} of shape {list(base_shape)}: the adapter was trained on another base model"
+                    )
+        n_pairs = sum(1 for k in lora_shapes if ".lora_A." in k)
+        if n_pairs and not checked:
+            raise AdapterBaseMismatch(
+                f"adapter {adapter}: none of its {n_pairs} LoRA modules exists in the staged model {base}: "
+                "the adapter was trained on another base model"
+            )
+    return staged
+
+
+def _probe_inputs(model_dir: Path) -> list[dict[str, Any]]:
+    """A text-only input and, if the processor takes images, one with a synthetic drawing."""
+    import torch
+    from transformers import AutoProcessor, AutoTokenizer
+
+    inputs: list[dict[str, Any]] = []
+    try:
+        processor = AutoProcessor.from_pretrained(model_dir)
+    except Exception:  # no processor: text only
+        processor = None
+    tokenizer = getattr(processor, "tokenizer", None) or AutoTokenizer.from_pretrained(model_dir)
+    for text in PROBE_TEXTS:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        inputs.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    if processor is not None and getattr(processor, "image_processor", None) is not None:
+        from PIL import Image, ImageDraw
+
+        image = Image.new("RGB", (128, 96), "white")
+        draw = ImageDraw.Draw(image)
+        draw.rectangle([70, 60, 124, 92], outline="black", width=2)
+        draw.ellipse([10, 10, 30, 30], outline="black", width=2)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROBE_TEXTS[0]}]}]
+        try:
+            prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            batch = processor(text=[prompt], images=[image], return_tensors="pt")
+            inputs.append(dict(batch))
+        except Exception as exc:  # keep the text probes; say why the image one is missing
+            print(f"merge-export: no image probe ({type(exc).__name__}: {exc})", flush=True)
+    return inputs
+
+
+def _logits(model: Any, inputs: list[dict[str, Any]]) -> list[Any]:
+    import torch
+
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for batch in inputs:
+            moved = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+            out.append(model(**moved).logits.float().cpu())
+    return out
+
+
+def _free(model: Any) -> None:
+    import torch
+
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _stored_dtype(model_dir: Path) -> str:
+    config = _read_json(model_dir / "config.json")
+    dtype = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype") or "float32"
+    return str(dtype).removeprefix("torch.")
+
+
+def compare_logits(
+    base_model_dir: str | Path,
+    adapter_dir: str | Path,
+    merged_dir: str | Path,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> dict[str, Any]:
+    """Checks that the merged model computes what base model + adapter (peft) computes.
+
+    Loads one model at a time in float32 (on the GPU if there is one): the base model with
+    the adapter (PeftModel, eval mode), then the merged model, and compares their logits on
+    the probe inputs (`_probe_inputs`: two text prompts and one image prompt).
+
+    Args:
+        base_model_dir: Staged base model.
+        adapter_dir: The adapter that was merged.
+        merged_dir: The merged model.
+        rtol: Tolerance relative to max |reference logit|. Default by stored dtype.
+        atol: Absolute tolerance. Default by stored dtype.
+
+    Returns:
+        {"logits_max_abs_diff", "logits_tolerance", "logits_max_abs", "adapter_effect_max_abs",
+        "probe_inputs", "merged_dtype"}. adapter_effect_max_abs is max |base+adapter - base|:
+        how much the adapter changes the logits (a check can only see a wrong merge whose
+        effect exceeds the tolerance).
+
+    Raises:
+        MergeVerificationError: max |merged - reference| > atol + rtol * max |reference|.
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    merged = Path(merged_dir)
+    dtype_name = _stored_dtype(merged)
+    default_rtol, default_atol = LOGIT_TOLERANCES.get(dtype_name, LOGIT_TOLERANCES["bfloat16"])
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = _probe_inputs(merged)
+
+    base = AutoModelForImageTextToText.from_pretrained(base_model_dir, dtype=torch.float32).to(device)
+    model = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    with model.disable_adapter():
+        base_logits = _logits(model, inputs)
+    ref_logits = _logits(model, inputs)
+    _free(model)
+    del base
+    merged_model = AutoModelForImageTextToText.from_pretrained(merged, dtype=torch.float32).to(device).eval()
+    merged_logits = _logits(merged_model, inputs)
+    _free(merged_model)
+
+    diff = max(float((m - r).abs().max()) for m, r in zip(merged_logits, ref_logits))
+    scale = max(float(r.abs().max()) for r in ref_logits)
+    effect = max(float((r - b).abs().max()) for r, b in zip(ref_logits, base_logits))
+    tolerance = atol + rtol * scale
+    facts = {
+        "logits_max_abs_diff": diff,
+        "logits_tolerance": tolerance,
+        "logits_max_abs": scale,
+        "adapter_effect_max_abs": effect,
+        "probe_inputs": len(inputs),
+        "merged_dtype": dtype_name,
+    }
+    if not diff <= tolerance:  # also catches NaN
+        raise MergeVerificationError(
+            f"{merged}: merged logits differ from base model + adapter (peft) by max |diff| {diff:.6g} > "
+            f"tolerance {tolerance:.6g} (atol {atol:g} + rtol {rtol:g} x max |logit| {scale:.4g}; "
+            f"the adapter itself moves logits by up to {effect:.4g}); the merge is wrong"
+        )
+    return facts
 
 
 def verify_merged(merged_dir: str | Path) -> dict[str, Any]:
@@ -83,14 +363,73 @@ def verify_merged(merged_dir: str | Path) -> dict[str, Any]:
     if logits.shape[-1] != vocab or not torch.isfinite(logits).all():
         raise MergeError(f"{folder}: merged model gives bad logits (shape {tuple(logits.shape)}, vocab {vocab})")
     files = [p for p in folder.rglob("*") if p.is_file()]
+    num_parameters = sum(p.numel() for p in model.parameters())
+    _free(model)
     return {
         "num_files": len(files),
         "total_bytes": sum(p.stat().st_size for p in files),
-        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "num_parameters": num_parameters,
     }
 
 
-def merge_export(adapter_dir: str, base_model_dir: str, merged_out: str, work_dir: str) -> MergeResult:
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value) if value not in (None, "") else "—"
+
+
+def model_card(lineage: dict[str, Any], metrics: dict[str, Any] | None = None) -> str:
+    """Returns the merged model's README.md (pure): lineage, verification, metrics.
+
+    Args:
+        lineage: What lineage.json holds (base_model, adapter, run_id, versions, verification).
+        metrics: Metrics to list (e.g. training or evaluation figures). Default None.
+    """
+    base = lineage.get("base_model") or {}
+    name = base.get("source") or base.get("uri") or base.get("model_dir") or "unknown"
+    lines = [
+        "---",
+        f"base_model: {name}",
+        "library_name: transformers",
+        "tags: [lora, merged, ms-swift, qwen3-vl]",
+        "---",
+        "",
+        f"# LoRA-merged {base.get('architecture') or 'model'}",
+        "",
+        "The LoRA adapter merged into its base model with `swift export --merge_lora true`, "
+        "then verified: its logits match base model + adapter (peft) on probe inputs.",
+        "",
+        "## Lineage",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | `{name}` |",
+        f"| base revision | `{_fmt(base.get('revision'))}` |",
+        f"| base architecture | {_fmt(base.get('architecture'))} ({_fmt(base.get('model_type'))}) |",
+        f"| adapter | `{_fmt(lineage.get('adapter'))}` |",
+        f"| run | {_fmt(lineage.get('run_id'))} |",
+    ]
+    for key, value in sorted((lineage.get("versions") or {}).items()):
+        lines.append(f"| {key} | {_fmt(value)} |")
+    check = lineage.get("verification") or {}
+    if check:
+        lines += ["", "## Merge verification", "", "| | |", "|---|---|"]
+        lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(check.items())]
+    if metrics:
+        lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(metrics.items())]
+    return "\n".join(lines) + "\n"
+
+
+def merge_export(
+    adapter_dir: str,
+    base_model_dir: str,
+    merged_out: str,
+    work_dir: str,
+    run_id: str = "",
+    metrics: dict[str, Any] | None = None,
+    verify_logits: bool = True,
+) -> MergeResult:
     """Merges the adapter into the base model and verifies the result.
 
     Args:
@@ -98,22 +437,28 @@ def merge_export(adapter_dir: str, base_model_dir: str, merged_out: str, work_di
         base_model_dir: Staged base model folder.
         merged_out: Output folder for the merged model.
         work_dir: Scratch folder.
+        run_id: Pipeline run that produced the adapter, for the lineage. Default "".
+        metrics: Metrics for the model card (e.g. training figures). Default None.
+        verify_logits: Compare merged logits with base + adapter (peft). Default True.
 
     Returns:
         The MergeResult.
 
     Raises:
         MergeError: The adapter is not one, `swift export` failed, or the result does not verify.
+        AdapterBaseMismatch: The adapter was trained on another base model.
+        MergeVerificationError: The merged logits differ from base + adapter.
     """
-    import transformers
-
     adapter = Path(adapter_dir)
-    if not (adapter / "adapter_config.json").is_file():
-        raise MergeError(f"{adapter}: no adapter_config.json; this is not a LoRA adapter folder")
+    staged = check_adapter_base(adapter, base_model_dir)
     tmp_out = Path(work_dir) / "merged"
     if tmp_out.exists():
         shutil.rmtree(tmp_out)
-    cmd = build_export_command(str(adapter), base_model_dir, str(tmp_out))
+    recorded = _read_json(adapter / BASE_MODEL_REF)
+    # ms-swift's model_type (recorded by train-lora; args.json has it too): without it
+    # swift cannot tell qwen3_vl from qwen3_vl_emb / qwen3_vl_reranker for an adapter without args.json.
+    extra = {"model_type": recorded["model_type"]} if recorded.get("model_type") else None
+    cmd = build_export_command(str(adapter), base_model_dir, str(tmp_out), extra)
     cmd[0] = swift_executable()
     print("merge-export:", " ".join(cmd), flush=True)
     start = time.time()
@@ -123,6 +468,13 @@ def merge_export(adapter_dir: str, base_model_dir: str, merged_out: str, work_di
         last = [line for line in tail.splitlines() if line.strip()][-1:] or ["(no output)"]
         raise MergeError(f"swift export exited with code {code}; last line: {last[0]}")
     facts = verify_merged(tmp_out)
+    check: dict[str, Any] = {}
+    if verify_logits:
+        start_check = time.time()
+        check = compare_logits(base_model_dir, adapter, tmp_out)
+        check["verify_seconds"] = round(time.time() - start_check, 2)
+        print(f"merge-export: logits match base + adapter: max |diff| {check['logits_max_abs_diff']:.3g} <= "
+              f"{check['logits_tolerance']:.3g} (adapter effect {check['adapter_effect_max_abs']:.3g})", flush=True)
     out = Path(merged_out)
     out.mkdir(parents=True, exist_ok=True)
     for path in tmp_out.iterdir():
@@ -131,9 +483,25 @@ def merge_export(adapter_dir: str, base_model_dir: str, merged_out: str, work_di
             shutil.copytree(path, dst, dirs_exist_ok=True)
         else:
             shutil.copyfile(path, dst)
-    ref_path = adapter / BASE_MODEL_REF
-    base_ref = json.loads(ref_path.read_text(encoding="utf-8")) if ref_path.is_file() else {}
-    lineage = {"base_model": base_ref, "adapter": str(adapter), "transformers": transformers.__version__}
+    base_ref = {"model_dir": str(base_model_dir), **{k: v for k, v in staged.items() if v not in (None, "")}, **recorded}
+    versions = library_versions()
+    lineage = {
+        "base_model": base_ref,
+        "adapter": str(adapter),
+        "run_id": run_id,
+        "transformers": versions["transformers"],
+        "versions": versions,
+        "verification": check,
+    }
     (out / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True), encoding="utf-8")
-    metadata = {"merge_seconds": round(seconds, 2), "transformers": transformers.__version__, **facts}
+    (out / "README.md").write_text(model_card(lineage, metrics), encoding="utf-8")
+    metadata = {
+        "merge_seconds": round(seconds, 2),
+        **versions,
+        **facts,
+        **{k: v for k, v in check.items() if isinstance(v, (int, float, str))},
+        "base_revision": base_ref.get("revision", ""),
+    }
+    if run_id:
+        metadata["run_id"] = run_id
     return MergeResult(str(out), metadata)

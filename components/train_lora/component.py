@@ -13,6 +13,9 @@ def train_lora(
     swift_args: dict,
     adapter: dsl.Output[dsl.Model],
     metrics: dsl.Output[dsl.Metrics],
+    checkpoint_dir: str = "",
+    accelerator_count: int = 0,
+    ddp_timeout_s: int = 0,
 ):
     """Trains a LoRA adapter with `swift sft` on the staged model and the clean datasets.
 
@@ -23,6 +26,17 @@ def train_lora(
         swift_args: `swift sft` arguments in ms-swift's names.
         adapter: Output: adapter weights + config, args.json, base_model.json.
         metrics: Output: losses, steps, samples/s, wall time.
+        checkpoint_dir: Durable folder for verified checkpoints (on Vertex a `/gcs/...`
+            path, stable across retries of the job); a restarted job resumes from the
+            newest complete one. "" = none (no resume).
+        accelerator_count: GPUs per node the resources profile asks for; fewer visible
+            GPUs stop the task before training. 0 = no check.
+        ddp_timeout_s: NCCL timeout of a distributed run when swift.ddp_timeout is unset;
+            0 = the default (1 hour).
+
+    On a multi-node job (Vertex CLUSTER_SPEC) every node trains; only the chief writes
+    the adapter, the metrics and the durable checkpoints. A worker exits with status 0
+    without returning, so the KFP executor writes no output metadata from it.
     """
     import tempfile
 
@@ -39,9 +53,16 @@ def train_lora(
             adapter.path,
             tempfile.mkdtemp(prefix="train-lora-"),
             base_model_ref={**ref, "uri": base_model.uri},
+            checkpoint_dir=checkpoint_dir or None,
+            expected_gpus=accelerator_count,
+            ddp_timeout_s=ddp_timeout_s or None,
         )
     except TrainError as exc:
         raise SystemExit(f"train-lora: {exc}") from None
+    if not result.is_chief:
+        print("train-lora: worker node done; the chief writes the outputs", flush=True)
+        raise SystemExit(0)
     for key, value in result.metrics.items():
         metrics.log_metric(key, value)
-    adapter.metadata.update({"base_model": base_model.uri, **ref, "checkpoint": result.checkpoint.rsplit("/", 1)[-1]})
+    adapter.metadata.update({"base_model": base_model.uri, **ref, "checkpoint": result.checkpoint.rsplit("/", 1)[-1],
+                             "strategy": result.strategy, "resumed_from": result.resumed_from})

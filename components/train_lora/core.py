@@ -25,8 +25,8 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json", "additional
 BASE_MODEL_REF = "base_model.json"
 
 
-class TrainError(RuntimeError):
-    """Training could not start or failed; the message says why and which knob to turn."""
+from components.train_lora import _checkpoints, _launch, _preflight
+from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 
 
 @dataclass
@@ -38,12 +38,19 @@ class TrainResult:
         checkpoint: The swift checkpoint folder the adapter was taken from.
         metrics: train_loss, eval_loss, steps, samples_per_second, train_runtime_s, wall_s.
         log_history: The trainer's log entries (loss per logging step).
+        is_chief: False on a non-chief node of a multi-node job: it trained but wrote
+            nothing (adapter_dir and checkpoint are "").
+        resumed_from: The durable checkpoint training resumed from ("" = from scratch).
+        strategy: The parallelism used (single, ddp, zero2, zero3, user).
     """
 
     adapter_dir: str
     checkpoint: str
     metrics: dict[str, float]
     log_history: list[dict[str, Any]] = field(default_factory=list)
+    is_chief: bool = True
+    resumed_from: str = ""
+    strategy: str = ""
 
 
 def swift_arg_names() -> set[str]:
@@ -332,6 +339,14 @@ def train_lora(
     adapter_out: str,
     work_dir: str,
     base_model_ref: dict[str, Any] | None = None,
+    *,
+    checkpoint_dir: str | None = None,
+    expected_gpus: int = 0,
+    ddp_timeout_s: int | None = None,
+    environ: dict[str, str] | None = None,
+    gpus: tuple[int, int] | None = None,
+    checkpoint_interval_s: float = 5.0,
+    keep_checkpoints: int = 2,
 ) -> TrainResult:
     """Trains a LoRA adapter with `swift sft` and writes it to `adapter_out`.
 
@@ -345,15 +360,37 @@ def train_lora(
         work_dir: Local scratch folder for datasets and checkpoints.
         base_model_ref: Facts about the base model recorded next to the adapter
             (source, revision, path). Default None.
+        checkpoint_dir: Durable folder for verified checkpoint copies (on Vertex a
+            `/gcs/...` path). When set, training resumes from the newest complete copy
+            there, swift keeps optimizer state in its checkpoints (save_only_model false),
+            and the chief copies each finished checkpoint there while training runs.
+            Default None (no durable checkpoints, no resume).
+        expected_gpus: GPUs per node the resources profile asks for; more than are
+            visible is refused before any work. Default 0 (no check).
+        ddp_timeout_s: NCCL timeout of a distributed run when swift.ddp_timeout is not
+            set. Default None (_launch.DEFAULT_DDP_TIMEOUT_S).
+        environ: Environment to read CLUSTER_SPEC from. Default None (os.environ).
+        gpus: (GPU count, bytes per GPU) instead of asking torch. Default None.
+        checkpoint_interval_s: Seconds between looks for new local checkpoints. Default 5.
+        keep_checkpoints: Complete durable checkpoints kept (0 = all). Default 2.
 
     Returns:
-        The TrainResult.
+        The TrainResult (on a non-chief node: no adapter, `is_chief` False).
 
     Raises:
         TrainError: Inputs invalid, or `swift sft` failed (message names the likely knob).
     """
     if not Path(model_dir, "config.json").is_file():
         raise TrainError(f"{model_dir}: base model folder has no config.json; stage the model first")
+    gpu_count, gpu_memory = _launch.detect_gpus() if gpus is None else gpus
+    _launch.check_gpu_count(expected_gpus, gpu_count)
+    plan = _launch.launch_plan(environ, gpu_count)
+    writable = {"work_dir": work_dir}
+    if plan.is_chief:
+        writable["adapter output"] = adapter_out
+        if checkpoint_dir:
+            writable["checkpoint_dir"] = checkpoint_dir
+    _preflight.preflight(swift_args, model_dir, writable)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     train_jsonl = work / "train.jsonl"
@@ -363,30 +400,69 @@ def train_lora(
         eval_jsonl = str(work / "eval.jsonl")
         materialize_dataset(eval_dir, eval_jsonl)
     output_dir = work / "output"
-    cmd = build_sft_command(swift_args, model_dir, model_type, str(train_jsonl), eval_jsonl, str(output_dir))
+
+    args = dict(swift_args)
+    strategy = _launch.choose_strategy(
+        _launch.model_weight_bytes(model_dir, args.get("torch_dtype")), plan.nproc_per_node if gpu_count else 0,
+        gpu_memory, args, nnodes=plan.nnodes, deepspeed_available=_launch.deepspeed_importable(),
+    )
+    if strategy.deepspeed:
+        args["deepspeed"] = strategy.deepspeed
+    args.update(_launch.distributed_swift_args(args, plan, ddp_timeout_s))
+    print(f"train-lora: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es) per node, "
+          f"strategy {strategy.name}: {strategy.reason}", flush=True)
+    resume: Path | None = None
+    if checkpoint_dir:
+        if args.get("save_only_model"):
+            print("train-lora: checkpoint_dir set: saving optimizer state too (save_only_model false) to resume", flush=True)
+        args["save_only_model"] = False
+        resume = _checkpoints.newest_complete_checkpoint(checkpoint_dir)
+        if resume:
+            print(f"train-lora: resuming from {resume}", flush=True)
+
+    cmd = build_sft_command(args, model_dir, model_type, str(train_jsonl), eval_jsonl, str(output_dir),
+                            resume_from=str(resume) if resume else None)
     cmd[0] = swift_executable()
     print("train-lora:", " ".join(cmd), flush=True)
     start = time.time()
     env = cpu_speed_env(_cuda_available())
     if env:
         print("train-lora: CPU-only, setting", " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
-    code, tail = run_command(cmd, env=env, log_path=work / "swift_sft.log")
+    env.update(plan.env)
+    sync = None
+    if checkpoint_dir and plan.is_chief:
+        sync = _checkpoints.CheckpointSync(output_dir, checkpoint_dir, checkpoint_interval_s, keep_checkpoints).start()
+    try:
+        code, tail = run_command(cmd, env=env, log_path=work / "swift_sft.log")
+    finally:
+        if sync is not None:
+            sync.stop(final=False)
     wall = time.time() - start
     if code != 0:
         raise TrainError(_explain_failure(tail, code))
+    if sync is not None:
+        sync.sync_once(final=True)
+    log_history = read_trainer_log(output_dir)
+    metrics = summarize_log(log_history)
+    metrics.update({"wall_s": round(wall, 2), "n_train": float(n_train)})
+    if resume:
+        metrics["resumed_from_step"] = float(_checkpoints.checkpoint_step(resume) or 0)
+    extra = {"resumed_from": str(resume or ""), "strategy": strategy.name}
+    if not plan.is_chief:
+        return TrainResult("", "", metrics, log_history, is_chief=False, **extra)
     checkpoints = find_checkpoints(output_dir)
     if not checkpoints:
         raise TrainError(f"{output_dir}: swift sft finished but wrote no checkpoint with an adapter")
     last = checkpoints[-1]
+    if not log_history:
+        log_history = read_trainer_log(output_dir, last)
+        metrics = {**summarize_log(log_history), **metrics}
     out = Path(adapter_out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ADAPTER_FILES:
         if (last / name).is_file():
             shutil.copyfile(last / name, out / name)
-    log_history = read_trainer_log(output_dir, last)
-    metrics = summarize_log(log_history)
-    metrics.update({"wall_s": round(wall, 2), "n_train": float(n_train)})
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
     (out / BASE_MODEL_REF).write_text(json.dumps(ref, indent=2, sort_keys=True), encoding="utf-8")
     (out / "log_history.json").write_text(json.dumps(log_history, indent=1), encoding="utf-8")
-    return TrainResult(str(out), str(last), metrics, log_history)
+    return TrainResult(str(out), str(last), metrics, log_history, **extra)

@@ -1,0 +1,143 @@
+"""Checks that fail before the first training step, with the knob to turn.
+
+All of them read only small files (config.json, safetensors headers), never the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+from components.train_lora._errors import TrainError
+
+
+class PreflightError(TrainError):
+    """An input makes training fail later; the message names the setting."""
+
+
+def _load_config(model_dir: str | Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
+    """The language model's context limit from a (possibly multimodal) HF config."""
+    for sub in ("text_config", "llm_config", "language_config"):
+        inner = config.get(sub)
+        if isinstance(inner, dict) and isinstance(inner.get("max_position_embeddings"), int):
+            return inner["max_position_embeddings"]
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) else None
+
+
+def check_max_length(swift_args: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Raises PreflightError when swift.max_length exceeds the model's max_position_embeddings."""
+    raw = swift_args.get("max_length")
+    limit = max_position_embeddings(config)
+    if raw is None or limit is None:
+        return
+    try:
+        length = int(float(raw))
+    except (TypeError, ValueError):
+        return
+    if length > limit:
+        raise PreflightError(
+            f"swift.max_length {length} is larger than the model's max_position_embeddings {limit}: "
+            f"lower swift.max_length to at most {limit}"
+        )
+
+
+def weight_names(model_dir: str | Path) -> list[str]:
+    """Tensor names of the model's safetensors files (read from the index or the file headers)."""
+    base = Path(model_dir)
+    index = base / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return sorted(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        except (OSError, ValueError, KeyError):
+            pass
+    names: list[str] = []
+    for path in sorted(base.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error):
+            continue
+        names.extend(k for k in header if k != "__metadata__")
+    return sorted(names)
+
+
+def module_names(model_dir: str | Path) -> set[str]:
+    """Names of the modules that hold weights (tensor names without .weight / .bias), with their suffixes."""
+    out: set[str] = set()
+    for name in weight_names(model_dir):
+        module = name.rsplit(".", 1)[0]
+        parts = module.split(".")
+        for i in range(len(parts)):
+            out.add(".".join(parts[i:]))
+    return out
+
+
+_PLAIN = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def check_target_modules(swift_args: Mapping[str, Any], model_dir: str | Path) -> None:
+    """Raises PreflightError when a plain swift.target_modules name matches no module of the model.
+
+    Special values (`all-linear`, `all-embedding`, ...) and regular expressions are left to
+    ms-swift; a model folder without readable safetensors skips the check.
+    """
+    raw = swift_args.get("target_modules")
+    if raw is None:
+        return
+    entries = raw if isinstance(raw, list) else [raw]
+    known = module_names(model_dir)
+    if not known:
+        return
+    missing = [e for e in entries if isinstance(e, str) and not e.startswith("all") and _PLAIN.fullmatch(e) and e not in known]
+    if missing:
+        leaves = sorted({m.rsplit(".", 1)[-1] for m in known if not m.rsplit(".", 1)[-1].isdigit()})
+        raise PreflightError(
+            f"swift.target_modules {missing} match no module of the model; use all-linear or names such as "
+            f"{', '.join(leaves[:12])}"
+        )
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Creates the folder and writes/deletes a probe file; PreflightError when it cannot."""
+    base = Path(folder)
+    probe = base / f".write-probe-{uuid.uuid4().hex}"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise PreflightError(f"{what} {base} is not writable: {exc.strerror or exc}") from None
+
+
+def preflight(
+    swift_args: Mapping[str, Any],
+    model_dir: str | Path,
+    writable: Mapping[str, str | Path] | None = None,
+) -> None:
+    """Runs every check (config limits, target modules, writable outputs).
+
+    Args:
+        swift_args: The config's `swift` section.
+        model_dir: Staged base model folder.
+        writable: {description: folder} that must be writable.
+
+    Raises:
+        PreflightError: The first failed check.
+    """
+    for what, folder in (writable or {}).items():
+        check_writable(folder, what)
+    check_max_length(swift_args, _load_config(model_dir))
+    check_target_modules(swift_args, model_dir)

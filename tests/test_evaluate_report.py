@@ -1,0 +1,143 @@
+"""Tests of the evaluate HTML report (components.evaluate._report)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from html.parser import HTMLParser
+
+from PIL import Image
+
+from components.evaluate._report import (
+    GOLD_COLOR,
+    PRED_COLOR,
+    draw_thumbnail,
+    render_report,
+    sample_f1,
+    worst_samples,
+    write_report,
+)
+from components.evaluate.metrics import score_sample
+
+
+def _answer(findings):
+    return "```json\n" + json.dumps(findings) + "\n```"
+
+
+GOLD_BOX = {"label": "title_block", "bbox": [10, 10, 50, 40]}
+PRED_BOX = {"label": "title_block", "bbox": [60, 50, 90, 80]}
+
+
+def _sample(tmp_path, line, tuned_text, name="img.png"):
+    path = tmp_path / name
+    Image.new("RGB", (100, 100), "white").save(path)
+    gold = _answer([GOLD_BOX])
+    return {
+        "line": line,
+        "images": [str(path)],
+        "gold": gold,
+        "tuned": tuned_text,
+        "tuned_score": score_sample(tuned_text, gold),
+        "reference": "no idea",
+        "reference_score": score_sample("no idea", gold),
+    }
+
+
+TUNED = {"n": 3, "f1": 0.6667, "precision": 0.5, "recall": 1.0, "json_valid_rate": 0.6667, "exact_match_rate": 0.3333,
+         "samples_per_second": 2.5, "generated_tokens_per_second": 346.5, "generate_seconds": 1.2}
+BASE = {"n": 3, "f1": 0.0, "precision": 0.0, "recall": 0.0, "json_valid_rate": 0.0, "exact_match_rate": 0.0,
+        "samples_per_second": 0.8, "generated_tokens_per_second": 127.2, "generate_seconds": 3.75}
+
+
+class _Collector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.imgs, self.cells, self._cell = [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.imgs.append(dict(attrs)["src"])
+        if tag in ("td", "th"):
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.cells.append(self._cell)
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+def _decode(src: str) -> Image.Image:
+    assert src.startswith("data:image/png;base64,")
+    return Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("RGB")
+
+
+def test_report_is_self_contained_with_table_and_drawn_worst_samples(tmp_path):
+    samples = [
+        _sample(tmp_path, 1, _answer([GOLD_BOX])),  # perfect
+        _sample(tmp_path, 2, _answer([PRED_BOX])),  # valid, wrong box
+        _sample(tmp_path, 3, "I cannot see a drawing."),  # invalid
+    ]
+    page = render_report(TUNED, BASE, samples, passed=True, reason="PASS: f1 0.6667 ...", worst_n=2)
+    parser = _Collector()
+    parser.feed(page)
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "<script" not in page and not re.search(r'(src|href)="(http|//)', page)  # no external requests
+    # metric table: reference, tuned, delta
+    cells = parser.cells
+    row = cells.index("F1")
+    assert cells[row:row + 4] == ["F1", "0.0000", "0.6667", "+0.6667"]
+    assert "346.5" in cells and "127.2" in cells and "samples/s" in cells and "generated tokens/s" in cells
+    assert "PASSED" in page
+    # worst two: the invalid one first, then the wrong box; the perfect one is not shown
+    assert len(parser.imgs) == 2
+    assert page.index("line 3") < page.index("line 2") and "line 1<" not in page
+    assert "invalid: no JSON" in page
+    thumb = _decode(parser.imgs[1])  # line 2: gold green at (10..50, 10..40), prediction red at (60..90, 50..80)
+    assert thumb.size == (100, 100)
+    assert thumb.getpixel((10, 25)) == GOLD_COLOR and thumb.getpixel((30, 10)) == GOLD_COLOR
+    assert thumb.getpixel((60, 65)) == PRED_COLOR and thumb.getpixel((75, 80)) == PRED_COLOR
+    assert thumb.getpixel((30, 25)) == (255, 255, 255)  # inside a box: untouched
+
+
+def test_thumbnail_scales_large_images_and_normalised_boxes(tmp_path):
+    path = tmp_path / "big.png"
+    Image.new("RGB", (640, 320), "white").save(path)
+    png = draw_thumbnail(path, [{"label": "a", "bbox": [64, 32, 320, 160]}], [], size=320)
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    assert image.size == (320, 160)
+    assert image.getpixel((32, 50)) == GOLD_COLOR  # left edge, scaled by 0.5
+    # 0-1000 normalised coordinates on a small image: 500 -> half the width
+    small = tmp_path / "small.png"
+    Image.new("RGB", (100, 100), "white").save(small)
+    image = Image.open(io.BytesIO(draw_thumbnail(small, [], [{"label": "a", "bbox": [500, 100, 900, 900]}])))
+    assert image.convert("RGB").getpixel((50, 50)) == PRED_COLOR
+
+
+def test_missing_image_still_draws(tmp_path):
+    png = draw_thumbnail(tmp_path / "gone.png", [{"label": "a", "bbox": [5, 5, 50, 50]}], [])
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    assert image.getpixel((5, 20)) == GOLD_COLOR
+
+
+def test_worst_samples_order_and_sample_f1(tmp_path):
+    samples = [_sample(tmp_path, 1, _answer([GOLD_BOX])), _sample(tmp_path, 2, _answer([GOLD_BOX, PRED_BOX])),
+               _sample(tmp_path, 3, "nope")]
+    assert [s["line"] for s in worst_samples(samples, 3)] == [3, 2, 1]
+    assert sample_f1(samples[0]["tuned_score"]) == 1.0
+    assert sample_f1(samples[1]["tuned_score"]) == 2 / 3
+    assert sample_f1({"json_valid": True, "tp": 0, "fp": 0, "fn": 0}) == 1.0
+    assert sample_f1(samples[2]["tuned_score"]) == 0.0
+
+
+def test_write_report_and_champion_column(tmp_path):
+    out = write_report(tmp_path / "r" / "report.html", TUNED, BASE, [], False, "FAIL: ...", reference_name="champion")
+    page = open(out, encoding="utf-8").read()
+    assert "champion" in page and "FAILED" in page and "<img" not in page
+    assert "&lt;script&gt;" in render_report(TUNED, BASE, [], reason="<script>")  # escaped

@@ -1,0 +1,261 @@
+"""Tests of the merge-export core: adapter/base check, logits verification, model card.
+
+The fast tests build a LoRA adapter directly with peft on the tiny model (random non-zero
+lora_B, no training) and merge it with peft; the test that runs the real
+`swift export --merge_lora true` is marked `pipeline` (about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from components.merge_export import core  # noqa: E402
+from components.merge_export.core import (  # noqa: E402
+    AdapterBaseMismatch,
+    MergeError,
+    MergeVerificationError,
+    build_export_command,
+    check_adapter_base,
+    compare_logits,
+    model_card,
+)
+
+ARCH = "Qwen3VLForConditionalGeneration"
+
+
+@pytest.fixture(scope="module")
+def tiny_base() -> Path:
+    from pipelines.demo.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+def _make_adapter(base_dir: Path, out: Path, seed: int = 0) -> Path:
+    """A LoRA adapter on q_proj/v_proj of the language model with random non-zero lora_B."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(base_dir, dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|v_proj)")
+    peft_model = get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            param.data = torch.randn(param.shape, generator=gen) * 0.05
+    peft_model.save_pretrained(out)
+    (out / "base_model.json").write_text(json.dumps({"model_type": "qwen3_vl", "architecture": ARCH}))
+    return out
+
+
+def _peft_merge(base_dir: Path, adapter_dir: Path, out: Path) -> Path:
+    """Merges with peft (merge_and_unload) into a folder that looks like swift export's."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    shutil.copytree(base_dir, out, ignore=shutil.ignore_patterns("*.safetensors", "manifest.json"))
+    base = AutoModelForImageTextToText.from_pretrained(base_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_and_merged(tiny_base, tmp_path_factory):
+    root = tmp_path_factory.mktemp("merge")
+    adapter = _make_adapter(tiny_base, root / "adapter")
+    merged = _peft_merge(tiny_base, adapter, root / "merged")
+    return adapter, merged
+
+
+def _scale_tensor(path: Path, match: str, factor: float) -> str:
+    """Multiplies the first tensor of a safetensors file whose name contains `match`."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    name = next(k for k in sorted(tensors) if match in k)
+    tensors[name] = tensors[name] * factor
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return name
+
+
+# ------------------------------------------------------------------ logits check
+
+
+def test_good_merge_matches_base_plus_adapter(tiny_base, adapter_and_merged):
+    adapter, merged = adapter_and_merged
+    facts = compare_logits(tiny_base, adapter, merged)
+    assert facts["merged_dtype"] == "float32"
+    assert facts["probe_inputs"] == 3  # two text prompts + one image prompt
+    assert facts["logits_max_abs_diff"] <= facts["logits_tolerance"]
+    assert facts["logits_max_abs_diff"] < 1e-3
+    # the adapter really changes the model, so a missing / wrong merge would be visible
+    assert facts["adapter_effect_max_abs"] > 100 * facts["logits_tolerance"]
+
+
+def test_adapter_tampered_after_merge_is_detected(tiny_base, adapter_and_merged, tmp_path):
+    adapter, merged = adapter_and_merged
+    tampered = Path(shutil.copytree(adapter, tmp_path / "adapter"))
+    _scale_tensor(tampered / "adapter_model.safetensors", "lora_B", 3.0)
+    with pytest.raises(MergeVerificationError, match=r"max \|diff\| [0-9.e+-]+ > tolerance"):
+        compare_logits(tiny_base, tampered, merged)
+
+
+def test_altered_merged_weights_are_detected(tiny_base, adapter_and_merged, tmp_path):
+    adapter, merged = adapter_and_merged
+    altered = Path(shutil.copytree(merged, tmp_path / "merged"))
+    # not q_proj/k_proj: Qwen3 normalises q and k per head, so scaling them changes nothing
+    _scale_tensor(altered / "model.safetensors", "layers.1.self_attn.v_proj.weight", 1.5)
+    with pytest.raises(MergeVerificationError) as info:
+        compare_logits(tiny_base, adapter, altered)
+    assert "merged logits differ from base model + adapter" in str(info.value)
+    assert isinstance(info.value, MergeError)  # the component turns every MergeError into a clear exit
+
+
+def test_unmerged_copy_of_base_is_detected(tiny_base, adapter_and_merged, tmp_path):
+    """A 'merged' folder that is just the base model (adapter silently dropped) fails."""
+    adapter, _ = adapter_and_merged
+    with pytest.raises(MergeVerificationError):
+        compare_logits(tiny_base, adapter, tiny_base)
+
+
+# ------------------------------------------------------------------ adapter vs base
+
+
+def test_adapter_of_staged_base_is_accepted(tiny_base, adapter_and_merged):
+    adapter, _ = adapter_and_merged
+    facts = check_adapter_base(adapter, tiny_base)
+    assert facts["architecture"] == ARCH and facts["hidden_size"] == 128
+
+
+def test_adapter_recorded_for_other_architecture_is_refused(tiny_base, adapter_and_merged, tmp_path):
+    adapter, _ = adapter_and_merged
+    other = Path(shutil.copytree(adapter, tmp_path / "adapter"))
+    (other / "base_model.json").write_text(json.dumps({"architecture": "Qwen2_5_VLForConditionalGeneration"}))
+    with pytest.raises(AdapterBaseMismatch, match="architecture='Qwen2_5_VLForConditionalGeneration'"):
+        check_adapter_base(other, tiny_base)
+
+
+def test_revision_mismatch_is_refused_when_both_known(tiny_base, adapter_and_merged, tmp_path):
+    adapter, _ = adapter_and_merged
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (staged / name).symlink_to(tiny_base / name)
+    (staged / "manifest.json").write_text(json.dumps({"revision": "abc123"}))
+    other = Path(shutil.copytree(adapter, tmp_path / "adapter"))
+    (other / "base_model.json").write_text(json.dumps({"architecture": ARCH, "revision": "def456"}))
+    with pytest.raises(AdapterBaseMismatch, match="revision='def456'.*revision='abc123'"):
+        check_adapter_base(other, staged)
+    (other / "base_model.json").write_text(json.dumps({"architecture": ARCH, "revision": "abc123"}))
+    assert check_adapter_base(other, staged)["revision"] == "abc123"
+    (other / "base_model.json").write_text(json.dumps({"architecture": ARCH}))  # unknown: not refused
+    check_adapter_base(other, staged)
+
+
+def test_adapter_config_base_folder_with_other_sizes_is_refused(tiny_base, adapter_and_merged, tmp_path):
+    adapter, _ = adapter_and_merged
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    config = json.loads((tiny_base / "config.json").read_text())
+    config["text_config"]["hidden_size"] = 2560
+    (origin / "config.json").write_text(json.dumps(config))
+    other = Path(shutil.copytree(adapter, tmp_path / "adapter"))
+    cfg = json.loads((other / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(origin)
+    (other / "adapter_config.json").write_text(json.dumps(cfg))
+    (other / "base_model.json").unlink()
+    with pytest.raises(AdapterBaseMismatch, match="hidden_size=2560"):
+        check_adapter_base(other, tiny_base)
+
+
+def test_adapter_weight_shapes_must_fit_base(tiny_base, adapter_and_merged, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    adapter, _ = adapter_and_merged
+    other = Path(shutil.copytree(adapter, tmp_path / "adapter"))
+    (other / "base_model.json").unlink()
+    path = other / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    tensors = {k: torch.zeros(v.shape[0], 256) if ".lora_A." in k else v for k, v in tensors.items()}
+    save_file(tensors, str(path))
+    with pytest.raises(AdapterBaseMismatch, match="does not fit the staged model"):
+        check_adapter_base(other, tiny_base)
+    renamed = {k.replace("language_model", "text_model"): v for k, v in load_file(str(adapter / "adapter_model.safetensors")).items()}
+    save_file(renamed, str(path))
+    with pytest.raises(AdapterBaseMismatch, match="none of its 8 LoRA modules exists"):
+        check_adapter_base(other, tiny_base)
+
+
+def test_not_an_adapter_folder(tmp_path, tiny_base):
+    with pytest.raises(MergeError, match="no adapter_config.json"):
+        core.merge_export(str(tmp_path), str(tiny_base), str(tmp_path / "out"), str(tmp_path / "w"))
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+def test_build_export_command():
+    cmd = build_export_command("/a", "/m", "/o", {"model_type": "qwen3_vl"})
+    assert cmd[:2] == ["swift", "export"]
+    assert cmd[cmd.index("--merge_lora") + 1] == "true"
+    assert cmd[cmd.index("--model_type") + 1] == "qwen3_vl"
+
+
+def test_model_card_names_lineage_and_metrics():
+    lineage = {
+        "base_model": {"source": "hf://Qwen/Qwen3-VL-4B-Instruct", "revision": "abc123", "architecture": ARCH,
+                       "model_type": "qwen3_vl"},
+        "adapter": "gs://b/run/adapter",
+        "run_id": "run-42",
+        "versions": {"transformers": "5.19.0", "peft": "0.20.0", "ms_swift": "4.6.0"},
+        "verification": {"logits_max_abs_diff": 1.2e-5},
+    }
+    card = model_card(lineage, {"train_loss": 0.25})
+    assert card.startswith("---\nbase_model: hf://Qwen/Qwen3-VL-4B-Instruct\n")
+    for text in ("`abc123`", "gs://b/run/adapter", "run-42", "| peft | 0.20.0 |", "| ms_swift | 4.6.0 |",
+                 "| train_loss | 0.25 |", "1.2e-05"):
+        assert text in card
+
+
+def test_library_versions():
+    versions = core.library_versions()
+    assert set(versions) == {"transformers", "peft", "ms_swift", "torch"}
+    assert versions["transformers"] and versions["peft"]
+
+
+# ------------------------------------------------------------------ real swift export
+
+
+@pytest.mark.pipeline
+def test_swift_export_merge_verifies_and_detects_tampering(tiny_base, adapter_and_merged, tmp_path, monkeypatch):
+    adapter, _ = adapter_and_merged
+    result = core.merge_export(str(adapter), str(tiny_base), str(tmp_path / "out"), str(tmp_path / "work"),
+                               run_id="run-7", metrics={"train_loss": 1.5})
+    meta = result.metadata
+    assert meta["logits_max_abs_diff"] <= meta["logits_tolerance"]
+    assert meta["peft"] and meta["ms_swift"] and meta["transformers"] and meta["run_id"] == "run-7"
+    lineage = json.loads((tmp_path / "out" / "lineage.json").read_text())
+    assert lineage["versions"]["ms_swift"] == meta["ms_swift"] and lineage["run_id"] == "run-7"
+    assert lineage["base_model"]["architecture"] == ARCH
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "run-7" in card and "| train_loss | 1.5 |" in card
+
+    real_run = core.run_command
+
+    def export_then_alter(cmd, *args, **kwargs):
+        code, tail = real_run(cmd, *args, **kwargs)
+        out = Path(cmd[cmd.index("--output_dir") + 1])
+        _scale_tensor(out / "model.safetensors", "layers.0.self_attn.v_proj.weight", 0.0)
+        return code, tail
+
+    monkeypatch.setattr(core, "run_command", export_then_alter)
+    with pytest.raises(MergeVerificationError):
+        core.merge_export(str(adapter), str(tiny_base), str(tmp_path / "bad"), str(tmp_path / "work2"))
+    assert not (tmp_path / "bad").exists()
