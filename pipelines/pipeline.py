@@ -162,6 +162,7 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
         merge = gpu(merge_export(
             base_model=stage.outputs["model"],
             adapter=train.outputs["adapter"],
+            run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,  # lineage in the merged model's card
         ), "merge-export")
         evaluation = gpu(evaluate(
             base_model=stage.outputs["model"],
