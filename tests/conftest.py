@@ -33,7 +33,7 @@ def gcs_emulator():
     """
     exe = shutil.which("gcp-storage-emulator") or str(Path(os.sys.executable).parent / "gcp-storage-emulator")
     if not Path(exe).exists():
-        pytest.skip("gcp-storage-emulator is not installed (pip install -e '.[dev]')")
+        pytest.fail("gcp-storage-emulator is not installed (pip install -e '.[dev]')")
     port = _free_port()
     proc = subprocess.Popen(
         [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],

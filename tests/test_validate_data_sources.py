@@ -6,13 +6,11 @@ import base64
 import http.server
 import io
 import json
-import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -166,57 +164,25 @@ def test_bad_base64_is_unreadable(tmp_path, run):
 # --- gs:// through the GCS emulator -------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def gcs():
-    """A GCS emulator on 127.0.0.1 with bucket "data"; yields (client, host)."""
-    exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
-    if not Path(exe).exists():
-        pytest.fail("gcp-storage-emulator is not installed (dev extra)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("GCS emulator did not start within 20 s")
-                time.sleep(0.1)
-        host = f"http://127.0.0.1:{port}"
-        mp = pytest.MonkeyPatch()
-        mp.setenv("STORAGE_EMULATOR_HOST", host)
-        mp.setenv("no_proxy", "127.0.0.1,localhost")
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
+def gcs(gcs_emulator):
+    """Bucket "data" on the shared GCS emulator (tests/conftest.py) holding a small
+    dataset; yields (client, emulator URL)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
 
-        client = storage.Client(project="test", credentials=AnonymousCredentials())
-        bucket = client.create_bucket("data")
-        bucket.blob("set/img/a.png").upload_from_string(png_bytes(color=(9, 9, 9)))
-        bucket.blob("set/img/b.png").upload_from_string(png_bytes(color=(99, 9, 9)))
-        bucket.blob("other/secret.png").upload_from_string(png_bytes(color=(0, 0, 99)))
-        rows = [row(f"g{i}", ["img/a.png" if i % 2 else "img/b.png"]) for i in range(4)]
-        rows += [row("escape", ["../other/secret.png"]), row("absent", ["img/none.png"])]
-        bucket.blob("set/train.jsonl").upload_from_string("\n".join(line(r) for r in rows) + "\n")
-        yield client, host
-        mp.undo()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("no_proxy", "127.0.0.1,localhost")
+    client = storage.Client(project="test", credentials=AnonymousCredentials())
+    bucket = client.create_bucket("data")
+    bucket.blob("set/img/a.png").upload_from_string(png_bytes(color=(9, 9, 9)))
+    bucket.blob("set/img/b.png").upload_from_string(png_bytes(color=(99, 9, 9)))
+    bucket.blob("other/secret.png").upload_from_string(png_bytes(color=(0, 0, 99)))
+    rows = [row(f"g{i}", ["img/a.png" if i % 2 else "img/b.png"]) for i in range(4)]
+    rows += [row("escape", ["../other/secret.png"]), row("absent", ["img/none.png"])]
+    bucket.blob("set/train.jsonl").upload_from_string("\n".join(line(r) for r in rows) + "\n")
+    yield client, gcs_emulator
+    mp.undo()
 
 
 def test_gs_images_are_downloaded_and_copied_in(tmp_path, run, gcs, monkeypatch):
