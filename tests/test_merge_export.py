@@ -12,12 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
-
-from components.merge_export import core  # noqa: E402
-from components.merge_export.core import (  # noqa: E402
+from components.merge_export import core
+from components.merge_export.core import (
     AdapterBaseMismatch,
     MergeError,
     MergeVerificationError,
