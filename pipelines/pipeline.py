@@ -151,14 +151,22 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
             swift_args=swift_args,
             task=data_task,
         ), "validate-data")
+        train_kwargs = {}
+        if vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
+            train_kwargs = {
+                "checkpoint_root": _fuse_path(cfg.pipeline.root) + "/checkpoints",
+                "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
+            }
         train = train_op(
             base_model=stage.outputs["model"],
             train_dataset=data.outputs["train_dataset"],
             eval_dataset=data.outputs["eval_dataset"],
             swift_args=swift_args,
+            **train_kwargs,
         ).set_display_name("train-lora")
         if vertex and cfg.resources.scheduling == "spot":
-            train.set_retry(num_retries=2)  # a preempted job is restarted (it trains again from the start: resume is not built yet)
+            train.set_retry(num_retries=2)  # a preempted job is restarted and resumes from its newest complete checkpoint
         merge = gpu(merge_export(
             base_model=stage.outputs["model"],
             adapter=train.outputs["adapter"],
@@ -199,6 +207,11 @@ def _with_image(component: Any, image: str) -> Any:
     out = copy.deepcopy(component)
     out.component_spec.implementation.container.image = image
     return out
+
+
+def _fuse_path(uri: str) -> str:
+    """gs://bucket/prefix -> /gcs/bucket/prefix (Cloud Storage FUSE on Vertex)."""
+    return "/gcs/" + uri[len("gs://"):].rstrip("/") if uri.startswith("gs://") else uri.rstrip("/")
 
 
 def _training_job(cfg: Config, image: str) -> Any:

@@ -217,3 +217,14 @@ def test_compile_cli_reports_bad_profile_without_output(tmp_path, capsys):
     assert main(["--config", str(bad), "--output", str(tmp_path / "o.yaml")]) == 2
     assert "comes with exactly 1" in capsys.readouterr().err
     assert not (tmp_path / "o.yaml").exists()
+
+
+def test_training_gets_durable_checkpoints_under_the_pipeline_root(tmp_path):
+    """A retried (preempted) job of the same run finds its checkpoints: same folder per run."""
+    raw, _ = _compiled("configs/qwen3_vl_4b/lora_h100_x8.yaml", tmp_path)
+    cfg = load_config(ROOT / "configs/qwen3_vl_4b/lora_h100_x8.yaml")
+    params = raw["root"]["dag"]["tasks"]["train-lora"]["inputs"]["parameters"]
+    root = cfg.pipeline.root[len("gs://"):].rstrip("/")
+    assert params["checkpoint_root"]["runtimeValue"]["constant"] == f"/gcs/{root}/checkpoints"
+    assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    assert params["accelerator_count"]["runtimeValue"]["constant"] == cfg.resources.accelerator_count

@@ -16,6 +16,8 @@ def train_lora(
     checkpoint_dir: str = "",
     accelerator_count: int = 0,
     ddp_timeout_s: int = 0,
+    checkpoint_root: str = "",
+    run_id: str = "",
 ):
     """Trains a LoRA adapter with `swift sft` on the staged model and the clean datasets.
 
@@ -33,6 +35,10 @@ def train_lora(
             GPUs stop the task before training. 0 = no check.
         ddp_timeout_s: NCCL timeout of a distributed run when swift.ddp_timeout is unset;
             0 = the default (1 hour).
+        checkpoint_root: With run_id and no checkpoint_dir: checkpoints go to
+            `<checkpoint_root>/<run_id>/train-lora` (the pipeline passes its root's /gcs/
+            path and the job id, so retries of one run share the folder). "" = none.
+        run_id: The pipeline job's id (a whole-value KFP placeholder). Default "".
 
     On a multi-node job (Vertex CLUSTER_SPEC) every node trains; only the chief writes
     the adapter, the metrics and the durable checkpoints. A worker exits with status 0
@@ -43,6 +49,8 @@ def train_lora(
     from components.train_lora.core import TrainError, train_lora as train
 
     ref = {k: base_model.metadata.get(k) for k in ("source", "revision", "architecture", "model_type")}
+    if not checkpoint_dir and checkpoint_root and run_id:
+        checkpoint_dir = f"{checkpoint_root.rstrip('/')}/{run_id}/train-lora"
     try:
         result = train(
             base_model.path,
