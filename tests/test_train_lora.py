@@ -161,6 +161,27 @@ def test_read_trainer_log_falls_back_to_the_checkpoint_state(tmp_path):
     assert core.read_trainer_log(tmp_path, ck) == [{"loss": 1.0, "step": 4}]
 
 
+def test_tensorboard_args_follow_vertex_and_yield_to_the_config():
+    env = {"AIP_TENSORBOARD_LOG_DIR": "gs://b/tb/logs"}
+    assert core.tensorboard_args({}, env) == {"report_to": "tensorboard", "logging_dir": "gs://b/tb/logs"}
+    assert core.tensorboard_args({"report_to": "none"}, env) == {}
+    assert core.tensorboard_args({}, {}) == {}
+
+
+def test_loss_curve_html_plots_both_series():
+    log = [{"loss": 3.0, "global_step/max_steps": "5/20"}, {"loss": 1.0, "global_step/max_steps": "20/20"},
+           {"eval_loss": 2.0, "global_step/max_steps": "20/20"}]
+    page = core.loss_curve_html(log)
+    import re
+
+    loss = re.search(r'class="loss" points="([^"]+)"', page).group(1).split()
+    assert len(loss) == 2
+    (x_a, y_a), (x_b, y_b) = [tuple(map(float, p.split(","))) for p in loss]
+    assert x_a < x_b and y_a < y_b  # higher loss is drawn higher up (smaller y)
+    assert 'class="eval_loss"' in page and "last 1.0000" in page
+    assert "No loss was logged" in core.loss_curve_html([])
+
+
 def test_explain_failure_points_at_the_knob():
     assert "per_device_train_batch_size" in core._explain_failure("torch.OutOfMemoryError: CUDA out of memory.", 1)
     assert "last line: boom" in core._explain_failure("a\nboom\n", 3)

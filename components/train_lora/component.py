@@ -13,6 +13,7 @@ def train_lora(
     swift_args: dict,
     adapter: dsl.Output[dsl.Model],
     metrics: dsl.Output[dsl.Metrics],
+    loss_curve: dsl.Output[dsl.HTML],
     checkpoint_dir: str = "",
     accelerator_count: int = 0,
     ddp_timeout_s: int = 0,
@@ -27,7 +28,8 @@ def train_lora(
         eval_dataset: Clean held-out set from validate-data.
         swift_args: `swift sft` arguments in ms-swift's names.
         adapter: Output: adapter weights + config, args.json, base_model.json.
-        metrics: Output: losses, steps, samples/s, wall time.
+        metrics: Output: losses, steps, samples/s, peak memory, wall time.
+        loss_curve: Output: training / eval loss per step (HTML, inline SVG).
         checkpoint_dir: Durable folder for verified checkpoints (on Vertex a `/gcs/...`
             path, stable across retries of the job); a restarted job resumes from the
             newest complete one. "" = none (no resume).
@@ -46,7 +48,7 @@ def train_lora(
     """
     import tempfile
 
-    from components.train_lora.core import TrainError, train_lora as train
+    from components.train_lora.core import TrainError, loss_curve_html, train_lora as train
 
     ref = {k: base_model.metadata.get(k) for k in ("source", "revision", "architecture", "model_type")}
     if not checkpoint_dir and checkpoint_root and run_id:
@@ -72,5 +74,7 @@ def train_lora(
         raise SystemExit(0)
     for key, value in result.metrics.items():
         metrics.log_metric(key, value)
+    with open(loss_curve.path, "w", encoding="utf-8") as f:
+        f.write(loss_curve_html(result.log_history))
     adapter.metadata.update({"base_model": base_model.uri, **ref, "checkpoint": result.checkpoint.rsplit("/", 1)[-1],
                              "strategy": result.strategy, "resumed_from": result.resumed_from})

@@ -104,6 +104,68 @@ def to_cli(args: dict[str, Any]) -> list[str]:
     return out
 
 
+def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) -> dict[str, Any]:
+    """Returns swift args that write TensorBoard events where Vertex TensorBoard reads them.
+
+    Vertex sets AIP_TENSORBOARD_LOG_DIR on a CustomJob that has a TensorBoard attached; then
+    ms-swift reports to TensorBoard in that folder. A config that sets `report_to` or
+    `logging_dir` itself wins. Without the variable: nothing.
+    """
+    log_dir = environ.get("AIP_TENSORBOARD_LOG_DIR", "")
+    if not log_dir or "report_to" in swift_args or "logging_dir" in swift_args:
+        return {}
+    return {"report_to": "tensorboard", "logging_dir": log_dir}
+
+
+def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora") -> str:
+    """Renders the training and eval loss per step as a self-contained HTML page (inline SVG).
+
+    Args:
+        log_history: Log entries (`loss` / `eval_loss` with `global_step/max_steps` or `step`).
+        title: Page title. Default "train-lora".
+
+    Returns:
+        The HTML text (renders in the Vertex console's HTML artifact view).
+    """
+    import html
+
+    def step_of(entry: dict[str, Any], index: int) -> float:
+        if "step" in entry:
+            return float(entry["step"])
+        gs = entry.get("global_step/max_steps")
+        return float(str(gs).split("/")[0]) if gs else float(index + 1)
+
+    series = {
+        "loss": [(step_of(e, i), float(e["loss"])) for i, e in enumerate(log_history) if "loss" in e],
+        "eval_loss": [(step_of(e, i), float(e["eval_loss"])) for i, e in enumerate(log_history) if "eval_loss" in e],
+    }
+    points = [p for values in series.values() for p in values]
+    w, h, pad = 640, 320, 48
+    body = "<p>No loss was logged.</p>"
+    if points:
+        x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+        y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+        sx = (w - 2 * pad) / ((x1 - x0) or 1.0)
+        sy = (h - 2 * pad) / ((y1 - y0) or 1.0)
+        colors = {"loss": "#1a73e8", "eval_loss": "#e8710a"}
+        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
+                 f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#999"/>',
+                 f'<text x="{pad}" y="{pad - 8}" font-size="12">{y1:.3f}</text>',
+                 f'<text x="{pad}" y="{h - pad + 16}" font-size="12">step {x0:g}</text>',
+                 f'<text x="{w - pad}" y="{h - pad + 16}" font-size="12" text-anchor="end">step {x1:g}</text>',
+                 f'<text x="{pad - 4}" y="{h - pad}" font-size="12" text-anchor="end">{y0:.3f}</text>']
+        for name, values in series.items():
+            if values:
+                coords = " ".join(f"{pad + (x - x0) * sx:.1f},{h - pad - (y - y0) * sy:.1f}" for x, y in values)
+                parts.append(f'<polyline class="{name}" points="{coords}" fill="none" stroke="{colors[name]}" stroke-width="2"/>')
+        parts.append("</svg>")
+        legend = " ".join(f'<span style="color:{colors[n]}">&#9632; {n} ({len(v)} points, last {v[-1][1]:.4f})</span>'
+                          for n, v in series.items() if v)
+        body = "".join(parts) + f"<p>{legend}</p>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+            f"<body style='font-family:sans-serif'><h2>{html.escape(title)}: loss per step</h2>{body}</body></html>")
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return str(int(value))
@@ -409,6 +471,7 @@ def train_lora(
     if strategy.deepspeed:
         args["deepspeed"] = strategy.deepspeed
     args.update(_launch.distributed_swift_args(args, plan, ddp_timeout_s))
+    args.update(tensorboard_args(args, os.environ if environ is None else environ))
     print(f"train-lora: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es) per node, "
           f"strategy {strategy.name}: {strategy.reason}", flush=True)
     resume: Path | None = None
