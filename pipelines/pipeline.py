@@ -23,6 +23,7 @@ from typing import Any
 
 from kfp import dsl
 
+from components._storage import to_fuse_path
 from components.evaluate import evaluate
 from components.images import resolve_images
 from components.merge_export import merge_export
@@ -154,7 +155,7 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
         train_kwargs = {}
         if vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
             train_kwargs = {
-                "checkpoint_root": _fuse_path(cfg.pipeline.root) + "/checkpoints",
+                "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
                 "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
             }
@@ -207,11 +208,6 @@ def _with_image(component: Any, image: str) -> Any:
     out = copy.deepcopy(component)
     out.component_spec.implementation.container.image = image
     return out
-
-
-def _fuse_path(uri: str) -> str:
-    """gs://bucket/prefix -> /gcs/bucket/prefix (Cloud Storage FUSE on Vertex)."""
-    return "/gcs/" + uri[len("gs://"):].rstrip("/") if uri.startswith("gs://") else uri.rstrip("/")
 
 
 def _training_job(cfg: Config, image: str) -> Any:

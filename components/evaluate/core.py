@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from components._storage import to_fuse_path
 from components.evaluate.metrics import aggregate, gate, score_sample
 
 # (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens)
@@ -94,8 +95,7 @@ def check_model_dir(model_dir: str, role: str) -> str:
     """
     if not model_dir:
         raise EvalError(f"{role} model: no path given")
-    if model_dir.startswith("gs://"):
-        model_dir = "/gcs/" + model_dir[len("gs://"):]
+    model_dir = to_fuse_path(model_dir)  # gs://b/p is read as /gcs/b/p on Vertex
     folder = Path(model_dir)
     if not folder.is_dir():
         raise EvalError(f"{role} model {model_dir}: folder not found")

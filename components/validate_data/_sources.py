@@ -144,18 +144,12 @@ _GCS_CLIENT = threading.local()
 
 def gcs_client():
     """Returns a google-cloud-storage client (per thread; honours STORAGE_EMULATOR_HOST)."""
-    from google.cloud import storage  # imported here: only gs:// data needs it
+    from components import _storage
 
     key = os.environ.get("STORAGE_EMULATOR_HOST", "")
     cached = getattr(_GCS_CLIENT, "value", None)
     if cached is None or cached[0] != key:
-        if key:
-            from google.auth.credentials import AnonymousCredentials
-
-            client = storage.Client(project="emulator", credentials=AnonymousCredentials())
-        else:
-            client = storage.Client()
-        _GCS_CLIENT.value = (key, client)
+        _GCS_CLIENT.value = (key, _storage.client())
     return _GCS_CLIENT.value[1]
 
 
