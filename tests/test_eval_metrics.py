@@ -175,14 +175,12 @@ def test_greedy_is_suboptimal():
     assert match_findings(pred, gold, 0.5, method="greedy") == [(0, 0)]
 
 
-@pytest.mark.skipif(not metrics.HAVE_SCIPY, reason="scipy not installed")
 def test_hungarian_is_optimal():
     pred, gold = [f("hole", P0), f("hole", P1)], [f("hole", G0), f("hole", G1)]
     assert match_findings(pred, gold, 0.5, method="hungarian") == [(0, 1), (1, 0)]
     assert match_findings(pred, gold, 0.5) == [(0, 1), (1, 0)]  # auto
 
 
-@pytest.mark.skipif(not metrics.HAVE_SCIPY, reason="scipy not installed")
 def test_hungarian_maximises_matches_before_iou_sum():
     # One perfect pair (IoU 1.0) beats the IoU sum of the two-pair assignment
     # (6/14 + 5/15 = 0.76), but two matches must win over one.
@@ -195,7 +193,6 @@ def test_hungarian_maximises_matches_before_iou_sum():
     assert match_findings(pred, gold, 0.3, method="greedy") == [(0, 0)]
 
 
-@pytest.mark.skipif(not metrics.HAVE_SCIPY, reason="scipy not installed")
 def test_hungarian_prefers_higher_iou_at_equal_cardinality():
     gold = [f("hole", [0, 0, 10, 10])]
     pred = [f("hole", [0, 0, 10, 6]), f("hole", [0, 0, 10, 9])]
