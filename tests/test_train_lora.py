@@ -48,6 +48,53 @@ def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
     i = args.index("--target_modules")
     assert args[i + 1 : i + 3] == ["q_proj", "v_proj"]
     assert "--resume_from_checkpoint" not in args
+    assert pairs["--include_num_input_tokens_seen"] == "true"
+    assert pairs["--external_plugins"] == core.PLUGIN and Path(core.PLUGIN).is_file()
+
+
+def test_token_counting_can_be_turned_off_and_user_plugins_are_kept():
+    cmd = build_sft_command({"include_num_input_tokens_seen": False, "external_plugins": "/my/plugin.py"},
+                            "/m", "qwen3_vl", "/t.jsonl", "", "/o")
+    assert cmd[cmd.index("--include_num_input_tokens_seen") + 1] == "false"
+    assert cmd.count("--include_num_input_tokens_seen") == 1
+    i = cmd.index("--external_plugins")
+    assert cmd[i + 1 : i + 3] == [core.PLUGIN, "/my/plugin.py"]
+
+
+def test_plugin_counts_tokens_without_padding():
+    import torch
+    from types import SimpleNamespace
+
+    from components.train_lora import swift_plugin
+    from transformers import Trainer
+
+    assert swift_plugin.INSTALLED
+    fake = SimpleNamespace(
+        args=SimpleNamespace(include_num_input_tokens_seen="all", device="cpu"),
+        state=SimpleNamespace(num_input_tokens_seen=0),
+        accelerator=SimpleNamespace(gather=lambda t: t),
+        model=SimpleNamespace(main_input_name="input_ids"),
+    )
+    batch = {"input_ids": torch.zeros(2, 5, dtype=torch.long),
+             "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])}
+    Trainer._track_num_input_tokens(fake, batch)
+    assert fake.state.num_input_tokens_seen == 7  # not 10: padding excluded
+    fake.args.include_num_input_tokens_seen = "no"
+    Trainer._track_num_input_tokens(fake, batch)
+    assert fake.state.num_input_tokens_seen == 7
+
+
+def test_summarize_log_reports_tokens_per_second():
+    log = [
+        {"loss": 3.0, "step": 5, "num_input_tokens_seen": 6000, "train_tokens_per_second": 1500.0},
+        {"loss": 2.0, "step": 10, "num_input_tokens_seen": 12000, "train_tokens_per_second": 1600.0},
+        {"train_runtime": 8.0, "train_samples_per_second": 1.25, "num_input_tokens_seen": 12000, "step": 10},
+    ]
+    m = summarize_log(log)
+    assert m["tokens_seen"] == 12000.0 and m["tokens_per_second"] == 1600.0
+    # no per-step rate logged: tokens seen / runtime
+    m = summarize_log([log[2]])
+    assert m["tokens_per_second"] == 1500.0
 
 
 def test_build_sft_command_without_eval_and_with_resume():

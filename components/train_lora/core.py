@@ -23,6 +23,7 @@ from typing import Any
 RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version", "resume_from_checkpoint")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json", "additional_config.json", "args.json")
 BASE_MODEL_REF = "base_model.json"
+PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
 
 
 from components.train_lora import _checkpoints, _launch, _preflight
@@ -36,7 +37,8 @@ class TrainResult:
     Attributes:
         adapter_dir: Folder with the adapter weights/config, args.json and base_model.json.
         checkpoint: The swift checkpoint folder the adapter was taken from.
-        metrics: train_loss, eval_loss, steps, samples_per_second, train_runtime_s, wall_s.
+        metrics: train_loss, eval_loss, steps, samples_per_second, tokens_per_second
+            (language-model tokens, text + image, padding excluded), train_runtime_s, wall_s.
         log_history: The trainer's log entries (loss per logging step).
         is_chief: False on a non-chief node of a multi-node job: it trained but wrote
             nothing (adapter_dir and checkpoint are "").
@@ -209,10 +211,16 @@ def build_sft_command(
         "add_version": False,
         "check_model": False,
         "tuner_type": "lora",
+        # transformers then logs num_input_tokens_seen and train_tokens_per_second (the
+        # task's tokens/s); swift_plugin.py makes the count exclude padding.
+        "include_num_input_tokens_seen": True,
+        "external_plugins": [PLUGIN],
     }
     if eval_jsonl:
         args["val_dataset"] = eval_jsonl
+    user_plugins = swift_args.get("external_plugins") or []
     args.update(swift_args)
+    args["external_plugins"] = [PLUGIN, *([user_plugins] if isinstance(user_plugins, str) else user_plugins)]
     if resume_from:
         args["resume_from_checkpoint"] = resume_from
     return ["swift", "sft", *to_cli(args)]
@@ -314,6 +322,12 @@ def summarize_log(log_history: list[dict[str, Any]]) -> dict[str, float]:
             metrics["peak_memory_gib"] = max(metrics.get("peak_memory_gib", 0.0), float(entry["memory(GiB)"]))
         if "train_speed(s/it)" in entry:
             metrics["seconds_per_step"] = float(entry["train_speed(s/it)"])
+        if "num_input_tokens_seen" in entry:
+            metrics["tokens_seen"] = float(entry["num_input_tokens_seen"])
+        if "train_tokens_per_second" in entry:
+            metrics["tokens_per_second"] = float(entry["train_tokens_per_second"])
+    if "tokens_per_second" not in metrics and metrics.get("tokens_seen") and metrics.get("train_runtime_s"):
+        metrics["tokens_per_second"] = metrics["tokens_seen"] / metrics["train_runtime_s"]
     return metrics
 
 

@@ -1,0 +1,257 @@
+"""Training throughput of the train-lora task: the seed settings vs tuned profiles.
+
+Runs on the GPU machine (not a test). Builds the real Qwen3-VL-4B-Instruct architecture
+with random bf16 weights and seed-shaped data (1024x1024 synthetic drawings, fenced JSON
+answers), validates it with the validate-data core, then runs the train-lora core
+(`swift sft`) once per profile for a fixed number of optimizer steps and prints, per
+profile: s/step, samples/s, LM tokens/s (text + image tokens, padding excluded, counted by
+transformers), MFU and HFU (FLOP formula in benchmarks/throughput.py), peak memory and the
+loss at each step.
+
+Every profile trains the same thing as the seed: the seed config's `swift` section
+(configs/qwen3_vl_4b/lora_seed.yaml: LoRA r8/a32, lr 1e-4, bf16, max_length 3000) with
+the same samples per optimizer step (--samples-per-step, default 16 = what ms-swift's
+default gradient accumulation gives the seed's batch 1 on one GPU) and the same seed, so
+the same samples go into each step; only how they are computed changes. Gradient
+accumulation is derived: samples per step / (per-device batch x GPUs).
+
+    python -m benchmarks.train_throughput --out DIR [--steps 8] [--profiles seed,b16_gc_novitgc,...]
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks.train_throughput ...   # one GPU of a larger host
+
+Prints `RESULT {...}` per profile and a final table; writes DIR/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.throughput import ArchShape, SampleStats, flops_per_sample, losses_at, peak_flops_for, steady_state, \
+    utilisation
+
+SEED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
+
+# One change at a time on top of the seed settings. `batch` is the per-device batch;
+# everything else is an ms-swift argument.
+PROFILES: dict[str, dict[str, Any]] = {
+    "seed": {"batch": 1},
+    # the frozen ViT gets no gradients (ms-swift otherwise checkpoints it and back-propagates
+    # through all 24 blocks because vit_gradient_checkpointing follows gradient_checkpointing)
+    "seed_novitgc": {"batch": 1, "vit_gradient_checkpointing": False},
+    "b4_gc": {"batch": 4, "vit_gradient_checkpointing": False},
+    "b16_gc": {"batch": 16, "vit_gradient_checkpointing": False},
+    "b16_gc_liger": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True},
+    "b4_nogc_liger": {"batch": 4, "gradient_checkpointing": False, "use_liger_kernel": True},
+    "b8_nogc_liger": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True},
+    "b16_gc_liger_w8": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
+                        "dataloader_num_workers": 8, "dataloader_prefetch_factor": 4},
+    "b16_gc_liger_fusedadam": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
+                               "optim": "adamw_torch_fused"},
+    "b16_gc_liger_nodrop": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
+                            "lora_dropout": 0.0},
+}
+
+
+def seed_swift_args() -> dict[str, Any]:
+    """The seed config's `swift` section (the one users run)."""
+    from pipelines.config import load_config
+
+    return dict(load_config(SEED_CONFIG).swift)
+
+
+def profile_args(name: str, overrides: dict[str, Any], samples_per_step: int, gpus: int, steps: int,
+                 base: dict[str, Any]) -> dict[str, Any]:
+    """The swift arguments of one profile run."""
+    batch = int(overrides.get("batch", 1))
+    if samples_per_step % (batch * gpus):
+        raise SystemExit(f"profile {name}: {samples_per_step} samples per step do not split into "
+                         f"batch {batch} x {gpus} GPU(s)")
+    args = {**base, **{k: v for k, v in overrides.items() if k != "batch"}}
+    args.update(
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=samples_per_step // (batch * gpus),
+        max_steps=steps, save_steps=steps, logging_steps=1, save_only_model=True, report_to="none",
+        eval_strategy="no",
+    )
+    for key in ("eval_steps", "save_total_limit", "num_train_epochs"):
+        args.pop(key, None)
+    return args
+
+
+def sample_stats(dataset_dir: Path, model_dir: Path, limit: int = 0) -> tuple[SampleStats, dict[str, float]]:
+    """Per-sample tokens, label tokens and ViT patches, through the model's own processor."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    rows = [json.loads(x) for x in (dataset_dir / "data.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    if limit:
+        rows = rows[:limit]
+    samples = []
+    for row in rows:
+        msgs = []
+        for m in row["messages"]:
+            parts = m["content"].split("<image>")
+            content: list[dict[str, Any]] = []
+            for i, part in enumerate(parts):
+                if i:
+                    content.append({"type": "image"})
+                if part:
+                    content.append({"type": "text", "text": part})
+            msgs.append({"role": m["role"], "content": content})
+        images = [Image.open(dataset_dir / p).convert("RGB") for p in row.get("images", [])]
+        full = processor.apply_chat_template(msgs, tokenize=False)
+        prompt = processor.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+        enc = processor(text=[full], images=images or None, return_tensors="pt")
+        enc_prompt = processor(text=[prompt], images=images or None, return_tensors="pt")
+        tokens = int(enc["input_ids"].shape[1])
+        labels = tokens - int(enc_prompt["input_ids"].shape[1])
+        patches = [int(t * h * w) for t, h, w in enc["image_grid_thw"].tolist()] if images else []
+        samples.append((tokens, labels, patches))
+    stats = SampleStats.from_samples(samples)
+    tokens = sorted(t for t, _, _ in samples)
+    return stats, {"samples": len(samples), "tokens_mean": stats.tokens, "tokens_median": tokens[len(tokens) // 2],
+                   "tokens_min": tokens[0], "tokens_max": tokens[-1], "labels_mean": stats.labels,
+                   "patches_mean": stats.patches}
+
+
+def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Path, out: Path, gpus: int,
+                arch: ArchShape, stats: SampleStats, peak: float, samples_per_step: int) -> dict[str, Any]:
+    """Trains one profile with the train-lora core and measures it."""
+    import torch
+
+    from components.train_lora.core import TrainError, train_lora
+
+    visible = torch.cuda.device_count()
+    torch.cuda.empty_cache()
+    start = time.time()
+    row: dict[str, Any] = {"profile": name, "gpus": gpus, "batch": args["per_device_train_batch_size"],
+                           "grad_accum": args["gradient_accumulation_steps"], "samples_per_step": samples_per_step,
+                           "settings": {k: v for k, v in args.items() if k in PROFILE_KEYS}}
+    try:
+        result = train_lora(str(model_dir), "qwen3_vl", str(train_dir), "", args, str(out / name / "adapter"),
+                            str(out / name / "work"), expected_gpus=gpus if visible else 0)
+    except TrainError as exc:
+        row.update(error=str(exc)[:300], wall_s=round(time.time() - start, 1))
+        return row
+    steady = steady_state(result.log_history, skip_steps=2)
+    sps = samples_per_step / steady["seconds_per_step"] if steady else 0.0
+    gc_on = bool(args.get("gradient_checkpointing", True))
+    vit_gc = args.get("vit_gradient_checkpointing")
+    vit_gc = gc_on if vit_gc is None else bool(vit_gc)
+    flops = flops_per_sample(arch, stats, int(args.get("lora_rank", 8)), lm_recompute=gc_on,
+                             vit_backward=vit_gc, vit_recompute=vit_gc)
+    util = utilisation(flops, sps, gpus, peak)
+    m = result.metrics
+    row.update(
+        strategy=result.strategy, wall_s=round(time.time() - start, 1),
+        seconds_per_step=round(steady.get("seconds_per_step", 0.0), 3),
+        samples_per_second=round(sps, 3),
+        tokens_per_second=round(steady.get("tokens_per_second", 0.0), 1),
+        mfu=round(util["mfu"], 4), hfu=round(util["hfu"], 4),
+        model_tflops_per_gpu=round(util["model_tflops_per_gpu"], 1),
+        peak_memory_gib=m.get("peak_memory_gib"),
+        trainer_samples_per_second=m.get("samples_per_second"),
+        steady_steps=steady.get("steps"),
+        losses=losses_at(result.log_history, range(1, int(args["max_steps"]) + 1)),
+    )
+    return row
+
+
+PROFILE_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+                "vit_gradient_checkpointing", "use_liger_kernel", "dataloader_num_workers", "optim", "lora_dropout",
+                "attn_impl", "deepspeed", "torch_compile", "group_by_length", "padding_free")
+
+
+def print_table(rows: list[dict[str, Any]], baseline: str = "seed") -> None:
+    base = next((r for r in rows if r["profile"] == baseline and "error" not in r), None)
+    print(f"\n{'profile':28} {'gpus':>4} {'b x ga':>7} {'s/step':>7} {'samp/s':>7} {'tok/s':>8} {'MFU':>6} "
+          f"{'HFU':>6} {'peak GiB':>8} {'x seed':>6}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['profile']:28} {r['gpus']:>4} {r['batch']:>3}x{r['grad_accum']:<3} {r['error'][:70]}")
+            continue
+        ratio = r["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
+        print(f"{r['profile']:28} {r['gpus']:>4} {r['batch']:>3}x{r['grad_accum']:<3} {r['seconds_per_step']:>7.3f} "
+              f"{r['samples_per_second']:>7.2f} {r['tokens_per_second']:>8.0f} {r['mfu']:>6.1%} {r['hfu']:>6.1%} "
+              f"{(r['peak_memory_gib'] or 0):>8.2f} {ratio:>6.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per profile")
+    parser.add_argument("--seed-steps", type=int, default=0, help="steps for the seed profiles (default --steps)")
+    parser.add_argument("--samples-per-step", type=int, default=16)
+    parser.add_argument("--profiles", default="seed,b16_gc_liger")
+    parser.add_argument("--n-train", type=int, default=0, help="training samples (default: enough for the steps)")
+    parser.add_argument("--model", default="", help="an existing model folder (default: build the 4B one in --out)")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256 px images")
+    args = parser.parse_args()
+    os.environ.setdefault("MAX_PIXELS", str(1024 * 1024))
+    import torch
+
+    from benchmarks.qwen3_vl_4b import build_qwen3_vl_4b
+    from components.validate_data.core import validate_data
+    from pipelines.demo.drawings import generate_dataset
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = torch.cuda.device_count()
+    device = torch.cuda.get_device_name(0) if gpus else "cpu"
+    peak = peak_flops_for(device) if gpus else 1e12
+    t = time.time()
+    if args.model:
+        model_dir = Path(args.model)
+    elif args.tiny:
+        from pipelines.demo.tiny_model import ensure_tiny_model
+
+        model_dir = Path(ensure_tiny_model())
+    else:
+        model_dir = out / "model"
+        if not (model_dir / "config.json").is_file():
+            build_qwen3_vl_4b(model_dir)
+    build_s = time.time() - t
+    n_train = args.n_train or args.samples_per_step * max(args.steps, args.seed_steps) + 8
+    train_dir = out / f"train-{n_train}"
+    if not (train_dir / "data.jsonl").is_file():
+        data = generate_dataset(out / f"raw-{n_train}", n_train=n_train, n_eval=0, image_size=256 if args.tiny else 1024,
+                                seed=0)
+        validate_data([data["train"]], str(train_dir), str(out / "eval-unused"), str(out / "q.jsonl"),
+                      model_dir=str(model_dir), max_length=3000, task="detection", eval_fraction=0.0)
+    arch = ArchShape.from_config(json.loads((model_dir / "config.json").read_text()))
+    stats, stats_summary = sample_stats(train_dir, model_dir)
+    base = seed_swift_args()
+    if not gpus:
+        base.update(torch_dtype="float32", gradient_checkpointing=False, dataloader_num_workers=0)
+    header = {"device": device, "gpus": gpus, "torch": torch.__version__, "peak_flops": peak,
+              "build_model_s": round(build_s, 1), "data": stats_summary,
+              "flops_per_sample": flops_per_sample(arch, stats, int(base.get("lora_rank", 8)))}
+    try:
+        import swift
+        import transformers
+
+        header["versions"] = {"ms-swift": swift.__version__, "transformers": transformers.__version__}
+    except Exception:  # noqa: BLE001 - versions are informative only
+        pass
+    print("HEADER " + json.dumps(header, default=str), flush=True)
+    rows = []
+    for name in [p.strip() for p in args.profiles.split(",") if p.strip()]:
+        if name not in PROFILES:
+            raise SystemExit(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+        steps = args.seed_steps if (args.seed_steps and name.startswith("seed")) else args.steps
+        swift_args = profile_args(name, PROFILES[name], args.samples_per_step, max(gpus, 1), steps, base)
+        row = run_profile(name, swift_args, model_dir, train_dir, out, max(gpus, 1), arch, stats, peak,
+                          args.samples_per_step)
+        rows.append(row)
+        print("RESULT " + json.dumps(row, default=str), flush=True)
+        (out / "results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

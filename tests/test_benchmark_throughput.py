@@ -1,0 +1,76 @@
+"""The FLOP count and steady-state arithmetic of benchmarks/train_throughput.py."""
+
+import pytest
+
+from benchmarks.qwen3_vl_4b import QWEN3_VL_4B_CONFIG
+from benchmarks.throughput import (
+    ArchShape, SampleStats, flops_per_sample, losses_at, peak_flops_for, steady_state, utilisation,
+)
+
+ARCH = ArchShape.from_config(QWEN3_VL_4B_CONFIG)
+
+
+def test_shapes_of_the_4b_architecture():
+    # q 2560x4096, k/v 2560x1024, o 4096x2560, gate/up 2560x9728, down 9728x2560
+    assert ARCH.lm_layer_params() == 2560 * 4096 * 2 + 2560 * 1024 * 2 + 3 * 2560 * 9728
+    assert ARCH.layers * ARCH.lm_layer_params() == pytest.approx(3.633e9, rel=1e-3)
+    # rank 8 on all 7 linear layers of 36 layers: 16.5 M trainable parameters
+    assert ARCH.lora_params(8) == 36 * 8 * (6656 + 3584 + 3584 + 6656 + 3 * (2560 + 9728))
+    assert ARCH.vit_block_params() == 4 * 1024 * 1024 + 2 * 1024 * 4096
+    assert ARCH.vit_patch_in == 3 * 2 * 16 * 16 and ARCH.deepstack == 3
+
+
+def test_flops_of_one_seed_sample_by_hand():
+    # one 1024x1024 image: 64x64 patches = 4096, 1024 image tokens; 1221 tokens, 150 labels
+    stats = SampleStats.from_samples([(1221, 150, [4096])])
+    f = flops_per_sample(ARCH, stats, 8)
+    lm_fwd = 2 * 36 * ARCH.lm_layer_params() * 1221
+    assert f["lm_linear"] == pytest.approx(2 * lm_fwd)
+    assert f["lm_attention"] == pytest.approx(3 * 2 * 36 * 32 * 128 * 1221**2)
+    assert f["lm_head"] == pytest.approx(2 * 2 * 2560 * 151936 * 150)
+    vit = 2 * 24 * ARCH.vit_block_params() * 4096 + 4 * 24 * 1024 * 4096**2 + 2 * 1536 * 1024 * 4096 \
+        + 2 * 4 * (4096 * 4096 + 4096 * 2560) * 1024
+    assert f["vit_forward"] == pytest.approx(vit)
+    assert f["model"] == pytest.approx(sum(f[k] for k in ("lm_linear", "lm_attention", "lm_head", "lora", "vit_forward")))
+    assert f["hardware"] == f["model"]
+    assert 23e12 < f["model"] < 25e12  # ~23.7 TFLOP per sample
+    g = flops_per_sample(ARCH, stats, 8, lm_recompute=True, vit_backward=True, vit_recompute=True)
+    assert g["model"] == f["model"]
+    assert g["hardware"] == pytest.approx(f["model"] + lm_fwd + f["lm_attention"] / 3 + g["vit_backward"] + vit)
+    assert g["vit_backward"] > vit  # attention backward is twice its forward
+
+
+def test_sample_stats_means_and_squares():
+    s = SampleStats.from_samples([(10, 2, [4]), (20, 4, [4, 8])])
+    assert (s.tokens, s.tokens_sq, s.labels, s.patches, s.patches_sq) == (15, 250, 3, 8, (16 + 16 + 64) / 2)
+    with pytest.raises(ValueError):
+        SampleStats.from_samples([])
+
+
+def test_steady_state_skips_the_warm_up_steps():
+    # step 1 took 10 s, then 0.5 s per step; 1000 tokens per step
+    log = []
+    for step in range(1, 11):
+        elapsed = 10 + 0.5 * (step - 1)
+        log.append({"loss": 1.0, "step": step, "train_speed(s/it)": round(elapsed / step, 6),
+                    "num_input_tokens_seen": 1000 * step})
+    log.append({"train_runtime": 14.5, "step": 10})
+    s = steady_state(log, skip_steps=2)
+    assert s["seconds_per_step"] == pytest.approx(0.5, abs=1e-4)
+    assert s["tokens_per_second"] == pytest.approx(2000, rel=1e-3)
+    assert s["steps"] == 8
+    assert steady_state(log[:1]) == {}
+    assert losses_at(log, [1, 5, 99]) == {1: 1.0, 5: 1.0}
+    swift_shape = [{"loss": 2.5, "global_step/max_steps": "3/10", "train_speed(s/it)": 1.0}]
+    assert losses_at(swift_shape, [3]) == {3: 2.5}
+
+
+def test_utilisation_and_peaks():
+    f = {"model": 20e12, "hardware": 30e12}
+    u = utilisation(f, samples_per_second=19.78, gpus=1, peak_flops=989e12)
+    assert u["mfu"] == pytest.approx(0.4, rel=1e-3) and u["hfu"] == pytest.approx(0.6, rel=1e-3)
+    assert utilisation(f, 19.78, 2, 989e12)["mfu"] == pytest.approx(0.2, rel=1e-3)
+    assert utilisation(f, 0.0, 1, 989e12)["mfu"] == 0.0
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
+    with pytest.raises(ValueError):
+        peak_flops_for("Tesla T4")
