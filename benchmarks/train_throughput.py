@@ -51,6 +51,13 @@ PROFILES: dict[str, dict[str, Any]] = {
                         "dataloader_num_workers": 8, "dataloader_prefetch_factor": 4},
     "b16_gc_liger_fusedadam": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
                                "optim": "adamw_torch_fused"},
+    "b8_nogc_liger_nodrop": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "lora_dropout": 0.0},
+    "b8_nogc_liger_w8": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
+                         "dataloader_num_workers": 8, "dataloader_prefetch_factor": 4},
+    # the same with the caching allocator's expandable segments (less fragmentation: headroom)
+    "b8_nogc_liger_exp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
+                          "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+    "b8_nogc_liger_ddp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "deepspeed": "none"},
     "b16_gc_liger_nodrop": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
                             "lora_dropout": 0.0},
 }
@@ -70,7 +77,7 @@ def profile_args(name: str, overrides: dict[str, Any], samples_per_step: int, gp
     if samples_per_step % (batch * gpus):
         raise SystemExit(f"profile {name}: {samples_per_step} samples per step do not split into "
                          f"batch {batch} x {gpus} GPU(s)")
-    args = {**base, **{k: v for k, v in overrides.items() if k != "batch"}}
+    args = {**base, **{k: v for k, v in overrides.items() if k not in ("batch", "env")}}
     args.update(
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=samples_per_step // (batch * gpus),
@@ -132,12 +139,23 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
     row: dict[str, Any] = {"profile": name, "gpus": gpus, "batch": args["per_device_train_batch_size"],
                            "grad_accum": args["gradient_accumulation_steps"], "samples_per_step": samples_per_step,
                            "settings": {k: v for k, v in args.items() if k in PROFILE_KEYS}}
+    env = PROFILES.get(name, {}).get("env", {})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    if env:
+        row["env"] = env
     try:
         result = train_lora(str(model_dir), "qwen3_vl", str(train_dir), "", args, str(out / name / "adapter"),
                             str(out / name / "work"), expected_gpus=gpus if visible else 0)
     except TrainError as exc:
         row.update(error=str(exc)[:300], wall_s=round(time.time() - start, 1))
         return row
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     steady = steady_state(result.log_history, skip_steps=2)
     sps = samples_per_step / steady["seconds_per_step"] if steady else 0.0
     gc_on = bool(args.get("gradient_checkpointing", True))

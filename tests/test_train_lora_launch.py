@@ -115,6 +115,13 @@ def test_strategy_user_choice_wins():
     assert s.name == "user" and s.deepspeed is None and "zero2_offload" in s.reason
 
 
+@pytest.mark.parametrize("value", ["none", "ddp", ""])
+def test_strategy_deepspeed_none_means_plain_ddp(value):
+    s = la.choose_strategy(9 * GIB, 2, 141 * GIB, {"deepspeed": value})
+    assert (s.name, s.deepspeed) == ("ddp", None)
+    assert la.choose_strategy(9 * GIB, 1, 141 * GIB, {"deepspeed": value}).name == "single"
+
+
 def test_model_weight_bytes_scales_by_dtype(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"dtype": "bfloat16"}}))
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)

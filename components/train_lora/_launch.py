@@ -252,6 +252,10 @@ def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None) ->
     return stored * dst // src
 
 
+# `swift.deepspeed` values that mean "no DeepSpeed: plain DDP" (the key is then dropped).
+NO_DEEPSPEED = ("none", "ddp", "", None, False)
+
+
 def choose_strategy(
     weight_bytes: int,
     gpu_count: int,
@@ -273,6 +277,10 @@ def choose_strategy(
     Returns:
         The Strategy.
     """
+    if "deepspeed" in swift_args and swift_args["deepspeed"] in NO_DEEPSPEED:
+        if gpu_count * nnodes <= 1:
+            return Strategy("single", None, "one GPU (or CPU): no data parallelism")
+        return Strategy("ddp", None, "swift.deepspeed: none set in the config: plain DDP (user choice)")
     if "deepspeed" in swift_args:
         return Strategy("user", None, f"swift.deepspeed={swift_args['deepspeed']!r} set in the config (user choice)")
     if gpu_count * nnodes <= 1:
