@@ -33,6 +33,7 @@ from typing import Any
 from benchmarks.throughput import ArchShape, SampleStats, flops_per_sample, losses_at, peak_flops_for, steady_state, \
     utilisation
 
+PROFILE_PLUGIN = str(Path(__file__).with_name("profile_plugin.py"))
 SEED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
 
 # One change at a time on top of the seed settings. `batch` is the per-device batch;
@@ -57,7 +58,20 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the same with the caching allocator's expandable segments (less fragmentation: headroom)
     "b8_nogc_liger_exp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
                           "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+    # peft's float32 input casts restored (the train-lora plugin skips them under autocast)
+    "b8_nogc_liger_peftcast": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
+                               "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"}},
+    "b16_gc_liger_peftcast": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
+                              "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"}},
     "b8_nogc_liger_ddp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "deepspeed": "none"},
+    # the seed and the best H100 profile under torch.profiler (a window of micro-steps)
+    "seed_prof": {"batch": 1, "external_plugins": ["PROFILE_PLUGIN"],
+                  "env": {"VLM_LORA_PROFILE_START": "20", "VLM_LORA_PROFILE_STEPS": "8"}},
+    "b8_nogc_liger_prof": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
+                           "external_plugins": ["PROFILE_PLUGIN"],
+                           "env": {"VLM_LORA_PROFILE_START": "4", "VLM_LORA_PROFILE_STEPS": "4"}},
+    "b8_nogc_liger_compile": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
+                              "torch_compile": True},
     "b16_gc_liger_nodrop": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
                             "lora_dropout": 0.0},
 }
@@ -139,7 +153,10 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
     row: dict[str, Any] = {"profile": name, "gpus": gpus, "batch": args["per_device_train_batch_size"],
                            "grad_accum": args["gradient_accumulation_steps"], "samples_per_step": samples_per_step,
                            "settings": {k: v for k, v in args.items() if k in PROFILE_KEYS}}
-    env = PROFILES.get(name, {}).get("env", {})
+    env = dict(PROFILES.get(name, {}).get("env", {}))
+    if "external_plugins" in args:
+        args["external_plugins"] = [PROFILE_PLUGIN if p == "PROFILE_PLUGIN" else p for p in args["external_plugins"]]
+        env["VLM_LORA_PROFILE_OUT"] = str(out / f"{name}.profile.json")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     if env:
@@ -177,6 +194,8 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
         steady_steps=steady.get("steps"),
         losses=losses_at(result.log_history, range(1, int(args["max_steps"]) + 1)),
     )
+    if "VLM_LORA_PROFILE_OUT" in env and Path(env["VLM_LORA_PROFILE_OUT"]).is_file():
+        row["torch_profile"] = json.loads(Path(env["VLM_LORA_PROFILE_OUT"]).read_text())
     return row
 
 

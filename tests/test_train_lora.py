@@ -240,3 +240,29 @@ def test_cpu_speed_env_only_without_gpu_and_never_overrides():
     assert env == core.CPU_SPEED_ENV and env["OMP_NUM_THREADS"] == "1"
     kept = core.cpu_speed_env(False, {"OMP_NUM_THREADS": "8"})
     assert "OMP_NUM_THREADS" not in kept and "MALLOC_TRIM_THRESHOLD_" in kept
+
+
+def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from components.train_lora import swift_plugin
+
+    assert swift_plugin.AUTOCAST_INPUT
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(16, 8)).to(torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["0"], lora_dropout=0.0))
+    layer = model.base_model.model[0]
+    for p in layer.lora_A.parameters():
+        p.data = p.data.float()  # master weights in float32, as in mixed-precision training
+    for p in layer.lora_B.parameters():
+        p.data = torch.randn_like(p.data, dtype=torch.float32)
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    assert layer._cast_input_dtype(x, torch.float32).dtype == torch.float32  # no autocast: peft's cast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer._cast_input_dtype(x, torch.float32) is x  # autocast casts at the matmul anyway
+        fast = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        slow = layer.base_layer(x) + layer.lora_B["default"](layer.lora_A["default"](x.float())) * layer.scaling["default"]
+    assert fast.dtype == torch.bfloat16
+    assert torch.allclose(fast.float(), slow.float(), atol=1e-2, rtol=1e-2)
