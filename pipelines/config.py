@@ -7,7 +7,8 @@ A config is value-only YAML with four sections:
 * `data`: training / held-out JSONL files and the validation policy.
 * `swift`: arguments for `swift sft`, in ms-swift's own names, passed through unchanged
   (checked against the installed ms-swift by `components.train_lora.core.check_swift_args`).
-* `eval`: generation settings, the IoU threshold and the promotion gate.
+* `eval`: generation settings, the IoU threshold, the reference model the tuned model is
+  compared with (base, the registry's champion, or a model folder) and the promotion gate.
 * `vertex`: project, region, service account, network, experiment, labels, CMEK key,
   TensorBoard and template repository of the Vertex target (all optional: compiling
   needs none of them, submitting needs `project` and a gs:// `pipeline.root`).
@@ -121,7 +122,19 @@ class EvalSection:
         metric: Gate metric: one of f1, precision, recall, json_valid_rate,
             exact_match_rate. Default f1.
         min_value: The tuned model's metric must be at least this. Default 0.0.
-        min_margin: ... and beat the reference (base) model by at least this. Default 0.0.
+        min_margin: ... and beat the reference model by at least this (a positive value
+            demands a strict improvement). Default 0.0.
+        reference: The model the tuned model is compared with:
+            `auto` (default): on the Vertex target the champion when the config names a
+            registry model (`register.model_id` or `register.serving_image` set), else the
+            base model; on the local target always the base model.
+            `champion`: the Model Registry version `register.model_id@register.alias`,
+            looked up at run time by the find-champion task; the base model when none
+            exists yet (first run). Vertex only; the local target has no registry and
+            uses the base model.
+            `base`: the staged base model.
+            A merged model folder: `gs://bucket/prefix` (read through /gcs/ on Vertex) or,
+            for local runs, a local folder with a config.json.
     """
 
     max_new_tokens: int = 512
@@ -131,6 +144,7 @@ class EvalSection:
     metric: str = "f1"
     min_value: float = 0.0
     min_margin: float = 0.0
+    reference: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -225,12 +239,13 @@ class RegisterSection:
     """The Vertex Model Registry entry a model that passed the gate becomes a version of.
 
     Attributes:
-        model_id: ID of the parent model (created by the first registration). Default:
-            the pipeline name.
+        model_id: ID of the parent model (created by the first registration): up to 63
+            of [a-z0-9_-], not starting with a digit or '-'. Default: the pipeline name.
         display_name: Display name of the parent model. Default: the pipeline name.
         serving_image: Serving container image of the model (e.g. a vLLM image). Required
             for registration to be useful; "" skips the register step.
-        alias: Version alias moved to every newly registered version. Default champion.
+        alias: Version alias moved to every newly registered version; `eval.reference:
+            champion` compares with the version that carries it. Default champion.
     """
 
     model_id: str = ""
@@ -282,6 +297,7 @@ class Config:
 
 
 _GATE_METRICS = ("f1", "precision", "recall", "json_valid_rate", "exact_match_rate")
+REFERENCE_KEYWORDS = ("auto", "base", "champion")
 
 
 def _type_name(tp: Any) -> str:
@@ -440,6 +456,12 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
             value = getattr(getattr(cfg, section), name)
             shown = "a value that is not a reference (not echoed)" if key == "model.token_from" else repr(value)
             raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {shown}")
+    problem = reference_problem(e.reference)
+    if problem:
+        raise ConfigError(f"{where('eval.reference')}: 'eval.reference' {e.reference!r}: {problem}")
+    if e.reference == "champion" and not cfg.register.alias:
+        raise ConfigError(f"{where('eval.reference')}: 'eval.reference' is 'champion' but 'register.alias' is empty; "
+                          "set register.alias (the alias that marks the champion, e.g. champion)")
     if "tuner_type" in cfg.swift and cfg.swift["tuner_type"] != "lora":
         raise ConfigError(f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' (this pipeline trains LoRA adapters)")
     _check_vertex(cfg, where)
@@ -476,6 +498,12 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("vertex.tensorboard", v.tensorboard == "" or "/tensorboards/" in v.tensorboard,
          "'' or projects/P/locations/R/tensorboards/ID"),
         ("schedule.max_concurrent_runs", s.max_concurrent_runs >= 1, "a positive integer"),
+        ("register.model_id", cfg.register.model_id == "" or _is_model_id(cfg.register.model_id),
+         "'' (the pipeline name) or a Vertex model ID: up to 63 of a-z, 0-9, '_' and '-', "
+         "not starting with a digit or '-'"),
+        ("register.alias", cfg.register.alias == "" or _is_alias(cfg.register.alias),
+         "'' or a version alias: a lowercase letter, then letters, digits and '-', ending in a lowercase letter "
+         "or digit (not a number, so it cannot be taken for a version ID)"),
     ]
     for key, ok, expected in checks:
         if not ok:
@@ -528,6 +556,44 @@ def cron_problem(cron: str) -> str | None:
                 if value is None or not low <= value <= high:
                     return f"{name} field {text!r}: {bound!r} is not in {low}-{high}"
     return None
+
+
+def reference_problem(reference: str) -> str | None:
+    """Checks `eval.reference`: a keyword, a gs:// URI, a /gcs/ path or an existing local model folder.
+
+    Args:
+        reference: The value, e.g. "auto", "champion", "gs://bucket/models/merged".
+
+    Returns:
+        None when valid, else what is wrong and how to fix it.
+    """
+    if reference in REFERENCE_KEYWORDS:
+        return None
+    if not reference.strip():
+        return "must be auto, base, champion, a gs:// model folder or a local model folder"
+    if reference.startswith("gs://"):
+        bucket, _, prefix = reference[len("gs://"):].partition("/")
+        return None if bucket and prefix.strip("/") else "a gs:// reference must name a folder: gs://BUCKET/PATH"
+    if reference.startswith("/gcs/"):
+        return None  # Cloud Storage FUSE path of a Vertex task; not visible here
+    if "://" in reference:
+        return "must be auto, base, champion, a gs:// URI or a local folder (no other URI schemes)"
+    folder = Path(reference).expanduser()
+    if not folder.is_dir():
+        return f"folder {folder.resolve()} not found (expected auto, base, champion, gs://... or a model folder)"
+    if not (folder / "config.json").is_file():
+        return f"folder {folder.resolve()} has no config.json; it is not a merged model folder"
+    return None
+
+
+def _is_model_id(text: str) -> bool:
+    return 1 <= len(text) <= 63 and text[0] not in "0123456789-" and all(
+        c.isascii() and (c.islower() or c.isdigit() or c in "_-") for c in text)
+
+
+def _is_alias(text: str) -> bool:
+    return (2 <= len(text) <= 128 and text[0].islower() and text[0].isascii() and (text[-1].islower() or text[-1].isdigit())
+            and all(c.isascii() and (c.isalnum() or c == "-") for c in text))
 
 
 def _is_reservation(name: str) -> bool:

@@ -12,31 +12,43 @@ Targets (one DAG, same task names):
   merge-export and evaluate are single-GPU tasks: they ask for one GPU through the task's
   resource settings (accelerator type/limit, CPU, memory) and Vertex picks the machine;
   they need none of the CustomJob features (multi-node, Spot, reservation). The light
-  tasks (stage-model, validate-data, register) get a small CPU machine. When the gate
-  passes and `register.serving_image` is set, register uploads the merged model to the
-  Vertex Model Registry.
+  tasks (stage-model, validate-data, find-champion, register) get a small CPU machine.
+  When the gate passes and `register.serving_image` is set, register uploads the merged
+  model to the Vertex Model Registry and moves `register.alias` (the champion) to it.
 * `local`: plain lightweight components for `kfp.local` (GCPC wrappers do not run locally).
+
+The reference model evaluate compares with (`eval.reference`, see `reference_plan`): with
+`champion` (the default on Vertex when the config names a registry model) a find-champion
+task looks up `register.model_id@register.alias` at the start of the run (no upstream
+task, never cached: the registry changes between runs; train-lora waits for it, so a
+missing permission stops the run before the GPU job starts), evaluate compares with that
+version (the base model when there is none yet), and register refuses to promote if the
+alias has moved to another version while this run was evaluating.
 """
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from kfp import dsl
 
 from components._storage import to_fuse_path
 from components.evaluate import evaluate
+from components.find_champion import find_champion
 from components.images import resolve_images
 from components.merge_export import merge_export
 from components.stage_model import stage_model
 from components.register import register
 from components.train_lora import train_lora
 from components.validate_data import validate_data
-from pipelines.config import Config
+from pipelines.config import Config, ConfigError
 from pipelines.vertex import SCHEDULING
 
 TASK_ORDER = ("stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
 # Vertex only, after the gate: the condition group and the task inside it.
 REGISTER_TASK = "register"
+# Vertex only, with eval.reference champion: the registry look-up evaluate depends on.
+CHAMPION_TASK = "find-champion"
 TARGETS = ("vertex", "local")
 
 
@@ -62,6 +74,7 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
     images = resolve_images(cfg.images.light, cfg.images.train)
     train_op = _training_job(cfg, images["train"]) if vertex else train_lora
     register_op = _with_image(register, images["light"]) if vertex and cfg.register.serving_image else None
+    reference, reference_uri = reference_plan(cfg, target)
     root = cfg.pipeline.root
 
     def light(task: Any, name: str) -> Any:
@@ -129,11 +142,22 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
             iou_threshold: IoU at which a predicted box matches a gold box.
             gate_metric: Metric the promotion gate compares.
             gate_min_value: Minimum value of the gate metric for the tuned model.
-            gate_min_margin: Minimum improvement of the gate metric over the base model.
+            gate_min_margin: Minimum improvement of the gate metric over the reference model
+                (eval.reference: the base model or the registry's champion).
 
         Returns:
             Whether the tuned model passed the gate.
         """
+        champion = None
+        reference_args: dict[str, Any] = {"reference_uri": reference_uri} if reference_uri else {}
+        if reference == "champion":  # runs at the start, beside staging; training waits for it (fail fast)
+            champion = light(find_champion(
+                model_id=cfg.register.model_id or cfg.pipeline.name,
+                alias=cfg.register.alias,
+            ), CHAMPION_TASK)
+            champion.set_caching_options(False)  # the registry's champion changes between runs
+            reference_args = {"reference_uri": champion.outputs["uri"],
+                              "reference_version": champion.outputs["version_id"]}
         stage = light(stage_model(
             source=model_source,
             cache=model_cache,
@@ -166,6 +190,8 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
             swift_args=swift_args,
             **train_kwargs,
         ).set_display_name("train-lora")
+        if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
+            train.after(champion)
         if vertex and cfg.resources.scheduling == "spot":
             train.set_retry(num_retries=2)  # a preempted job is restarted and resumes from its newest complete checkpoint
         merge = gpu(merge_export(
@@ -184,6 +210,7 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
             gate_metric=gate_metric,
             gate_min_value=gate_min_value,
             gate_min_margin=gate_min_margin,
+            **reference_args,
         ), "evaluate")
         if register_op is not None:
             reg = cfg.register
@@ -197,10 +224,43 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
                     alias=reg.alias,
                     labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
                     run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                    **({"check_champion": True, "champion_version": champion.outputs["version_id"]}
+                       if champion is not None else {}),
                 ), REGISTER_TASK)
         return evaluation.outputs["passed"]
 
     return vlm_lora_pipeline
+
+
+def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
+    """Resolves `eval.reference` for a target: what evaluate compares the tuned model with.
+
+    Args:
+        cfg: The validated config.
+        target: "vertex" or "local".
+
+    Returns:
+        (kind, uri): ("base", "") for the staged base model; ("champion", "") for the
+        registry's champion, looked up at run time (Vertex only); ("folder", uri) for a
+        given model folder (gs:// or /gcs/ on Vertex; an absolute local path locally).
+
+    Raises:
+        ConfigError: A local folder as reference on the Vertex target (its tasks cannot read it).
+    """
+    ref, reg = cfg.eval.reference, cfg.register
+    if ref == "auto":
+        names_a_model = bool(reg.model_id or reg.serving_image) and bool(reg.alias)
+        ref = "champion" if target == "vertex" and names_a_model else "base"
+    if ref == "champion":
+        return ("champion", "") if target == "vertex" else ("base", "")  # no registry locally
+    if ref == "base":
+        return "base", ""
+    if ref.startswith(("gs://", "/gcs/")):
+        return "folder", ref.rstrip("/")
+    if target == "vertex":
+        raise ConfigError(f"{cfg.path}: 'eval.reference' {ref!r} is a local folder, which Vertex tasks cannot read; "
+                          "upload it and give its gs:// URI")
+    return "folder", str(Path(ref).expanduser().resolve())
 
 
 def _with_image(component: Any, image: str) -> Any:

@@ -274,7 +274,10 @@ def format_summary(result: dict[str, Any]) -> str:
     lines += [f"  {name:<16} {sec:7.1f} s" for name, sec in result["tasks"].items()]
     metrics = result["metrics"]
     if metrics:
-        lines.append("eval (held-out):        base      tuned")
+        reference = str(metrics.get("reference") or "base")
+        if reference != "base":
+            lines.append(f"reference model: {reference} (the 'ref' column)")
+        lines.append(f"eval (held-out):        {'base' if reference == 'base' else ' ref'}      tuned")
         for key in ("json_valid_rate", "precision", "recall", "f1", "exact_match_rate"):
             if f"base_{key}" in metrics:
                 lines.append(f"  {key:<20} {metrics[f'base_{key}']:8.3f}   {metrics[f'tuned_{key}']:8.3f}")

@@ -303,6 +303,8 @@ def pipeline_job(cfg: Any, template_path: str, *, enable_caching: bool | None = 
         cfg: The validated config.
         template_path: Compiled pipeline YAML (or an Artifact Registry template URL).
         enable_caching: Reuse unchanged tasks; default the config's `pipeline.enable_caching`.
+            On, the compiled per-task settings apply (every task caches except
+            find-champion, whose answer changes between runs); off, no task caches.
         credentials: google-auth credentials; default the ones given to `init_vertex`.
         job_id: Pipeline job ID; default `<pipeline name>-<timestamp>`.
 
@@ -313,13 +315,16 @@ def pipeline_job(cfg: Any, template_path: str, *, enable_caching: bool | None = 
 
     from pipelines.pipeline import pipeline_arguments
 
+    caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching
+
     return aiplatform.PipelineJob(
         display_name=cfg.pipeline.name,
         template_path=template_path,
         job_id=job_id,
         pipeline_root=cfg.pipeline.root,
         parameter_values=pipeline_arguments(cfg),
-        enable_caching=cfg.pipeline.enable_caching if enable_caching is None else enable_caching,
+        # True would force caching onto every task, find-champion included; None keeps the compiled settings
+        enable_caching=None if caching else False,
         encryption_spec_key_name=cfg.vertex.encryption_key or None,
         labels=run_labels(cfg),
         credentials=credentials,

@@ -9,7 +9,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from pipelines.compile import compile_pipeline, main
 from pipelines.config import load_config
-from pipelines.pipeline import TASK_ORDER
+from pipelines.pipeline import CHAMPION_TASK, TASK_ORDER, reference_plan
 
 CONFIGS = sorted(str(p) for p in Path(__file__).resolve().parent.parent.glob("configs/**/*.yaml"))
 
@@ -29,9 +29,10 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
     spec = _spec(out)
     cfg = load_config(config)
     assert spec.pipeline_info.name == cfg.pipeline.name
-    # the five tasks, plus on Vertex the gate's condition group holding register
+    # the five tasks, plus on Vertex the gate's condition group holding register and the champion look-up
     gate = {"condition-1"} if cfg.register.serving_image else set()
-    assert set(spec.root.dag.tasks) == set(TASK_ORDER) | gate
+    champion = {CHAMPION_TASK} if reference_plan(cfg, "vertex")[0] == "champion" else set()
+    assert set(spec.root.dag.tasks) == set(TASK_ORDER) | gate | champion
     # the config's values are the parameters' defaults
     params = spec.root.input_definitions.parameters
     assert params["model_source"].default_value.string_value == cfg.model.source
@@ -55,7 +56,7 @@ def test_tasks_are_wired_in_order(tmp_path):
     assert up["stage-model"] == set() and up["validate-data"] == {"stage-model"}  # tokenizer for the token check
     assert up["train-lora"] == {"stage-model", "validate-data"}
     assert up["merge-export"] == {"stage-model", "train-lora"}
-    assert up["evaluate"] == {"stage-model", "merge-export", "validate-data"}
+    assert up["evaluate"] == {"stage-model", "merge-export", "validate-data"}  # no registry model: the base
     evaluate_inputs = spec.root.dag.tasks["evaluate"].inputs.artifacts
     assert evaluate_inputs["tuned_model"].task_output_artifact.producer_task == "merge-export"
     assert evaluate_inputs["eval_dataset"].task_output_artifact.output_artifact_key == "eval_dataset"

@@ -334,6 +334,78 @@ def test_every_gate_metric_is_accepted(tmp_path, metric):
     assert load_config(write(tmp_path, MINIMAL + f"eval:\n  metric: {metric}\n")).eval.metric == metric
 
 
+# --- eval.reference and the registry names it depends on ---------------------------
+
+
+def test_reference_defaults_to_auto(tmp_path):
+    assert load_config(write(tmp_path, MINIMAL)).eval.reference == "auto"
+
+
+@pytest.mark.parametrize("value", ["auto", "base", "champion", "gs://bucket/models/merged", "/gcs/bucket/merged"])
+def test_reference_keywords_and_uris_are_accepted(tmp_path, value):
+    assert load_config(write(tmp_path, MINIMAL + f"eval:\n  reference: {value}\n")).eval.reference == value
+
+
+def test_reference_local_model_folder_is_accepted(tmp_path):
+    model = tmp_path / "golden"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert load_config(write(tmp_path, MINIMAL + f"eval:\n  reference: {model}\n")).eval.reference == str(model)
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("champ", "not found (expected auto, base, champion"),
+        ("gs://bucket", "must name a folder"),
+        ("hf://Qwen/Qwen3-VL-4B-Instruct", "no other URI schemes"),
+        ("'  '", "must be auto, base, champion"),
+    ],
+)
+def test_bad_reference_names_file_line_and_choices(tmp_path, value, fragment):
+    text = MINIMAL + f"eval:\n  metric: f1\n  reference: {value}\n"
+    path = write(tmp_path, text)
+    msg = error_of(path)
+    assert msg.startswith(f"{path}:{line_of(text, 'reference:')}: 'eval.reference'"), msg
+    assert fragment in msg
+
+
+def test_reference_folder_without_config_json_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    msg = error_of(write(tmp_path, MINIMAL + f"eval:\n  reference: {tmp_path / 'empty'}\n"))
+    assert "has no config.json" in msg
+
+
+def test_reference_must_be_a_string(tmp_path):
+    msg = error_of(write(tmp_path, MINIMAL + "eval:\n  reference: 3\n"))
+    assert "'eval.reference' must be a string, got 3" in msg
+
+
+def test_champion_reference_needs_an_alias(tmp_path):
+    text = MINIMAL + "eval:\n  reference: champion\nregister:\n  alias: ''\n"
+    path = write(tmp_path, text)
+    msg = error_of(path)
+    assert msg.startswith(f"{path}:{line_of(text, 'reference:')}:") and "'register.alias' is empty" in msg
+
+
+@pytest.mark.parametrize("key, value", [
+    ("model_id", "9-drawings"), ("model_id", "Qwen-Drawings"), ("model_id", "a" * 64), ("model_id", "-x"),
+    ("alias", "Champion"), ("alias", "42"), ("alias", "best-"), ("alias", "c"),
+])
+def test_bad_register_ids_name_file_and_line(tmp_path, key, value):
+    text = MINIMAL + f"register:\n  {key}: '{value}'\n"
+    path = write(tmp_path, text)
+    msg = error_of(path)
+    assert msg.startswith(f"{path}:{line_of(text, key + ':')}: 'register.{key}' must be"), msg
+
+
+@pytest.mark.parametrize("key, value", [("model_id", "qwen3_vl-drawings"), ("alias", "champion"),
+                                        ("alias", "prod-v2"), ("alias", "bestModel1")])
+def test_good_register_ids(tmp_path, key, value):
+    cfg = load_config(write(tmp_path, MINIMAL + f"register:\n  {key}: {value}\n"))
+    assert getattr(cfg.register, key) == value
+
+
 # --- swift section -----------------------------------------------------------------
 
 

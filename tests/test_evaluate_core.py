@@ -113,3 +113,71 @@ def test_answers_without_json_count_as_failures(tmp_path):
     result = evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen)
     assert result.tuned["json_valid_rate"] == 0.0 and result.tuned["f1"] == 0.0
     assert result.tuned["fn"] == 3
+
+
+# --- the reference: base, the registry's champion, or a configured folder ---------------
+
+
+def test_reference_is_the_base_without_a_uri():
+    from components.evaluate.core import resolve_reference
+
+    ref = resolve_reference("", "", "/runs/stage-model/model")
+    assert (ref.model_dir, ref.kind, ref.label, ref.version) == ("/runs/stage-model/model", "base", "base", "")
+    assert ref.metrics() == {"reference_is_champion": 0.0, "reference_version": 0.0}
+
+
+def test_champion_on_cloud_storage_is_read_through_the_fuse_mount():
+    from components.evaluate.core import resolve_reference
+
+    ref = resolve_reference("gs://bucket/root/run-7/merge-export/merged_model/", "3", "/base")
+    assert ref.model_dir == "/gcs/bucket/root/run-7/merge-export/merged_model"
+    assert (ref.kind, ref.label, ref.version) == ("champion", "champion@3", "3")
+    assert ref.metrics() == {"reference_is_champion": 1.0, "reference_version": 3.0}
+
+
+def test_configured_folder_is_a_reference_but_not_a_champion():
+    from components.evaluate.core import resolve_reference
+
+    ref = resolve_reference("gs://bucket/golden", "", "/base")
+    assert (ref.model_dir, ref.kind, ref.label) == ("/gcs/bucket/golden", "folder", "gs://bucket/golden")
+    assert ref.metrics()["reference_is_champion"] == 0.0
+
+
+def test_same_model_compares_uris_and_fuse_paths(tmp_path):
+    from components.evaluate.core import same_model
+
+    assert same_model("gs://b/run/merged", "/gcs/b/run/merged/")
+    assert same_model(str(tmp_path / "m"), str(tmp_path / "m") + "/")
+    assert not same_model("gs://b/run-1/merged", "gs://b/run-2/merged")
+    assert not same_model("", "")
+
+
+def test_tuned_model_that_is_already_the_champion_is_not_promoted(tmp_path):
+    """A cached merge that an earlier run registered: generated once, and the gate fails."""
+    ds = _dataset(tmp_path)
+    gen, calls = _fake({"model": GOLD})
+    result = evaluate("model", "model", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5,
+                      "f1", 0.0, 0.0, generate_fn=gen)
+    assert len(calls) == 1
+    assert result.tuned == result.reference and result.tuned["f1"] == 1.0
+    assert not result.passed and "is the reference model itself" in result.reason
+
+
+def test_report_names_the_reference(tmp_path):
+    from components.evaluate._report import render_report
+
+    page = render_report({"f1": 0.9}, {"f1": 0.8}, [], passed=True, reason="PASS",
+                         reference_name="champion@3", reference_detail="gs://b/run-7/merged")
+    assert "<th>champion@3</th>" in page
+    assert "Reference model: <b>champion@3</b> (<code>gs://b/run-7/merged</code>)" in page
+    assert "Reference model:" not in render_report({"f1": 0.9}, {"f1": 0.8}, [])
+
+
+def test_run_summary_names_a_non_base_reference():
+    from pipelines.run import format_summary
+
+    run = {"run_dir": "r", "wall_s": 1.0, "tasks": {}, "passed": True, "metrics": {"base_f1": 0.5, "tuned_f1": 0.75}}
+    assert "eval (held-out):        base      tuned" in format_summary(run)
+    run["metrics"]["reference"] = "/models/golden"
+    text = format_summary(run)
+    assert "reference model: /models/golden" in text and " ref      tuned" in text

@@ -222,6 +222,81 @@ def test_model_card_names_lineage_and_metrics():
         assert text in card
 
 
+LOG_HISTORY = [
+    {"loss": 2.5, "global_step/max_steps": "5/20", "train_speed(s/it)": 1.2},
+    {"loss": 0.75, "global_step/max_steps": "20/20", "num_input_tokens_seen": 40000},
+    {"eval_loss": 0.9, "global_step/max_steps": "20/20"},
+    {"train_runtime": 100.0, "train_samples_per_second": 3.5, "train_loss": 1.25, "global_step/max_steps": "20/20",
+     "num_input_tokens_seen": 40000},
+]
+ARGS = {"lora_rank": 8, "lora_alpha": 32.0, "lora_dropout": 0.05, "target_modules": ["all-linear"],
+        "learning_rate": 1e-4, "num_train_epochs": 2.0, "max_steps": -1, "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 4, "global_world_size": 8, "max_length": 3000, "torch_dtype": "bfloat16",
+        "seed": 42, "output_dir": "/tmp/x"}
+
+
+def _card_row(card: str, label: str) -> str:
+    [row] = [line for line in card.splitlines() if line.startswith(f"| {label} ")]
+    return row
+
+
+def test_training_summary_reads_log_history_and_args(tmp_path):
+    (tmp_path / "log_history.json").write_text(json.dumps(LOG_HISTORY))
+    (tmp_path / "args.json").write_text(json.dumps(ARGS))
+    summary = core.training_summary(tmp_path)
+    m = summary["metrics"]
+    assert m["final_loss"] == 0.75 and m["train_loss"] == 1.25 and m["eval_loss"] == 0.9
+    assert m["steps"] == 20 and m["samples_per_second"] == 3.5 and m["tokens_per_second"] == 400.0
+    h = summary["hyperparameters"]
+    assert (h["lora_rank"], h["lora_alpha"], h["learning_rate"], h["num_train_epochs"]) == (8, 32.0, 1e-4, 2.0)
+    assert h["per_device_train_batch_size"] == 2 and h["gradient_accumulation_steps"] == 4
+    assert h["effective_batch_size"] == 2 * 4 * 8 and "output_dir" not in h
+    assert summary["missing"] == []
+
+    card = model_card({"base_model": {"source": "hf://Qwen/Qwen3-VL-4B-Instruct"}, "training": summary})
+    assert "## Training" in card and "### LoRA hyper-parameters" in card
+    assert _card_row(card, "train loss (last logged step)") == "| train loss (last logged step) | 0.75 |"
+    assert _card_row(card, "train loss (mean over the run)").endswith("| 1.25 |")
+    assert _card_row(card, "eval loss (last evaluation)").endswith("| 0.9 |")
+    assert _card_row(card, "optimizer steps").endswith("| 20 |")
+    assert _card_row(card, "train samples/s").endswith("| 3.5 |")
+    assert _card_row(card, "train tokens/s").endswith("| 400 |")
+    assert _card_row(card, "LoRA rank").endswith("| 8 |")
+    assert _card_row(card, "LoRA alpha").endswith("| 32 |")
+    assert _card_row(card, "learning rate").endswith("| 0.0001 |")
+    assert _card_row(card, "epochs").endswith("| 2 |")
+    assert _card_row(card, "per-device batch size").endswith("| 2 |")
+    assert _card_row(card, "gradient accumulation steps").endswith("| 4 |")
+    assert _card_row(card, "target modules").endswith("| all-linear |")
+    assert _card_row(card, "effective batch size").endswith("| 64 |")
+    assert "not recorded" not in card
+
+
+def test_training_summary_without_files_says_not_recorded(tmp_path):
+    summary = core.training_summary(tmp_path)
+    assert summary == {"metrics": {}, "hyperparameters": {}, "missing": ["log_history.json", "args.json"]}
+    card = model_card({"base_model": {}, "training": summary})
+    assert "no readable log_history.json or args.json" in card
+    for label in ("train loss (last logged step)", "eval loss (last evaluation)", "train tokens/s", "LoRA rank",
+                  "learning rate", "effective batch size"):
+        assert _card_row(card, label).endswith("| not recorded |"), label
+
+
+def test_training_summary_with_partial_and_broken_files(tmp_path):
+    (tmp_path / "log_history.json").write_text(json.dumps([{"loss": 1.5, "step": 3}]))  # no eval, no summary
+    (tmp_path / "args.json").write_text("{not json")
+    summary = core.training_summary(tmp_path)
+    assert summary["missing"] == ["args.json"]
+    card = model_card({"base_model": {}, "training": summary})
+    assert _card_row(card, "train loss (last logged step)").endswith("| 1.5 |")
+    assert _card_row(card, "optimizer steps").endswith("| 3 |")
+    assert _card_row(card, "eval loss (last evaluation)").endswith("| not recorded |")
+    assert _card_row(card, "train tokens/s").endswith("| not recorded |")
+    assert _card_row(card, "LoRA rank").endswith("| not recorded |")
+    (tmp_path / "log_history.json").write_text(json.dumps({"not": "a list"}))
+    assert core.training_summary(tmp_path)["missing"] == ["log_history.json", "args.json"]
+
+
 def test_library_versions():
     versions = core.library_versions()
     assert set(versions) == {"transformers", "peft", "ms_swift", "torch"}
@@ -244,6 +319,8 @@ def test_swift_export_merge_verifies_and_detects_tampering(tiny_base, adapter_an
     assert lineage["base_model"]["architecture"] == ARCH
     card = (tmp_path / "out" / "README.md").read_text()
     assert "run-7" in card and "| train_loss | 1.5 |" in card
+    # the peft-made adapter has no log_history.json / args.json: the card says so instead of failing
+    assert lineage["training"]["missing"] == ["log_history.json", "args.json"] and "| LoRA rank (`lora_rank`) | not recorded |" in card
 
     real_run = core.run_command
 

@@ -36,6 +36,8 @@ def test_whole_dag_runs_and_the_tuned_model_beats_the_base(first_run):
     assert m["tuned_n"] == m["base_n"] > 0
     assert m["tuned_json_valid_rate"] > m["base_json_valid_rate"], m
     assert first_run["passed"] is True
+    # locally there is no registry: the reference is the base model, and evaluate says so
+    assert m["reference"] == "base" and m["reference_is_champion"] == 0.0
 
     adapter = run_dir / "train-lora" / "adapter"
     assert (adapter / "adapter_model.safetensors").is_file()
@@ -44,6 +46,8 @@ def test_whole_dag_runs_and_the_tuned_model_beats_the_base(first_run):
 
     merged = run_dir / "merge-export" / "merged_model"
     assert (merged / "model.safetensors").is_file() and (merged / "lineage.json").is_file()
+    card = (merged / "README.md").read_text()  # the model card carries the training figures and LoRA settings
+    assert "| LoRA rank (`lora_rank`) | 32 |" in card and "train loss (last logged step) | not recorded" not in card
 
     predictions = (run_dir / "evaluate" / "predictions").read_text().splitlines()
     n_eval = len((run_dir / "validate-data" / "eval_dataset" / "data.jsonl").read_text().splitlines())

@@ -228,3 +228,83 @@ def test_training_gets_durable_checkpoints_under_the_pipeline_root(tmp_path):
     assert params["checkpoint_root"]["runtimeValue"]["constant"] == f"/gcs/{root}/checkpoints"
     assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     assert params["accelerator_count"]["runtimeValue"]["constant"] == cfg.resources.accelerator_count
+
+
+# --- the champion: evaluate compares with the registry's current champion on Vertex ----
+
+
+def _with_eval_reference(tmp_path: Path, reference: str | None, **register) -> Path:
+    raw = yaml.safe_load(SEED.read_text())
+    if reference is not None:
+        raw["eval"]["reference"] = reference
+    raw["register"] = {**raw["register"], **register}
+    path = tmp_path / "ref.yaml"
+    path.write_text("# test config\n" + yaml.safe_dump(raw))
+    return path
+
+
+def test_champion_is_looked_up_before_evaluate_and_checked_by_register(tmp_path):
+    raw, _ = _compiled(str(SEED), tmp_path)  # the seed: eval.reference auto + a register model -> champion
+    tasks = raw["root"]["dag"]["tasks"]
+    lookup = tasks["find-champion"]
+    assert not lookup.get("dependentTasks")  # runs first, beside staging
+    assert "find-champion" in tasks["train-lora"]["dependentTasks"]  # a failed look-up stops the run before the GPU job
+    assert not lookup["cachingOptions"].get("enableCache")  # never a cached (stale) champion
+    params = lookup["inputs"]["parameters"]
+    assert params["model_id"]["runtimeValue"]["constant"] == "qwen3-vl-4b-drawings"
+    assert params["alias"]["runtimeValue"]["constant"] == "champion"
+    evaluate = tasks["evaluate"]
+    assert "find-champion" in evaluate["dependentTasks"]
+    ev = evaluate["inputs"]["parameters"]
+    assert ev["reference_uri"]["taskOutputParameter"] == {"producerTask": "find-champion", "outputParameterKey": "uri"}
+    assert ev["reference_version"]["taskOutputParameter"] == {"producerTask": "find-champion",
+                                                              "outputParameterKey": "version_id"}
+    condition = tasks["condition-1"]
+    reg = raw["components"][condition["componentRef"]["name"]]["dag"]["tasks"]["register"]["inputs"]["parameters"]
+    assert reg["check_champion"]["runtimeValue"]["constant"] is True
+    assert reg["champion_version"]["componentInputParameter"] == "pipelinechannel--find-champion-version_id"
+    executor = raw["deploymentSpec"]["executors"]["exec-find-champion"]["container"]
+    assert executor["image"].endswith("/light:0.1.0") and executor["resources"]["resourceCpuLimit"] == "4"
+    assert "components.find_champion.core" in " ".join(executor["command"])
+
+
+def test_reference_base_has_no_lookup(tmp_path):
+    raw, _ = _compiled(str(_with_eval_reference(tmp_path, "base")), tmp_path)
+    tasks = raw["root"]["dag"]["tasks"]
+    assert "find-champion" not in tasks and "find-champion" not in tasks["evaluate"].get("dependentTasks", [])
+    assert "reference_uri" not in tasks["evaluate"]["inputs"]["parameters"]
+    condition = tasks["condition-1"]
+    reg = raw["components"][condition["componentRef"]["name"]]["dag"]["tasks"]["register"]["inputs"]["parameters"]
+    assert "check_champion" not in reg
+
+
+def test_auto_without_a_registry_model_compares_with_the_base(tmp_path):
+    raw, _ = _compiled(str(_with_eval_reference(tmp_path, None, model_id="", serving_image="")), tmp_path)
+    assert set(raw["root"]["dag"]["tasks"]) == {"stage-model", "validate-data", "train-lora", "merge-export", "evaluate"}
+
+
+def test_reference_gs_folder_is_passed_to_evaluate(tmp_path):
+    raw, _ = _compiled(str(_with_eval_reference(tmp_path, "gs://test-bucket/models/golden/")), tmp_path)
+    tasks = raw["root"]["dag"]["tasks"]
+    assert "find-champion" not in tasks
+    ev = tasks["evaluate"]["inputs"]["parameters"]
+    assert ev["reference_uri"]["runtimeValue"]["constant"] == "gs://test-bucket/models/golden"
+
+
+def test_local_target_keeps_the_base_even_with_champion(tmp_path):
+    out = compile_pipeline(str(_with_eval_reference(tmp_path, "champion")), str(tmp_path / "l.yaml"), target="local")
+    tasks = yaml.safe_load(out.read_text())["root"]["dag"]["tasks"]
+    assert "find-champion" not in tasks and "reference_uri" not in tasks["evaluate"]["inputs"]["parameters"]
+
+
+def test_local_folder_reference_is_refused_on_vertex_but_used_locally(tmp_path, capsys):
+    model = tmp_path / "golden"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = _with_eval_reference(tmp_path, str(model))
+    assert main(["--config", str(cfg), "--output", str(tmp_path / "o.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "'eval.reference'" in err and "Vertex tasks cannot read" in err and "Traceback" not in err
+    out = compile_pipeline(str(cfg), str(tmp_path / "l.yaml"), target="local")
+    ev = yaml.safe_load(out.read_text())["root"]["dag"]["tasks"]["evaluate"]["inputs"]["parameters"]
+    assert ev["reference_uri"]["runtimeValue"]["constant"] == str(model)

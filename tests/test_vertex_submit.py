@@ -14,7 +14,7 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 
 from pipelines.config import load_config
-from pipelines.pipeline import TASK_ORDER, pipeline_arguments
+from pipelines.pipeline import CHAMPION_TASK, TASK_ORDER, pipeline_arguments
 from pipelines.run import RunError, submit_vertex
 from pipelines.vertex import VertexError
 from tests.vertex_fake import PROJECT_NUMBER, FakeServer
@@ -83,8 +83,10 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
     assert values["model_source"] == expected["model_source"] == "hf://Qwen/Qwen3-VL-4B-Instruct"
     assert values["train_data"] == "gs://test-bucket/data/train.jsonl"
     assert values["swift_args"]["lora_rank"] == 8
-    # caching switch reaches every task
-    assert all(t["cachingOptions"].get("enableCache") for t in spec["root"]["dag"]["tasks"].values())
+    # caching on: every task caches except the champion look-up (the registry changes between runs)
+    tasks = spec["root"]["dag"]["tasks"]
+    assert all(tasks[name]["cachingOptions"]["enableCache"] for name in TASK_ORDER)
+    assert not tasks[CHAMPION_TASK]["cachingOptions"].get("enableCache")
     # the experiment was looked up / created before the job
     assert api.calls("POST", f"{PARENT}/metadataStores/default/contexts")[0].query["contextId"] == ["vlm-lora-exp"]
     [link] = api.calls("POST", "contexts/vlm-lora-exp:addContextChildren")  # run joins the experiment

@@ -4,7 +4,9 @@ A `http.server` on 127.0.0.1 that records every request and answers like the RES
 just enough for the real clients (`google.cloud.aiplatform` with the REST transport,
 `google.cloud.storage` via STORAGE_EMULATOR_HOST, `kfp.registry.RegistryClient`) to
 complete: resources are stored on create and returned on get / list; long-running
-operations are answered done. Tests assert on `server.requests`.
+operations are answered done. Model versions are reachable as `models/ID@VERSION` and
+`models/ID@ALIAS`; an uploaded version takes its aliases from older versions, as Vertex
+does. Tests assert on `server.requests`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class FakeApis:
     requests: list[Recorded] = field(default_factory=list)
     # States a pipeline job reports on successive GETs (the last one repeats).
     job_states: list[str] = field(default_factory=lambda: ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"])
+    # Resource paths (unquoted, without /v1/) answered with an error: path -> (HTTP code, status).
+    errors: dict[str, tuple[int, str]] = field(default_factory=dict)
     url: str = ""
 
     def calls(self, method: str, contains: str) -> list[Recorded]:
@@ -106,14 +110,27 @@ class _Handler(BaseHTTPRequestHandler):
     # --- Vertex AI ----------------------------------------------------------------
     def _vertex(self, path: str, query: dict[str, list[str]], body: dict) -> None:
         res = self.fake.resources
+        if path in self.fake.errors:
+            code, status = self.fake.errors[path]
+            return self._send(code, {"error": {"code": code, "message": f"{status} on {path}", "status": status}})
         if self.command == "POST" and path.endswith("models:upload"):
             parent = path[: -len("/models:upload")]
             model = body.get("model", {})
             name = body.get("parentModel") or f"{parent}/models/{body.get('modelId') or uuid.uuid4().hex[:8]}"
-            versions = [r for k, r in res.items() if k.startswith(name + "@")]
+            versions = {k.split("@")[1] for k in res if k.startswith(name + "@") and k.split("@")[1].isdigit()}
             version = str(len(versions) + 1)
-            res[name] = {**model, "name": name, "versionId": version}
-            res[f"{name}@{version}"] = res[name]
+            # Vertex moves each alias (and "default" for the default version) to the new version
+            aliases = list(model.get("versionAliases") or [])
+            if version == "1" and "default" not in aliases:
+                aliases.insert(0, "default")
+            item = {**model, "name": name, "versionId": version, "versionAliases": aliases}
+            for alias in aliases:
+                old = res.get(f"{name}@{alias}")
+                if old is not None and old is not item:
+                    old["versionAliases"] = [a for a in old["versionAliases"] if a != alias]
+                res[f"{name}@{alias}"] = item
+            res[name] = item
+            res[f"{name}@{version}"] = item
             return self._send(200, self._done_operation(parent, {
                 "@type": "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse",
                 "model": name, "modelVersionId": version}))

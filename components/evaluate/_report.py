@@ -142,6 +142,7 @@ def render_report(
     passed: bool | None = None,
     reason: str = "",
     reference_name: str = "base",
+    reference_detail: str = "",
     worst_n: int = 8,
     title: str = "Evaluation: tuned vs reference",
 ) -> str:
@@ -154,7 +155,10 @@ def render_report(
             tuned_score, reference, reference_score).
         passed: Gate decision; None = not shown. Default None.
         reason: Gate reason text. Default "".
-        reference_name: Column name of the reference ("base" or "champion"). Default "base".
+        reference_name: Column name of the reference ("base", "champion@VERSION" or a
+            folder). Default "base".
+        reference_detail: Where the reference model came from (URI), shown under the
+            gate decision. Default "" (not shown).
         worst_n: How many worst samples to draw. Default 8.
         title: Page title. Default "Evaluation: tuned vs reference".
 
@@ -168,6 +172,9 @@ def render_report(
         parts.append(f'<p class="{cls}">{"PASSED" if passed else "FAILED"} the gate</p>')
     if reason:
         parts.append(f"<p>{html.escape(reason)}</p>")
+    if reference_detail:
+        parts.append(f"<p>Reference model: <b>{html.escape(reference_name)}</b> "
+                     f"(<code>{html.escape(reference_detail)}</code>)</p>")
     parts.append("<h2>Metrics</h2>" + _metric_table(tuned, reference, reference_name))
     worst = worst_samples(samples, worst_n)
     if worst:

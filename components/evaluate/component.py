@@ -23,6 +23,7 @@ def evaluate(
     predictions: dsl.Output[dsl.Dataset],
     report: dsl.Output[dsl.HTML],
     reference_uri: str = "",
+    reference_version: str = "",
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -37,23 +38,27 @@ def evaluate(
         gate_metric: Metric the gate compares.
         gate_min_value: Minimum tuned value of the metric.
         gate_min_margin: Minimum improvement over the reference model.
-        metrics: Output: base_* (reference) and tuned_* metrics, speed figures.
+        metrics: Output: base_* (the reference's, also when it is the champion) and tuned_*
+            metrics, speed figures, reference_is_champion, reference_version (0 = none),
+            and the metadata key "reference" (base, champion@VERSION or the folder).
         predictions: Output: per-sample answers and scores (JSONL).
         report: Output: HTML report (metric table, speed, worst samples with boxes drawn).
-        reference_uri: Champion to compare against instead of the base model: a merged
-            model folder or gs:// URI (read through the /gcs mount). "" = the base model.
-            Its metrics are still logged as base_* (reference_is_champion = 1). Default "".
+        reference_uri: Model to compare against instead of the base model: the champion's
+            or a configured merged model folder, a path or gs:// URI (read through the /gcs
+            mount). "" = the base model (also when find-champion found none). Default "".
+        reference_version: The champion's registry version ID when reference_uri is the
+            champion; "" otherwise. Default "".
     """
     from collections import namedtuple
 
     from components.evaluate._report import write_report
-    from components.evaluate.core import EvalError, evaluate as run_eval
+    from components.evaluate.core import EvalError, evaluate as run_eval, resolve_reference
 
-    reference_dir = reference_uri or base_model.path
-    reference_name = "champion" if reference_uri else "base"
+    reference = resolve_reference(reference_uri, reference_version, base_model.path)
+    print(f"evaluate: reference model: {reference.label} ({reference_uri or base_model.uri})", flush=True)
     try:
         result = run_eval(
-            tuned_model.path, reference_dir, base_model.metadata.get("model_type", ""), eval_dataset.path,
+            tuned_model.path, reference.model_dir, base_model.metadata.get("model_type", ""), eval_dataset.path,
             predictions.path, max_new_tokens, batch_size, max_samples, iou_threshold,
             gate_metric, gate_min_value, gate_min_margin,
         )
@@ -63,9 +68,12 @@ def evaluate(
         for key, value in values.items():
             metrics.log_metric(f"{prefix}_{key}", value)
     metrics.log_metric("passed", float(result.passed))
-    metrics.log_metric("reference_is_champion", float(bool(reference_uri)))
+    for key, value in reference.metrics().items():
+        metrics.log_metric(key, value)
+    metrics.metadata["reference"] = reference.label
     write_report(report.path, result.tuned, result.reference, result.samples, result.passed, result.reason,
-                 reference_name=reference_name)
-    report.metadata["reference"] = reference_uri or base_model.uri
+                 reference_name=reference.label, reference_detail=reference_uri or base_model.uri)
+    report.metadata["reference"] = reference.label
+    report.metadata["reference_uri"] = reference_uri or base_model.uri
     print(f"evaluate: {result.reason}")
     return namedtuple("Outputs", ["passed", "reason"])(result.passed, result.reason)

@@ -83,6 +83,57 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
     return rows
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The model the tuned model is compared with, as evaluate records it.
+
+    Attributes:
+        model_dir: Folder to load (a gs:// URI mapped to its /gcs/ FUSE path).
+        kind: "base", "champion" or "folder" (a model folder given in the config).
+        label: Short name for metrics, labels and the report: "base", "champion@VERSION"
+            or the folder's URI.
+        version: The champion's registry version ID; "" otherwise.
+    """
+
+    model_dir: str
+    kind: str
+    label: str
+    version: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        """Numeric facts for the Metrics artifact: reference_is_champion, reference_version (0 = none)."""
+        version = float(self.version) if self.version.isdigit() else 0.0
+        return {"reference_is_champion": float(self.kind == "champion"), "reference_version": version}
+
+
+def resolve_reference(reference_uri: str, reference_version: str, base_model_dir: str) -> Reference:
+    """Decides which model is the reference (pure).
+
+    Args:
+        reference_uri: The champion's or a configured model folder (gs:// or a path);
+            "" = the base model (also when find-champion found no champion).
+        reference_version: The champion's registry version ID; "" = not a champion.
+        base_model_dir: The staged base model folder.
+
+    Returns:
+        The Reference; a gs:// URI becomes its /gcs/ FUSE path (how Vertex tasks read it).
+    """
+    if not reference_uri:
+        return Reference(base_model_dir, "base", "base")
+    model_dir = to_fuse_path(reference_uri.rstrip("/"))
+    if reference_version:
+        return Reference(model_dir, "champion", f"champion@{reference_version}", reference_version)
+    return Reference(model_dir, "folder", reference_uri.rstrip("/"))
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model locations (paths, gs:// URIs or /gcs/ paths) name the same folder."""
+    def norm(x: str) -> str:
+        return str(Path(to_fuse_path(x.rstrip("/"))).expanduser().absolute()) if x else ""
+
+    return bool(a) and norm(a) == norm(b)
+
+
 def check_model_dir(model_dir: str, role: str) -> str:
     """Checks that a model folder exists and holds a config.json; returns it.
 
@@ -202,11 +253,16 @@ def evaluate(
     Returns:
         The EvalResult.
 
+    When the reference is the tuned model itself (a cached merge that an earlier run
+    already registered as the champion), it is generated once and the gate fails: there
+    is nothing new to promote.
+
     Raises:
         EvalError: Empty eval set, missing dataset, a model folder that is missing (with
             the real generator), or a model returned too few answers.
         ValueError: Unknown gate metric.
     """
+    itself = same_model(tuned_dir, reference_dir)
     if generate_fn is swift_generate:  # fakes in tests take names, not folders
         reference_dir = check_model_dir(reference_dir, "reference")
         tuned_dir = check_model_dir(tuned_dir, "tuned")
@@ -214,10 +270,16 @@ def evaluate(
     ref_metrics, ref_answers, ref_scores = _score_model(
         "reference", reference_dir, model_type, rows, batch_size, max_new_tokens, iou_threshold, generate_fn
     )
-    tuned_metrics, tuned_answers, tuned_scores = _score_model(
-        "tuned", tuned_dir, model_type, rows, batch_size, max_new_tokens, iou_threshold, generate_fn
-    )
+    if itself:
+        tuned_metrics, tuned_answers, tuned_scores = dict(ref_metrics), ref_answers, ref_scores
+    else:
+        tuned_metrics, tuned_answers, tuned_scores = _score_model(
+            "tuned", tuned_dir, model_type, rows, batch_size, max_new_tokens, iou_threshold, generate_fn
+        )
     passed, reason = gate(tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin)
+    if itself:
+        passed, reason = False, (f"FAIL: the tuned model {tuned_dir} is the reference model itself "
+                                 "(e.g. a cached merge already registered as the champion); nothing new to promote")
     samples = []
     Path(predictions_out).parent.mkdir(parents=True, exist_ok=True)
     with open(predictions_out, "w", encoding="utf-8") as f:

@@ -17,7 +17,10 @@ The merged folder is verified before it counts:
   naming the max difference.
 
 The merged folder also gets `lineage.json` and a model card (`README.md`) naming the base
-model and revision, the adapter, the run and the library versions.
+model and revision, the adapter, the run and the library versions, plus the training
+figures (`training_summary`: final / eval loss, steps, samples/s, tokens/s from the
+adapter's log_history.json) and the LoRA hyper-parameters (from its args.json); what the
+adapter folder does not record is shown as "not recorded".
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.train_lora.core import BASE_MODEL_REF, run_command, swift_executable, to_cli
+from components.train_lora.core import BASE_MODEL_REF, run_command, summarize_log, swift_executable, to_cli
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 
@@ -41,6 +44,33 @@ LOGIT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (5e-3, 5e-3),
 }
 # Text prompts of the probe inputs (an image prompt is added when the processor takes images).
+# Training figures of the model card: (key of train_lora's summarize_log, label).
+TRAINING_FIGURES = (
+    ("final_loss", "train loss (last logged step)"),
+    ("train_loss", "train loss (mean over the run)"),
+    ("eval_loss", "eval loss (last evaluation)"),
+    ("steps", "optimizer steps"),
+    ("train_runtime_s", "train runtime (s)"),
+    ("samples_per_second", "train samples/s"),
+    ("tokens_per_second", "train tokens/s"),
+)
+# LoRA hyper-parameters of the model card: (ms-swift argument in args.json, label).
+HYPERPARAMETERS = (
+    ("lora_rank", "LoRA rank"),
+    ("lora_alpha", "LoRA alpha"),
+    ("lora_dropout", "LoRA dropout"),
+    ("target_modules", "target modules"),
+    ("learning_rate", "learning rate"),
+    ("num_train_epochs", "epochs"),
+    ("max_steps", "max steps (-1 = by epochs)"),
+    ("per_device_train_batch_size", "per-device batch size"),
+    ("gradient_accumulation_steps", "gradient accumulation steps"),
+    ("global_world_size", "processes (world size)"),
+    ("max_length", "max length (tokens)"),
+    ("torch_dtype", "dtype"),
+    ("seed", "seed"),
+)
+NOT_RECORDED = "not recorded"
 PROBE_TEXTS = (
     "Detect the elements of this engineering drawing. Answer with a fenced JSON list.",
     "List every hole and title block with its bounding box.",
@@ -110,6 +140,46 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError):
         return {}
+
+
+def training_summary(adapter_dir: str | Path) -> dict[str, Any]:
+    """Training figures and LoRA hyper-parameters recorded in an adapter folder.
+
+    Reads `log_history.json` (the trainer's log entries, written by train-lora) through
+    `components.train_lora.core.summarize_log`, and `args.json` (ms-swift's arguments).
+    A missing or unreadable file is not an error: its values are left out and the file is
+    listed under "missing".
+
+    Args:
+        adapter_dir: Adapter folder from train-lora.
+
+    Returns:
+        {"metrics": summarize_log's figures (final_loss, train_loss, eval_loss, steps,
+        samples_per_second, tokens_per_second, ...), "hyperparameters": the HYPERPARAMETERS
+        keys found in args.json plus effective_batch_size when computable, "missing": names
+        of the files that were absent or unreadable}.
+    """
+    adapter = Path(adapter_dir)
+    missing: list[str] = []
+    history: Any = None
+    try:
+        history = json.loads((adapter / "log_history.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    if not isinstance(history, list):
+        missing.append("log_history.json")
+        history = []
+    metrics = summarize_log([e for e in history if isinstance(e, dict)]) if history else {}
+    args = _read_json(adapter / "args.json")
+    if not isinstance(args, dict) or not args:
+        missing.append("args.json")
+        args = {}
+    hyper = {key: args[key] for key, _ in HYPERPARAMETERS if args.get(key) is not None}
+    batch, accum = hyper.get("per_device_train_batch_size"), hyper.get("gradient_accumulation_steps")
+    if isinstance(batch, int) and isinstance(accum, int):
+        world = hyper.get("global_world_size")
+        hyper["effective_batch_size"] = batch * accum * (world if isinstance(world, int) and world > 0 else 1)
+    return {"metrics": metrics, "hyperparameters": hyper, "missing": missing}
 
 
 def _model_facts(model_dir: Path) -> dict[str, Any]:
@@ -375,15 +445,39 @@ def verify_merged(merged_dir: str | Path) -> dict[str, Any]:
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "—"
     return str(value) if value not in (None, "") else "—"
 
 
+def _training_lines(training: dict[str, Any]) -> list[str]:
+    """The model card's training section: figures and LoRA hyper-parameters, gaps named."""
+    figures = training.get("metrics") or {}
+    hyper = training.get("hyperparameters") or {}
+    lines = ["", "## Training", ""]
+    missing = training.get("missing") or []
+    if missing:
+        lines += [f"The adapter folder has no readable {' or '.join(missing)}: those values are not recorded.", ""]
+    lines += ["| figure | value |", "|---|---|"]
+    for key, label in TRAINING_FIGURES:
+        lines.append(f"| {label} | {_fmt(figures[key]) if key in figures else NOT_RECORDED} |")
+    lines += ["", "### LoRA hyper-parameters", "", "| argument | value |", "|---|---|"]
+    for key, label in HYPERPARAMETERS:
+        lines.append(f"| {label} (`{key}`) | {_fmt(hyper[key]) if key in hyper else NOT_RECORDED} |")
+    effective = hyper.get("effective_batch_size")
+    lines.append("| effective batch size (batch × accumulation × processes) | "
+                 f"{effective if effective is not None else NOT_RECORDED} |")
+    return lines
+
+
 def model_card(lineage: dict[str, Any], metrics: dict[str, Any] | None = None) -> str:
-    """Returns the merged model's README.md (pure): lineage, verification, metrics.
+    """Returns the merged model's README.md (pure): lineage, verification, training, metrics.
 
     Args:
-        lineage: What lineage.json holds (base_model, adapter, run_id, versions, verification).
-        metrics: Metrics to list (e.g. training or evaluation figures). Default None.
+        lineage: What lineage.json holds (base_model, adapter, run_id, versions,
+            verification, training: `training_summary(...)`; a lineage without
+            "training" gets no training section).
+        metrics: More metrics to list (e.g. evaluation figures). Default None.
     """
     base = lineage.get("base_model") or {}
     name = base.get("source") or base.get("uri") or base.get("model_dir") or "unknown"
@@ -415,6 +509,8 @@ def model_card(lineage: dict[str, Any], metrics: dict[str, Any] | None = None) -
     if check:
         lines += ["", "## Merge verification", "", "| | |", "|---|---|"]
         lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(check.items())]
+    if "training" in lineage:
+        lines += _training_lines(lineage.get("training") or {})
     if metrics:
         lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
         lines += [f"| {key} | {_fmt(value)} |" for key, value in sorted(metrics.items())]
@@ -492,6 +588,7 @@ def merge_export(
         "transformers": versions["transformers"],
         "versions": versions,
         "verification": check,
+        "training": training_summary(adapter),
     }
     (out / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True), encoding="utf-8")
     (out / "README.md").write_text(model_card(lineage, metrics), encoding="utf-8")

@@ -4,6 +4,10 @@
 model and calls `aiplatform.Model.upload` once. The first registration creates the parent
 model under `model_id`; every later one adds a version to it. The alias (default
 `champion`) moves to the newest version, which also becomes the default version.
+
+When evaluate compared with the champion, `register_model` first checks that the alias
+still points at the version evaluate compared with (`expected_champion`): if another run
+promoted a model in the meantime, this one was never compared with it and is refused.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ def build_upload_request(
         raise RegisterError("register.model_id is empty")
     out_labels = {k: label_value(v) for k, v in (labels or {}).items()}
     out_labels["run_id"] = label_value(run_name)
+    if isinstance(metrics.get("reference"), str) and metrics["reference"]:  # base, champion@3 or a folder
+        out_labels["reference"] = label_value(metrics["reference"])
     for key in LABEL_METRICS:
         if key in metrics:
             out_labels[label_value(key)] = label_value(float(metrics[key]))
@@ -105,7 +111,13 @@ def build_upload_request(
     return request
 
 
-def register_model(request_args: dict[str, Any], project: str, location: str, credentials: Any = None) -> Registered:
+def register_model(
+    request_args: dict[str, Any],
+    project: str,
+    location: str,
+    credentials: Any = None,
+    expected_champion: str | None = None,
+) -> Registered:
     """Uploads the model as a new version of `model_id` (creating it the first time).
 
     Args:
@@ -113,9 +125,14 @@ def register_model(request_args: dict[str, Any], project: str, location: str, cr
         project: Google Cloud project ID.
         location: Vertex region.
         credentials: google-auth credentials; default ADC.
+        expected_champion: Version ID the alias must still point at (the champion evaluate
+            compared with); "" = there must still be no champion; None = no check. Default None.
 
     Returns:
         The registered model's resource name and version.
+
+    Raises:
+        RegisterError: The alias moved to another version since evaluate looked it up.
     """
     from google.api_core import exceptions
     from google.cloud import aiplatform
@@ -127,6 +144,23 @@ def register_model(request_args: dict[str, Any], project: str, location: str, cr
         existing = aiplatform.Model(parent, project=project, location=location, credentials=credentials)
     except exceptions.NotFound:
         existing = None
+    aliases = request.get("version_aliases") or []
+    if expected_champion is not None and aliases:
+        current = ""
+        if existing is not None:
+            try:
+                current = str(aiplatform.Model(f"{parent}@{aliases[0]}", project=project, location=location,
+                                               credentials=credentials).version_id)
+            except exceptions.NotFound:
+                current = ""
+        if current != expected_champion:
+            was = f"version {expected_champion}" if expected_champion else "no champion"
+            now = f"version {current}" if current else "no version"
+            raise RegisterError(
+                f"the champion changed during this run: evaluate compared with {was} of {parent}, but alias "
+                f"{aliases[0]!r} now points at {now}; this model was not compared with the current champion, "
+                "so it is not promoted. Run the pipeline again to evaluate against the new champion"
+            )
     if existing is not None:
         request.pop("model_id", None)
         request["parent_model"] = existing.resource_name
