@@ -22,6 +22,7 @@ from components.merge_export.core import (
     build_export_command,
     check_adapter_base,
     compare_logits,
+    compare_weights,
     model_card,
 )
 
@@ -121,6 +122,62 @@ def test_unmerged_copy_of_base_is_detected(tiny_base, adapter_and_merged, tmp_pa
     adapter, _ = adapter_and_merged
     with pytest.raises(MergeVerificationError):
         compare_logits(tiny_base, adapter, tiny_base)
+
+
+# ------------------------------------------------------------------ weights check
+
+
+def test_good_merge_weights_are_base_plus_update(tiny_base, adapter_and_merged):
+    adapter, merged = adapter_and_merged
+    facts = compare_weights(tiny_base, adapter, merged)
+    assert facts["adapted_weights"] == 8  # q_proj + v_proj of 4 text layers
+    assert facts["weights_checked"] > facts["adapted_weights"]
+    assert facts["adapted_within_step_min_fraction"] >= 0.999
+    assert facts["adapted_changed_fraction"] > 0.9
+
+
+def test_weights_check_names_an_altered_adapted_weight(tiny_base, adapter_and_merged, tmp_path):
+    adapter, merged = adapter_and_merged
+    altered = Path(shutil.copytree(merged, tmp_path / "merged"))
+    name = _scale_tensor(altered / "model.safetensors", "layers.2.self_attn.q_proj.weight", 1.01)
+    with pytest.raises(MergeVerificationError, match=name.replace(".", r"\.")):
+        compare_weights(tiny_base, adapter, altered)
+
+
+def test_weights_check_rejects_the_unmerged_base(tiny_base, adapter_and_merged):
+    adapter, _ = adapter_and_merged
+    with pytest.raises(MergeVerificationError, match="base \\+ adapter update for only"):
+        compare_weights(tiny_base, adapter, tiny_base)
+
+
+def test_weights_check_rejects_a_changed_untouched_tensor(tiny_base, adapter_and_merged, tmp_path):
+    adapter, merged = adapter_and_merged
+    altered = Path(shutil.copytree(merged, tmp_path / "merged"))
+    _scale_tensor(altered / "model.safetensors", "layers.1.mlp.down_proj.weight", 1.001)
+    with pytest.raises(MergeVerificationError, match="does not touch differ"):
+        compare_weights(tiny_base, adapter, altered)
+
+
+def test_bf16_merge_passes_the_weights_check(tiny_base, adapter_and_merged, tmp_path):
+    """A merge into a bf16 base (peft, as swift export does) rounds every merged weight: accepted."""
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForImageTextToText
+
+    adapter, _ = adapter_and_merged
+    base_bf16 = Path(shutil.copytree(tiny_base, tmp_path / "base"))
+    for f in base_bf16.glob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(f)).items()}, str(f), metadata={"format": "pt"})
+    merged_bf16 = tmp_path / "merged"
+    shutil.copytree(base_bf16, merged_bf16, ignore=shutil.ignore_patterns("*.safetensors", "manifest.json"))
+    model = AutoModelForImageTextToText.from_pretrained(base_bf16, dtype=torch.bfloat16)
+    PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().save_pretrained(merged_bf16)
+    facts = compare_weights(base_bf16, adapter, merged_bf16)
+    assert facts["adapted_within_step_min_fraction"] >= 0.999
+    assert 0 < facts["adapted_changed_fraction"] <= 1
+    # the base itself (update dropped) fails in bf16 too
+    with pytest.raises(MergeVerificationError):
+        compare_weights(base_bf16, adapter, base_bf16)
 
 
 # ------------------------------------------------------------------ adapter vs base
