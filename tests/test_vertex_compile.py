@@ -20,6 +20,7 @@ CONFIGS = sorted(str(p) for p in ROOT.glob("configs/**/*.yaml"))
 SEED = ROOT / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
 PROFILES = {  # the GPU profiles: config -> (machine, GPU, GPUs per node, nodes)
     "lora_seed.yaml": ("a2-highgpu-1g", "NVIDIA_TESLA_A100", 1, 1),
+    "lora_h100_tuned.yaml": ("a3-highgpu-1g", "NVIDIA_H100_80GB", 1, 1),
     "lora_a100_80gb_x2.yaml": ("a2-ultragpu-2g", "NVIDIA_A100_80GB", 2, 1),
     "lora_h100_x8.yaml": ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 1),
     "lora_h100_x8_2node.yaml": ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 2),
