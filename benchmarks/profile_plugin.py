@@ -21,20 +21,21 @@ STEPS = int(os.environ.get("VLM_LORA_PROFILE_STEPS", "4"))
 
 CATEGORIES = (
     ("nccl", ("nccl",)),
-    ("attention", ("fmha", "flash", "attention", "efficient_attention", "cudnn_generated_fort_native_sdpa")),
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "sm90_", "wgmma")),
-    ("triton_liger", ("triton", "_kernel_")),
-    ("copy", ("memcpy", "memset", "copy")),
-    ("elementwise_reduce", ("elementwise", "vectorized", "reduce", "unrolled", "index", "scatter", "gather", "cat")),
+    ("attention", ("sdpa", "fmha", "flash", "attention")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "cublas", "wgmma", "convolve")),
+    ("dtype_copy", ("copy_kernel", "bfloat16_copy", "memcpy")),
+    ("dropout", ("dropout", "masked_scale")),
+    ("elementwise_reduce", ("at::native",)),
 )
 
 
 def category(name: str) -> str:
+    """GEMM, attention, dtype copies, dropout, other PyTorch elementwise, or Triton (Liger) kernels."""
     low = name.lower()
     for cat, needles in CATEGORIES:
         if any(n in low for n in needles):
             return cat
-    return "other"
+    return "triton_other"
 
 
 def summarize(prof, wall_s: float) -> dict:

@@ -192,7 +192,10 @@ def steady_state(log_history: list[dict[str, Any]], skip_steps: int = 2) -> dict
         if speed is None or step is None or "loss" not in entry:
             continue
         points.append((int(step), float(speed) * int(step), entry.get("num_input_tokens_seen")))
-    points = [p for p in points if p[0] >= skip_steps]
+    by_step = {}
+    for point in points:  # one entry per step (the last logged), in step order
+        by_step[point[0]] = point
+    points = [by_step[k] for k in sorted(by_step) if k >= skip_steps]
     if len(points) < 2:
         return {}
     (s0, e0, k0), (s1, e1, k1) = points[0], points[-1]

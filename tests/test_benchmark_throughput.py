@@ -60,6 +60,8 @@ def test_steady_state_skips_the_warm_up_steps():
     assert s["tokens_per_second"] == pytest.approx(2000, rel=1e-3)
     assert s["steps"] == 8
     assert steady_state(log[:1]) == {}
+    # entries logged twice (or out of order) count once, in step order
+    assert steady_state(log[::-1] + log)["seconds_per_step"] == pytest.approx(0.5, abs=1e-4)
     assert losses_at(log, [1, 5, 99]) == {1: 1.0, 5: 1.0}
     swift_shape = [{"loss": 2.5, "global_step/max_steps": "3/10", "train_speed(s/it)": 1.0}]
     assert losses_at(swift_shape, [3]) == {3: 2.5}
@@ -74,3 +76,14 @@ def test_utilisation_and_peaks():
     assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
     with pytest.raises(ValueError):
         peak_flops_for("Tesla T4")
+
+
+def test_profile_kernel_categories():
+    from benchmarks.profile_plugin import category
+
+    assert category("nvjet_sm90_tst_256x152_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert category("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
+    assert category("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda") == "dtype_copy"
+    assert category("void at::native::fused_dropout_kernel_vec<float, float>") == "dropout"
+    assert category("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add") == "elementwise_reduce"
+    assert category("_triton_rope") == "triton_other"
