@@ -12,8 +12,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -392,18 +394,153 @@ def _cuda_available() -> bool:
         return False
 
 
-def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None) -> tuple[int, str]:
-    """Runs a command, streaming its output; returns (exit code, last 20 kB of output)."""
+class Preempted(TrainError):
+    """SIGTERM (Vertex preemption) stopped training; a restart resumes from the last durable checkpoint."""
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    """Sends a signal to a process group; False when no process is left in it."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+class SigtermForwarder:
+    """While entered (main thread only), SIGTERM to this process is forwarded to the command's process group.
+
+    The first SIGTERM sends SIGTERM to the group (swift → torchrun → its workers), and
+    SIGKILL after `term_wait_s` if any of it is still alive. Further SIGTERMs are ignored
+    (the task is busy saving). The previous handler is restored on exit. Outside the main
+    thread (where Python cannot install handlers) nothing is installed.
+
+    Args:
+        term_wait_s: Seconds the group gets to exit before SIGKILL. Default 10.
+    """
+
+    def __init__(self, term_wait_s: float = 10.0):
+        self.term_wait_s = term_wait_s
+        self.received_at: float | None = None
+        self.proc: subprocess.Popen | None = None
+        self._previous: Any = None
+        self._installed = False
+        self._timer: threading.Timer | None = None
+
+    @property
+    def received(self) -> bool:
+        return self.received_at is not None
+
+    def __enter__(self) -> "SigtermForwarder":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received:
+            return
+        self.received_at = time.monotonic()
+        # os.write, not print: the main thread may be inside sys.stdout.write (a reentrant call would fail)
+        try:
+            os.write(2, b"train-lora: SIGTERM received (preemption): stopping swift, then saving the last "
+                        b"finished checkpoint\n")
+        except OSError:
+            pass
+        self.forward()
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        """Sets the command to forward to (a SIGTERM that came before is forwarded now)."""
+        self.proc = proc
+        if self.received:
+            self.forward()
+
+    def forward(self) -> None:
+        proc = self.proc
+        if proc is None or self._timer is not None:
+            return
+        _killpg(proc.pid, signal.SIGTERM)
+        self._timer = threading.Timer(self.term_wait_s, _killpg, (proc.pid, signal.SIGKILL))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def wait_group_gone(self) -> None:
+        """After a forwarded SIGTERM: waits (until term_wait_s after it) for the whole group to exit, then SIGKILLs it."""
+        if self.proc is None or self.received_at is None:
+            return
+        deadline = self.received_at + self.term_wait_s
+        while time.monotonic() < deadline and _killpg(self.proc.pid, 0):
+            time.sleep(0.05)
+        if _killpg(self.proc.pid, signal.SIGKILL):
+            print("train-lora: swift's processes did not exit after SIGTERM; killed", flush=True)
+
+
+def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
+                guard: SigtermForwarder | None = None) -> tuple[int, str]:
+    """Runs a command in its own process group, streaming its output.
+
+    Args:
+        cmd: The argv.
+        env: Variables added to this process's environment. Default None.
+        log_path: File the output is appended to. Default None.
+        guard: Forwards SIGTERM to the command's group (see SigtermForwarder). Default None.
+
+    Returns:
+        (exit code, last 20 kB of output). An exception here (e.g. KeyboardInterrupt)
+        stops the whole group before it propagates.
+    """
     tail = ""
-    with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True, bufsize=1
-    ) as proc, open(log_path or os.devnull, "a", encoding="utf-8") as log:
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True, bufsize=1,
+        start_new_session=True,
+    )
+    try:
+        if guard is not None:
+            guard.attach(proc)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-            tail = (tail + line)[-20000:]
+        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                tail = (tail + line)[-20000:]
+        proc.wait()
+        if guard is not None:
+            guard.wait_group_gone()
+    except BaseException:
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        _killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
     return proc.returncode, tail
+
+
+def _preempted(sync: _checkpoints.CheckpointSync | None, checkpoint_dir: str | None, wait_s: float) -> Preempted:
+    """The last durable copy after SIGTERM, and the error that says where a restart resumes."""
+    if sync is None or not checkpoint_dir:
+        return Preempted("preempted: no checkpoint_dir is set, so nothing was saved durably; "
+                         "the restarted job starts from scratch")
+    if not sync.drain(wait_s):
+        print(f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} still wait on another node's marker; "
+              "they stay incomplete", flush=True)
+    newest = _checkpoints.newest_complete_checkpoint(checkpoint_dir, deep=False)
+    if newest is None:
+        return Preempted(f"preempted: last durable checkpoint is none (no complete checkpoint in {checkpoint_dir} "
+                         "yet); the restarted job starts from scratch")
+    return Preempted(f"preempted: last durable checkpoint is {_checkpoints.checkpoint_step(newest)} ({newest}); "
+                     "the restarted job resumes from it")
 
 
 def train_lora(
@@ -423,6 +560,9 @@ def train_lora(
     gpus: tuple[int, int] | None = None,
     checkpoint_interval_s: float = 5.0,
     keep_checkpoints: int = 2,
+    node_timeout_s: float = 900.0,
+    term_wait_s: float = 10.0,
+    grace_s: float = 25.0,
 ) -> TrainResult:
     """Trains a LoRA adapter with `swift sft` and writes it to `adapter_out`.
 
@@ -439,8 +579,10 @@ def train_lora(
         checkpoint_dir: Durable folder for verified checkpoint copies (on Vertex a
             `/gcs/...` path). When set, training resumes from the newest complete copy
             there, swift keeps optimizer state in its checkpoints (save_only_model false),
-            and the chief copies each finished checkpoint there while training runs.
-            Default None (no durable checkpoints, no resume).
+            and each finished checkpoint is copied there while training runs (on a
+            multi-node job every node copies its own ranks' files; the chief marks the
+            checkpoint complete once all nodes have). Default None (no durable
+            checkpoints, no resume).
         expected_gpus: GPUs per node the resources profile asks for; more than are
             visible is refused before any work. Default 0 (no check).
         ddp_timeout_s: NCCL timeout of a distributed run when swift.ddp_timeout is not
@@ -449,12 +591,21 @@ def train_lora(
         gpus: (GPU count, bytes per GPU) instead of asking torch. Default None.
         checkpoint_interval_s: Seconds between looks for new local checkpoints. Default 5.
         keep_checkpoints: Complete durable checkpoints kept (0 = all). Default 2.
+        node_timeout_s: Multi-node: seconds to wait for the other nodes' part of a
+            checkpoint before it is left incomplete (a warning). Default 900.
+        term_wait_s: After SIGTERM: seconds swift's processes get to exit before SIGKILL.
+            Default 10.
+        grace_s: After SIGTERM: seconds (from the signal) the last durable copy may wait
+            for other nodes' markers; Vertex kills the task about 30 s after SIGTERM.
+            Default 25.
 
     Returns:
         The TrainResult (on a non-chief node: no adapter, `is_chief` False).
 
     Raises:
         TrainError: Inputs invalid, or `swift sft` failed (message names the likely knob).
+        Preempted: SIGTERM arrived (a TrainError); swift was stopped and the finished
+            checkpoints were copied; the message names the last durable checkpoint.
     """
     if not Path(model_dir, "config.json").is_file():
         raise TrainError(f"{model_dir}: base model folder has no config.json; stage the model first")
@@ -464,8 +615,8 @@ def train_lora(
     writable = {"work_dir": work_dir}
     if plan.is_chief:
         writable["adapter output"] = adapter_out
-        if checkpoint_dir:
-            writable["checkpoint_dir"] = checkpoint_dir
+    if checkpoint_dir:
+        writable["checkpoint_dir"] = checkpoint_dir
     _preflight.preflight(swift_args, model_dir, writable)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -498,6 +649,10 @@ def train_lora(
         resume = _checkpoints.newest_complete_checkpoint(checkpoint_dir)
         if resume:
             print(f"train-lora: resuming from {resume}", flush=True)
+        if plan.nnodes > 1 and plan.is_chief:
+            # node markers of an earlier attempt must never mix with this attempt's files
+            for stale in _checkpoints.discard_incomplete(checkpoint_dir):
+                print(f"train-lora: removed incomplete checkpoint {stale} of an earlier attempt", flush=True)
 
     cmd = build_sft_command(args, model_dir, model_type, str(train_jsonl), eval_jsonl, str(output_dir),
                             resume_from=str(resume) if resume else None)
@@ -509,18 +664,24 @@ def train_lora(
         print("train-lora: CPU-only, setting", " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
     env.update(plan.env)
     sync = None
-    if checkpoint_dir and plan.is_chief:
-        sync = _checkpoints.CheckpointSync(output_dir, checkpoint_dir, checkpoint_interval_s, keep_checkpoints).start()
-    try:
-        code, tail = run_command(cmd, env=env, log_path=work / "swift_sft.log")
-    finally:
-        if sync is not None:
-            sync.stop(final=False)
+    if checkpoint_dir:
+        sync = _checkpoints.CheckpointSync(output_dir, checkpoint_dir, checkpoint_interval_s, keep_checkpoints,
+                                           node_rank=plan.node_rank, nnodes=plan.nnodes,
+                                           node_timeout_s=node_timeout_s).start()
+    with SigtermForwarder(term_wait_s) as guard:
+        try:
+            code, tail = run_command(cmd, env=env, log_path=work / "swift_sft.log", guard=guard)
+        finally:
+            if sync is not None:
+                sync.stop(final=False)
+        if guard.received_at is not None:
+            raise _preempted(sync, checkpoint_dir, grace_s - (time.monotonic() - guard.received_at))
     wall = time.time() - start
     if code != 0:
         raise TrainError(_explain_failure(tail, code))
-    if sync is not None:
-        sync.sync_once(final=True)
+    if sync is not None and not sync.drain(node_timeout_s, final=True):
+        print(f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} lack another node's files; "
+              "they stay incomplete", flush=True)
     log_history = read_trainer_log(output_dir)
     metrics = summarize_log(log_history)
     metrics.update({"wall_s": round(wall, 2), "n_train": float(n_train)})
