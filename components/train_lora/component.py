@@ -43,8 +43,11 @@ def train_lora(
         run_id: The pipeline job's id (a whole-value KFP placeholder). Default "".
 
     On a multi-node job (Vertex CLUSTER_SPEC) every node trains; only the chief writes
-    the adapter, the metrics and the durable checkpoints. A worker exits with status 0
-    without returning, so the KFP executor writes no output metadata from it.
+    the adapter and the metrics. Every node copies its own ranks' checkpoint files to
+    checkpoint_dir; the chief marks a checkpoint complete once all nodes have. A worker
+    exits with status 0 without returning, so the KFP executor writes no output metadata
+    from it. On SIGTERM (preemption) the task stops swift, copies the last finished
+    checkpoint and exits non-zero ("preempted: last durable checkpoint is N").
     """
     import tempfile
 
