@@ -270,6 +270,30 @@ def _with_image(component: Any, image: str) -> Any:
     return out
 
 
+_EXECUTOR = "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main"
+
+
+def _exec_python(component: Any) -> Any:
+    """Makes the component's shell wrapper `exec` the KFP executor instead of forking it.
+
+    KFP starts a lightweight component as `sh -ec '...; _KFP_RUNTIME=true python3 -m
+    kfp.dsl.executor_main ...'`; dash keeps running as PID 1 of the container with Python
+    as its child, and does not pass on the SIGTERM that Vertex sends on preemption. With
+    `exec env`, Python replaces the shell, receives SIGTERM, and train-lora can stop
+    `swift sft` and copy its last finished checkpoint before the grace period ends.
+    """
+    out = copy.deepcopy(component)
+    container = out.component_spec.implementation.container
+    command = list(container.command or [])
+    for i, part in enumerate(command):
+        if _EXECUTOR in part and f"exec env {_EXECUTOR}" not in part:
+            command[i] = part.replace(_EXECUTOR, f"exec env {_EXECUTOR}")
+            container.command = command
+            return out
+    raise RuntimeError("the KFP component command no longer contains "
+                       f"{_EXECUTOR!r}; update pipelines.pipeline._exec_python for this kfp version")
+
+
 def _training_job(cfg: Config, image: str) -> Any:
     """Returns train_lora wrapped as a Vertex CustomJob with the config's GPU profile."""
     from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
@@ -286,7 +310,7 @@ def _training_job(cfg: Config, image: str) -> Any:
         }
     root = cfg.pipeline.root.rstrip("/")
     return create_custom_training_job_from_component(
-        _with_image(train_lora, image),
+        _exec_python(_with_image(train_lora, image)),
         display_name=f"{cfg.pipeline.name}-train-lora",
         replica_count=r.replica_count,
         machine_type=r.machine_type,

@@ -309,3 +309,13 @@ def test_local_folder_reference_is_refused_on_vertex_but_used_locally(tmp_path, 
     out = compile_pipeline(str(cfg), str(tmp_path / "l.yaml"), target="local")
     ev = yaml.safe_load(out.read_text())["root"]["dag"]["tasks"]["evaluate"]["inputs"]["parameters"]
     assert ev["reference_uri"]["runtimeValue"]["constant"] == str(model)
+
+
+def test_training_job_execs_python_so_sigterm_reaches_train_lora(tmp_path):
+    """Vertex sends SIGTERM on preemption to the container's main process: it must be Python."""
+    raw, _ = _compiled(str(SEED), tmp_path)
+    container = _worker_pools(raw)[0]["container_spec"]
+    script = container["command"][2]
+    assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in script
+    # nothing after the exec line that would never run
+    assert script.rstrip().endswith('"$@"')
