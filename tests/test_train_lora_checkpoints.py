@@ -202,3 +202,22 @@ def test_single_node_sync_writes_no_node_marker(tmp_path):
     assert (durable / "checkpoint-2" / ck.MARKER).is_file()
     assert not list((durable / "checkpoint-2").glob("NODE_*.json"))
     assert "nodes" not in json.loads((durable / "checkpoint-2" / ck.MARKER).read_text())
+
+
+def test_a_half_written_node_marker_is_waited_for_not_failed(nodes):
+    """The chief can read NODE_1.json while the worker writes it: that is 'not yet', not an error."""
+    chief, worker, durable = nodes
+    _worker_ckpt(worker.output_dir, 2)
+    _chief_ckpt(chief.output_dir, 2)
+    chief.sync_once()
+    worker.sync_once()
+    dest = durable / "checkpoint-2"
+    full = ck.node_marker(dest, 1).read_text()
+    ck.node_marker(dest, 1).write_text(full[: len(full) // 2])  # as seen mid-write
+    (dest / ck.MARKER).unlink(missing_ok=True)
+    assert ck.complete_multinode(dest, 2) is False
+    ck.node_marker(dest, 1).write_text(full)
+    assert ck.complete_multinode(dest, 2) is True
+    assert ck.verify_checkpoint(dest)
+    # markers are written through a temporary file beside the folder, never inside it
+    assert not [p for p in dest.rglob("*.tmp")] and not [p for p in durable.glob("*.tmp")]

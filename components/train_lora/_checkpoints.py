@@ -177,7 +177,14 @@ def _copy_verified(src: Path, dest: Path, manifest: dict[str, dict[str, object]]
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    """Writes a marker so that a reader sees either no file or the whole file.
+
+    The text goes to a temporary file beside the checkpoint folder (never inside it, where
+    it could be taken for a checkpoint file), then is renamed into place.
+    """
+    tmp = path.parent.parent / f".{path.parent.name}.{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def copy_node_files(src: str | Path, dest_root: str | Path, node_rank: int) -> Path:
@@ -234,11 +241,11 @@ def complete_multinode(folder: str | Path, nnodes: int) -> bool:
 
     Returns:
         True once the checkpoint is complete (marker written now or before); False while a
-        node's marker is missing.
+        node's marker is missing or not readable yet.
 
     Raises:
-        CheckpointError: A node's marker is unreadable, two nodes list the same file, or a
-            listed file is missing or has another size.
+        CheckpointError: Two nodes list the same file, or a listed file is missing or has
+            another size.
     """
     base = Path(folder)
     if verify_checkpoint(base, deep=False):
@@ -250,7 +257,7 @@ def complete_multinode(folder: str | Path, nnodes: int) -> bool:
     for rank in range(nnodes):
         part = _read_json(node_marker(base, rank))
         if not part or not isinstance(part.get("files"), dict):
-            raise CheckpointError(f"{node_marker(base, rank)}: unreadable node marker")
+            return False  # still being written (or broken): waited for until the node timeout
         for rel, want in part["files"].items():
             if rel in union:
                 raise CheckpointError(f"{base / rel}: written by node {owner[rel]} and node {rank}; "
