@@ -40,6 +40,8 @@ SEED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen3_vl_4b" / 
 # everything else is an ms-swift argument.
 PROFILES: dict[str, dict[str, Any]] = {
     "seed": {"batch": 1},
+    # the seed's multi-GPU default (DESIGN: ZeRO-3 when more than one GPU)
+    "seed_zero3": {"batch": 1, "deepspeed": "zero3"},
     # the frozen ViT gets no gradients (ms-swift otherwise checkpoints it and back-propagates
     # through all 24 blocks because vit_gradient_checkpointing follows gradient_checkpointing)
     "seed_novitgc": {"batch": 1, "vit_gradient_checkpointing": False},
