@@ -105,7 +105,7 @@ def main() -> None:
     os.environ.setdefault("MAX_PIXELS", str(1024 * 1024))
     import torch
 
-    from benchmarks.qwen3_vl_4b import build_qwen3_vl_4b
+    from benchmarks.qwen3_vl_4b import bench_model
     from components.evaluate.core import load_eval_rows, swift_generate
     from components.merge_export.core import merge_export
     from components.train_lora.core import train_lora
@@ -117,12 +117,7 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     summary: dict = {"gpu": torch.cuda.get_device_name(0) if gpu else "cpu", "torch": torch.__version__}
     t = time.time()
-    if args.tiny:
-        from pipelines.demo.tiny_model import ensure_tiny_model
-
-        model_dir = ensure_tiny_model()
-    else:
-        model_dir = build_qwen3_vl_4b(out / "model")
+    model_dir = bench_model(out, tiny=args.tiny, reuse=False)
     summary["build_model_s"] = round(time.time() - t, 1)
 
     t = time.time()

@@ -96,5 +96,29 @@ def build_qwen3_vl_4b(out_dir: str | Path, seed: int = 0) -> Path:
     return out
 
 
+def bench_model(out_dir: str | Path, tiny: bool = False, existing: str = "", reuse: bool = True) -> Path:
+    """The model a GPU benchmark runs on.
+
+    Args:
+        out_dir: The benchmark's output folder (the 4B model goes to `out_dir/model`).
+        tiny: The project's tiny CPU model instead (smoke runs). Default False.
+        existing: A model folder to use as it is. Default "" (none).
+        reuse: Keep a 4B model already built in `out_dir/model`. Default True.
+
+    Returns:
+        The model folder.
+    """
+    if existing:
+        return Path(existing)
+    if tiny:
+        from pipelines.demo.tiny_model import ensure_tiny_model
+
+        return Path(ensure_tiny_model())
+    model_dir = Path(out_dir) / "model"
+    if reuse and (model_dir / "config.json").is_file():
+        return model_dir
+    return build_qwen3_vl_4b(model_dir)
+
+
 if __name__ == "__main__":
     print(build_qwen3_vl_4b(sys.argv[1]))

@@ -25,7 +25,7 @@ L = label tokens, P = ViT patches (4 per image token for spatial merge 2).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
@@ -235,7 +235,3 @@ def peak_flops_for(device_name: str) -> float:
         if key in device_name.upper():
             return value
     raise ValueError(f"no peak bf16 figure for device {device_name!r}; add it to PEAK_BF16_FLOPS")
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return asdict(obj)

@@ -234,7 +234,7 @@ def main() -> None:
     os.environ.setdefault("MAX_PIXELS", str(1024 * 1024))
     import torch
 
-    from benchmarks.qwen3_vl_4b import build_qwen3_vl_4b
+    from benchmarks.qwen3_vl_4b import bench_model
     from components.validate_data.core import validate_data
     from pipelines.demo.drawings import generate_dataset
 
@@ -244,16 +244,7 @@ def main() -> None:
     device = torch.cuda.get_device_name(0) if gpus else "cpu"
     peak = peak_flops_for(device) if gpus else 1e12
     t = time.time()
-    if args.model:
-        model_dir = Path(args.model)
-    elif args.tiny:
-        from pipelines.demo.tiny_model import ensure_tiny_model
-
-        model_dir = Path(ensure_tiny_model())
-    else:
-        model_dir = out / "model"
-        if not (model_dir / "config.json").is_file():
-            build_qwen3_vl_4b(model_dir)
+    model_dir = bench_model(out, tiny=args.tiny, existing=args.model)
     build_s = time.time() - t
     n_train = args.n_train or args.samples_per_step * max(args.steps, args.seed_steps) + 8
     train_dir = out / f"train-{n_train}"

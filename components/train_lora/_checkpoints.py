@@ -34,6 +34,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from components.train_lora._errors import TrainError
 
@@ -329,6 +330,13 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
     return deleted
 
 
+def local_checkpoints(output_dir: str | Path) -> list[Path]:
+    """swift's local `checkpoint-N` folders (finished or not), oldest step first."""
+    found = [(checkpoint_step(p), p) for p in Path(output_dir).glob("checkpoint-*")
+             if p.is_dir() and checkpoint_step(p) is not None]
+    return [p for _, p in sorted(found)]
+
+
 def locally_complete(output_dir: str | Path, final: bool = False) -> list[Path]:
     """swift's local checkpoints that it has finished writing, oldest first.
 
@@ -337,7 +345,7 @@ def locally_complete(output_dir: str | Path, final: bool = False) -> list[Path]:
     takes every checkpoint holding trainer_state.json.
     """
     base = Path(output_dir)
-    ckpts = sorted((checkpoint_step(p), p) for p in base.glob("checkpoint-*") if checkpoint_step(p) is not None)
+    ckpts = [(checkpoint_step(p), p) for p in local_checkpoints(base)]
     if not ckpts:
         return []
     done_step = ckpts[-2][0] if len(ckpts) > 1 else -1
@@ -405,20 +413,32 @@ class CheckpointSync:
                 return self._sync_chief(final)
             return self._sync_worker()
 
-    def _sync_single(self, final: bool) -> list[Path]:
-        new = []
+    def _copy_finished(self, final: bool, copy: Any) -> list[tuple[Path, Path]]:
+        """Copies swift's finished local checkpoints not copied yet with `copy(src, dest_root)`.
+
+        Returns:
+            (local checkpoint, durable copy) of each one copied in this call. A checkpoint
+            rotated away meanwhile is skipped; a failed copy is a warning (retried next time).
+        """
+        copied = []
         for src in locally_complete(self.output_dir, final=final):
             step = checkpoint_step(src)
             if step in self.synced:
                 continue
             try:
-                dest = copy_checkpoint(src, self.dest_root)
+                dest = copy(src, self.dest_root)
             except FileNotFoundError:
                 continue  # rotated away by save_total_limit; a newer one exists
             except (OSError, CheckpointError) as exc:
                 self._warn(f"durable copy of {src} failed: {exc}")
                 continue
             self.synced[step] = dest
+            copied.append((src, dest))
+        return copied
+
+    def _sync_single(self, final: bool) -> list[Path]:
+        new = []
+        for src, dest in self._copy_finished(final, copy_checkpoint):
             new.append(dest)
             print(f"train-lora: checkpoint {src.name} copied to {dest} (verified)", flush=True)
             prune_checkpoints(self.dest_root, self.keep)
@@ -426,19 +446,8 @@ class CheckpointSync:
 
     def _sync_chief(self, final: bool) -> list[Path]:
         new = []
-        for src in locally_complete(self.output_dir, final=final):
-            step = checkpoint_step(src)
-            if step in self.synced:
-                continue
-            try:
-                dest = copy_node_files(src, self.dest_root, 0)
-            except FileNotFoundError:
-                continue
-            except (OSError, CheckpointError) as exc:
-                self._warn(f"durable copy of {src} failed: {exc}")
-                continue
-            self.synced[step] = dest
-            self.pending[step] = time.monotonic()
+        for src, dest in self._copy_finished(final, lambda src, root: copy_node_files(src, root, 0)):
+            self.pending[checkpoint_step(src)] = time.monotonic()
             new.append(dest)
             print(f"train-lora: checkpoint {src.name}: node 0's files copied to {dest} (verified); "
                   f"waiting for the other {self.nnodes - 1} node(s)", flush=True)
@@ -464,14 +473,9 @@ class CheckpointSync:
                            f"{self.node_timeout_s:g} s; not marked complete (a restart will not resume from it)")
         return list(dict.fromkeys(new))
 
-    def _local_checkpoints(self) -> list[Path]:
-        base = self.output_dir
-        found = [(checkpoint_step(p), p) for p in base.glob("checkpoint-*") if p.is_dir() and checkpoint_step(p) is not None]
-        return [p for _, p in sorted(found)]
-
     def _sync_worker(self) -> list[Path]:
         new = []
-        for src in self._local_checkpoints():
+        for src in local_checkpoints(self.output_dir):
             step = checkpoint_step(src)
             dest = self.dest_root / src.name
             if step in self.synced:
@@ -502,7 +506,7 @@ class CheckpointSync:
             return []
         if self.node_rank == 0:
             return sorted(self.pending)
-        local = self._local_checkpoints()
+        local = local_checkpoints(self.output_dir)
         if not local:
             return []
         step = checkpoint_step(local[-1])

@@ -635,8 +635,8 @@ def train_lora(
     )
     if strategy.deepspeed:
         args["deepspeed"] = strategy.deepspeed
-    elif args.get("deepspeed", "x") in _launch.NO_DEEPSPEED:
-        args.pop("deepspeed")
+    elif "deepspeed" in args and args["deepspeed"] in _launch.NO_DEEPSPEED:
+        del args["deepspeed"]  # "none": plain DDP, no DeepSpeed config for swift
     args.update(_launch.distributed_swift_args(args, plan, ddp_timeout_s))
     args.update(tensorboard_args(args, os.environ if environ is None else environ))
     print(f"train-lora: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es) per node, "
