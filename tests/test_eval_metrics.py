@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from components.common import answers
 from components.evaluate import metrics
 from components.evaluate.metrics import (
     aggregate,
@@ -108,6 +109,19 @@ def test_parse_rejects_nan():
 def test_parse_non_string():
     findings, reason = parse_findings(None)  # type: ignore[arg-type]
     assert findings is None and "not a string" in reason
+
+
+def test_parse_findings_is_the_shared_one():
+    # validate-data checks training answers with the same parser evaluate scores with
+    assert parse_findings is answers.parse_findings
+
+
+def test_extract_fenced_finds_the_block_by_info_string():
+    text = "intro\n```python\nx = 1\n```\n``` JSON \n[1]\n```\n```\n[2]\n```"
+    assert answers.extract_fenced(text) == "[1]\n"
+    assert answers.extract_fenced(text, "") == "[2]\n"
+    assert answers.extract_fenced(text, "yaml") is None
+    assert answers.extract_fenced("```json\n[3") == "[3"  # an unclosed fence runs to the end
 
 
 # ----------------------------------------------------------------------- iou
@@ -240,7 +254,11 @@ def test_score_empty_pred_and_empty_gold_is_perfect():
 def test_score_empty_pred_nonempty_gold():
     s = score_sample("```json\n[]\n```", answer([HOLE, TITLE]), 0.5)
     assert (s["json_valid"], s["exact_match"], s["tp"], s["fp"], s["fn"]) == (
-        True, False, 0, 0, 2,
+        True,
+        False,
+        0,
+        0,
+        2,
     )
     agg = aggregate([s])
     assert (agg["precision"], agg["recall"], agg["f1"]) == (0.0, 0.0, 0.0)

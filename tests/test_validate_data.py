@@ -26,7 +26,10 @@ def png(path: Path, size: tuple[int, int] = (64, 48), color=(200, 30, 30), mode:
 def row(question: str, images: list[str] | None = None, answer: str | None = None, system: str | None = None) -> dict:
     images = images or []
     answer = fenced(0) if answer is None else answer
-    messages = [{"role": "user", "content": "<image>" * len(images) + question}, {"role": "assistant", "content": answer}]
+    messages = [
+        {"role": "user", "content": "<image>" * len(images) + question},
+        {"role": "assistant", "content": answer},
+    ]
     if system:
         messages.insert(0, {"role": "system", "content": system})
     out = {"messages": messages}
@@ -117,8 +120,24 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         "E_JSON": '{"messages": [{"role": "user", "content": "hi"}',
         "E_SCHEMA": line({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ROLE": line({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "a"}]}),
-        "E_ORDER": line({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]}),
-        "E_IMAGE_COUNT": line({"messages": [{"role": "user", "content": "<image><image>q"}, {"role": "assistant", "content": fenced(0)}], "images": ["img/d0.png"]}),
+        "E_ORDER": line(
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "user", "content": "b"},
+                    {"role": "assistant", "content": "c"},
+                ]
+            }
+        ),
+        "E_IMAGE_COUNT": line(
+            {
+                "messages": [
+                    {"role": "user", "content": "<image><image>q"},
+                    {"role": "assistant", "content": fenced(0)},
+                ],
+                "images": ["img/d0.png"],
+            }
+        ),
         "E_ANSWER": line(row("q", ["img/d0.png"], answer="two holes at [1, 2]")),
         "E_IMAGE_PATH": line(row("q", ["../../etc/passwd"])),
         "E_IMAGE_FETCH": line(row("q", [f"http://127.0.0.1:{closed_port()}/a.png"])),
@@ -166,7 +185,9 @@ def test_each_check_fires_on_its_own_line(data, run, monkeypatch, code):
     train, evals = run.rows()
     kept = train + evals
     assert len(kept) == 4
-    assert sorted(r["messages"][0]["content"] for r in kept) == sorted(json.loads(g)["messages"][0]["content"] for g in good)
+    assert sorted(r["messages"][0]["content"] for r in kept) == sorted(
+        json.loads(g)["messages"][0]["content"] for g in good
+    )
 
 
 def test_messages_name_the_problem(data, run, monkeypatch):
@@ -252,7 +273,14 @@ def test_system_prompt_and_multi_turn_are_valid(data, run):
 # http(s), gs:// and base64 images are supported (tests/test_validate_data_sources.py);
 # these forms are not.
 @pytest.mark.parametrize(
-    "ref", ["ftp://example.com/a.png", "gs://bucket-only", "data:image/png,not-base64", "../data/img/d0.png", "../../etc/passwd"]
+    "ref",
+    [
+        "ftp://example.com/a.png",
+        "gs://bucket-only",
+        "data:image/png,not-base64",
+        "../data/img/d0.png",
+        "../../etc/passwd",
+    ],
 )
 def test_image_path_variants(data, run, ref):
     path = write_lines(data / "sub" / "train.jsonl", [line(row(f"q{i}")) for i in range(4)] + [line(row("q", [ref]))])
@@ -459,7 +487,9 @@ def test_bom_and_crlf_are_accepted(data, run):
     assert result.issues == []
     assert result.counts["n_valid"] == 4
     train, evals = run.rows()
-    assert sorted(json.dumps(r["messages"]) for r in train + evals) == sorted(json.dumps(json.loads(x)["messages"]) for x in lines)
+    assert sorted(json.dumps(r["messages"]) for r in train + evals) == sorted(
+        json.dumps(json.loads(x)["messages"]) for x in lines
+    )
 
 
 def test_blank_lines_are_ignored_but_counted_for_line_numbers(data, run):
@@ -469,6 +499,61 @@ def test_blank_lines_are_ignored_but_counted_for_line_numbers(data, run):
     result = run([path], max_invalid_fraction=0.5)
     assert result.counts["n_lines"] == 5
     assert [(i.line, i.code) for i in result.issues] == [(6, "E_JSON")]
+
+
+# --- line accounting: train + eval + quarantined == non-blank lines read -----------
+
+
+def test_line_accounting_holds_and_skips_blank_lines(data, run, monkeypatch):
+    seen = []
+    check = core._check_line_accounting
+
+    def spy(files, train, held_out, rejected):
+        n_rows = check(files, train, held_out, rejected)
+        seen.append(([(f.n_read, f.n_blank) for f in files], n_rows, len(train) + len(held_out), len(rejected)))
+        return n_rows
+
+    monkeypatch.setattr(core, "_check_line_accounting", spy)
+    good = [line(r) for r in good_rows(6)]
+    one = write_lines(data / "one.jsonl", [good[0], "", "{bad", "  ", good[1], "\r", good[2]])
+    two = write_lines(data / "two.jsonl", ["", good[3], good[0], good[4]])  # good[0]: a duplicate
+    result = run([one, two], max_invalid_fraction=0.5)
+    assert seen == [([(7, 3), (4, 1)], 7, 5, 2)]
+    assert result.counts["n_lines"] == 7 == result.counts["n_valid"] + result.counts["n_invalid"]
+
+
+def _drop_a_train_row(monkeypatch):
+    split = core._split
+
+    def lossy_split(checked, **kwargs):
+        train, held_out = split(checked, **kwargs)
+        return train[1:], held_out
+
+    monkeypatch.setattr(core, "_split", lossy_split)
+
+
+def _drop_a_rejected_row(monkeypatch):
+    check_rows = core._check_rows
+
+    def lossy_check_rows(*args, **kwargs):
+        checked, rejected = check_rows(*args, **kwargs)
+        return checked, rejected[1:]
+
+    monkeypatch.setattr(core, "_check_rows", lossy_check_rows)
+
+
+@pytest.mark.parametrize("lose", [_drop_a_train_row, _drop_a_rejected_row])
+def test_a_lost_row_is_a_line_accounting_error(data, run, monkeypatch, lose):
+    lose(monkeypatch)
+    good = [line(r) for r in good_rows()]
+    path = write_lines(data / "train.jsonl", good + ["", line(row("q", ["img/nope.png"]))])
+    with pytest.raises(core.LineAccountingError) as info:
+        run([path], max_invalid_fraction=0.5)
+    message = str(info.value)
+    assert "5 non-blank lines read" in message and f"{path}: 6 read, 1 blank" in message
+    assert message.endswith("= 4"), message
+    assert not isinstance(info.value, DataError)  # a bug here, not a problem of the data
+    assert not run.quarantine.exists() and not run.train.exists()  # checked before anything is written
 
 
 def test_several_train_files_are_combined(data, run):
@@ -592,3 +677,14 @@ def test_changed_image_at_the_same_path_is_hashed_again(tmp_path, data):
             if r["messages"][0]["content"].endswith("drawing 0"):
                 assert r["images"][0] == f"images/{hashlib.sha256(new_bytes).hexdigest()[:20]}.png"
                 assert (out_dir / r["images"][0]).read_bytes() == new_bytes
+
+
+def test_unchanged_image_is_hashed_once_per_process(tmp_path, data, monkeypatch):
+    hashed = []
+    sha256_file = core.sha256_file
+    monkeypatch.setattr(core, "_SHA_CACHE", {})
+    monkeypatch.setattr(core, "sha256_file", lambda path, **kw: hashed.append(path) or sha256_file(path, **kw))
+    path = write_lines(data / "train.jsonl", [line(r) for r in good_rows(8)])  # 8 rows, 4 images
+    Run(tmp_path / "one")([path])
+    Run(tmp_path / "two")([path])
+    assert sorted(p.name for p in hashed) == [f"d{i}.png" for i in range(4)]

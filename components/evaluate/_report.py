@@ -11,10 +11,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from components.evaluate.metrics import parse_findings
+from components.common.answers import parse_findings
 
 GOLD_COLOR = (0, 170, 0)
 PRED_COLOR = (220, 0, 0)
@@ -97,7 +98,9 @@ def _metric_table(tuned: dict, reference: dict, reference_name: str) -> str:
             continue
         t, r = tuned.get(key), reference.get(key)
         delta = _fmt("{:+.4f}", t - r) if isinstance(t, (int, float)) and isinstance(r, (int, float)) else "—"
-        rows.append(f"<tr><th>{html.escape(label)}</th><td>{_fmt(fmt, r)}</td><td>{_fmt(fmt, t)}</td><td>{delta}</td></tr>")
+        rows.append(
+            f"<tr><th>{html.escape(label)}</th><td>{_fmt(fmt, r)}</td><td>{_fmt(fmt, t)}</td><td>{delta}</td></tr>"
+        )
     head = f"<tr><th>metric</th><th>{html.escape(reference_name)}</th><th>tuned</th><th>tuned − {html.escape(reference_name)}</th></tr>"
     return f'<table class="metrics">{head}{"".join(rows)}</table>'
 
@@ -113,9 +116,9 @@ def _sample_card(sample: dict[str, Any]) -> str:
     return (
         '<div class="sample">'
         f'<img src="{uri}" alt="line {sample.get("line")}">'
-        f'<div><b>line {sample.get("line")}</b> · tuned F1 {sample_f1(score):.3f} '
-        f'(tp {score.get("tp", 0)}, fp {score.get("fp", 0)}, fn {score.get("fn", 0)}) · {html.escape(status)}'
-        f' · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}'
+        f"<div><b>line {sample.get('line')}</b> · tuned F1 {sample_f1(score):.3f} "
+        f"(tp {score.get('tp', 0)}, fp {score.get('fp', 0)}, fn {score.get('fn', 0)}) · {html.escape(status)}"
+        f" · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}"
         f'<div class="label gold">expected ({len(gold)})</div><pre>{html.escape(sample["gold"][:1500])}</pre>'
         f'<div class="label pred">tuned ({len(pred)})</div><pre>{html.escape(sample["tuned"][:1500])}</pre>'
         "</div></div>"
@@ -165,16 +168,20 @@ def render_report(
     Returns:
         A self-contained HTML document.
     """
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+    ]
     if passed is not None:
         cls = "pass" if passed else "fail"
         parts.append(f'<p class="{cls}">{"PASSED" if passed else "FAILED"} the gate</p>')
     if reason:
         parts.append(f"<p>{html.escape(reason)}</p>")
     if reference_detail:
-        parts.append(f"<p>Reference model: <b>{html.escape(reference_name)}</b> "
-                     f"(<code>{html.escape(reference_detail)}</code>)</p>")
+        parts.append(
+            f"<p>Reference model: <b>{html.escape(reference_name)}</b> "
+            f"(<code>{html.escape(reference_detail)}</code>)</p>"
+        )
     parts.append("<h2>Metrics</h2>" + _metric_table(tuned, reference, reference_name))
     worst = worst_samples(samples, worst_n)
     if worst:

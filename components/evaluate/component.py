@@ -52,15 +52,25 @@ def evaluate(
     from collections import namedtuple
 
     from components.evaluate._report import write_report
-    from components.evaluate.core import EvalError, evaluate as run_eval, resolve_reference
+    from components.evaluate.core import EvalError, resolve_reference
+    from components.evaluate.core import evaluate as run_eval
 
     reference = resolve_reference(reference_uri, reference_version, base_model.path)
     print(f"evaluate: reference model: {reference.label} ({reference_uri or base_model.uri})", flush=True)
     try:
         result = run_eval(
-            tuned_model.path, reference.model_dir, base_model.metadata.get("model_type", ""), eval_dataset.path,
-            predictions.path, max_new_tokens, batch_size, max_samples, iou_threshold,
-            gate_metric, gate_min_value, gate_min_margin,
+            tuned_dir=tuned_model.path,
+            reference_dir=reference.model_dir,
+            model_type=base_model.metadata.get("model_type", ""),
+            dataset_dir=eval_dataset.path,
+            predictions_out=predictions.path,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            max_samples=max_samples,
+            iou_threshold=iou_threshold,
+            gate_metric=gate_metric,
+            gate_min_value=gate_min_value,
+            gate_min_margin=gate_min_margin,
         )
     except (EvalError, ValueError) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
@@ -71,8 +81,16 @@ def evaluate(
     for key, value in reference.metrics().items():
         metrics.log_metric(key, value)
     metrics.metadata["reference"] = reference.label
-    write_report(report.path, result.tuned, result.reference, result.samples, result.passed, result.reason,
-                 reference_name=reference.label, reference_detail=reference_uri or base_model.uri)
+    write_report(
+        report.path,
+        result.tuned,
+        result.reference,
+        result.samples,
+        result.passed,
+        result.reason,
+        reference_name=reference.label,
+        reference_detail=reference_uri or base_model.uri,
+    )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri
     print(f"evaluate: {result.reason}")

@@ -6,7 +6,7 @@ and reused anywhere.
 A model answer is expected to contain a JSON list of findings, each finding an
 object ``{"label": str, "bbox": [x1, y1, x2, y2]}``, usually inside a
 ```` ```json ```` fenced block. See :func:`parse_findings` for exactly what is
-accepted.
+accepted (it lives in ``components.common.answers`` and is re-exported here).
 
 Box matching: a predicted finding matches a gold finding when the labels are
 equal (exact, case-sensitive string comparison) and their IoU is at least the
@@ -19,11 +19,10 @@ algorithm when scipy is importable, otherwise greedy; see
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+
+from components.common.answers import is_finite_number, parse_findings
 
 try:  # Optional: optimal assignment.
     from scipy.optimize import linear_sum_assignment as _linear_sum_assignment
@@ -47,101 +46,6 @@ GATE_TOLERANCE: float = 1e-9
 MATCH_METHODS: tuple[str, ...] = ("auto", "hungarian", "greedy")
 
 _SAMPLE_KEYS: tuple[str, ...] = ("json_valid", "exact_match", "tp", "fp", "fn")
-
-# A fenced block: three backticks, an optional info string (a word such as
-# ``json``), the body, then closing backticks or the end of the text.
-_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} is not valid JSON")
-
-
-def _extract_json_text(text: str) -> str | None:
-    """Returns the candidate JSON text of an answer (see parse_findings)."""
-    blocks = [(m.group(1).strip().lower(), m.group(2)) for m in _FENCE_RE.finditer(text)]
-    for info, body in blocks:
-        if info == "json":
-            return body
-    for info, body in blocks:
-        if info == "":
-            return body
-    stripped = text.strip()
-    if stripped.startswith(("[", "{")):
-        return stripped
-    start, end = stripped.find("["), stripped.rfind("]")
-    if start != -1 and end > start:
-        return stripped[start : end + 1]
-    return None
-
-
-def _is_number(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
-
-
-def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
-    """Extracts the list of findings from a model answer.
-
-    What is looked at, in this order (the first that applies is used, the
-    others are not tried):
-
-    1. the body of the first fenced block whose info string is ``json``
-       (case-insensitive), e.g. ```` ```json\\n[...]\\n``` ````;
-    2. otherwise the body of the first fenced block without an info string;
-    3. otherwise (no such fenced block) the whole stripped text if it starts
-       with ``[`` or ``{``, else the substring from the first ``[`` to the
-       last ``]``.
-
-    A fence left unclosed (e.g. a generation cut by ``max_new_tokens``) runs
-    to the end of the text. Fenced blocks with another info string (e.g.
-    ``python``) are ignored.
-
-    The candidate text is valid when ``json.loads`` parses it (``NaN`` and
-    ``Infinity`` are rejected) into a list (possibly empty) whose every item
-    is an object with:
-
-    * ``"label"``: a non-empty string;
-    * ``"bbox"``: a list of exactly 4 finite numbers (int or float, not bool).
-
-    Other keys are allowed and dropped. Coordinates are not required to be
-    ordered; a box with ``x2 <= x1`` or ``y2 <= y1`` has zero area and never
-    matches (see :func:`iou`).
-
-    Args:
-        text: The model answer.
-
-    Returns:
-        ``(findings, None)`` with findings normalised to
-        ``[{"label": str, "bbox": [n, n, n, n]}, ...]`` in answer order, or
-        ``(None, reason)`` with a human-readable reason when invalid.
-    """
-    if not isinstance(text, str):
-        return None, f"answer is not a string but {type(text).__name__}"
-    candidate = _extract_json_text(text)
-    if candidate is None:
-        return None, "no JSON list found (no ```json fence and no '[...]')"
-    try:
-        data = json.loads(candidate, parse_constant=_reject_constant)
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        return None, f"invalid JSON: {exc}"
-    if not isinstance(data, list):
-        return None, f"JSON is a {type(data).__name__}, not a list"
-    findings: list[dict] = []
-    for i, item in enumerate(data):
-        if not isinstance(item, dict):
-            return None, f"item {i} is a {type(item).__name__}, not an object"
-        label = item.get("label")
-        if not isinstance(label, str) or not label:
-            return None, f"item {i} has no non-empty string 'label'"
-        bbox = item.get("bbox")
-        if not isinstance(bbox, list) or len(bbox) != 4 or not all(map(_is_number, bbox)):
-            return None, f"item {i} 'bbox' is not a list of 4 finite numbers: {bbox!r}"
-        findings.append({"label": label, "bbox": list(bbox)})
-    return findings, None
 
 
 def _area(box: Sequence[float]) -> float:
@@ -253,18 +157,14 @@ def match_findings(
     for (p, g), score in eligible.items():
         cost[p][g] = -(bonus + score)
     rows, cols = _linear_sum_assignment(cost)
-    return sorted(
-        (int(p), int(g)) for p, g in zip(rows, cols) if (int(p), int(g)) in eligible
-    )
+    return sorted((int(p), int(g)) for p, g in zip(rows, cols) if (int(p), int(g)) in eligible)
 
 
 def _as_key(finding: dict) -> tuple:
     return (finding["label"], tuple(float(v) for v in finding["bbox"]))
 
 
-def score_sample(
-    pred_text: str, gold_text: str, iou_threshold: float = 0.5, method: str = "auto"
-) -> dict:
+def score_sample(pred_text: str, gold_text: str, iou_threshold: float = 0.5, method: str = "auto") -> dict:
     """Scores one model answer against the gold answer.
 
     Args:
@@ -382,7 +282,7 @@ def _metric_value(metrics: dict, metric: str, which: str) -> float:
     if metric not in metrics:
         raise ValueError(f"{which} metrics have no {metric!r}; keys: {sorted(metrics)}")
     value = metrics[metric]
-    if not _is_number(value):
+    if not is_finite_number(value):
         raise ValueError(f"{which} {metric} must be a finite number, got {value!r}")
     return float(value)
 
@@ -423,8 +323,7 @@ def gate(
     checks: list[tuple[bool, str]] = [
         (
             cand >= min_value - GATE_TOLERANCE,
-            f"{metric} {cand:.4f} {'>=' if cand >= min_value - GATE_TOLERANCE else '<'} "
-            f"min_value {min_value:.4f}",
+            f"{metric} {cand:.4f} {'>=' if cand >= min_value - GATE_TOLERANCE else '<'} min_value {min_value:.4f}",
         )
     ]
     if reference is not None:
@@ -434,8 +333,7 @@ def gate(
         checks.append(
             (
                 ok,
-                f"margin {margin:+.4f} over reference {ref:.4f} "
-                f"{'>=' if ok else '<'} min_margin {min_margin:+.4f}",
+                f"margin {margin:+.4f} over reference {ref:.4f} {'>=' if ok else '<'} min_margin {min_margin:+.4f}",
             )
         )
     else:

@@ -144,7 +144,7 @@ _GCS_CLIENT = threading.local()
 
 def gcs_client():
     """Returns a google-cloud-storage client (per thread; honours STORAGE_EMULATOR_HOST)."""
-    from components import _storage
+    from components.common import storage as _storage
 
     key = os.environ.get("STORAGE_EMULATOR_HOST", "")
     cached = getattr(_GCS_CLIENT, "value", None)

@@ -45,18 +45,19 @@ def validate_data(
     """
     from collections import namedtuple
 
-    from components.validate_data.core import DataError, validate_data as validate
+    from components.validate_data.core import DataError
+    from components.validate_data.core import validate_data as validate
 
     try:
         result = validate(
-            [p for p in train_data.split(",") if p],
-            train_dataset.path,
-            eval_dataset.path,
-            quarantine.path,
-            [p for p in eval_data.split(",") if p],
-            eval_fraction,
-            max_invalid_fraction,
-            split_seed,
+            train_files=[p for p in train_data.split(",") if p],
+            train_out=train_dataset.path,
+            eval_out=eval_dataset.path,
+            quarantine_out=quarantine.path,
+            eval_files=[p for p in eval_data.split(",") if p],
+            eval_fraction=eval_fraction,
+            max_invalid_fraction=max_invalid_fraction,
+            split_seed=split_seed,
             report_out=report.path,
             max_length=int(swift_args.get("max_length", 0) or 0),
             task=task,

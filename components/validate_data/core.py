@@ -1,8 +1,13 @@
 """Validate ms-swift JSONL data line by line and write clean train/eval datasets.
 
-Every input line ends up in exactly one place: the clean train set, the clean eval set,
-or the quarantine (with file, line number, a stable code and a message). Nothing is
-dropped silently: `clean + quarantined == input lines`, checked before returning.
+Every non-blank input line ends up in exactly one place: the clean train set, the clean
+eval set, or the quarantine (with file, line number, a stable code and a message).
+Nothing is dropped silently: `train + eval + quarantined == non-blank lines read`, counted
+from every source as it is read and checked before anything is written (a violation is a
+bug here and raises LineAccountingError). A blank line (only ASCII whitespace after the
+end-of-line and a leading BOM are removed; for a line over MAX_LINE_BYTES, its first
+64 KiB) is not a row: it is neither kept nor quarantined, and is not counted in
+`n_lines`, but it still counts for the line numbers.
 
 A dataset written here is a folder:
 
@@ -35,6 +40,8 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from components.common.answers import extract_fenced, parse_findings
+from components.common.files import sha256_file
 from components.validate_data import _sources
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -71,6 +78,10 @@ class DataError(ValueError):
     """The data cannot be validated at all, or fails the policy; the message says why."""
 
 
+class LineAccountingError(RuntimeError):
+    """Train + eval + quarantined rows differ from the rows read: a bug in validate-data, not in the data."""
+
+
 @dataclass
 class Issue:
     """One rejected line."""
@@ -93,7 +104,8 @@ class ValidationResult:
         train_dir: Clean train dataset folder.
         eval_dir: Clean eval dataset folder.
         quarantine: JSONL of rejected lines (file, line, code, message, raw text).
-        counts: n_lines, n_valid, n_invalid, n_train, n_eval, n_images, per-code counts.
+        counts: n_lines (non-blank lines read = n_valid + n_invalid), n_valid, n_invalid,
+            n_train, n_eval, n_images, per-code counts.
         issues: The rejected lines, in input order.
         stats: token_counts (per valid row), token_source ("approx" or the tokenizer),
             max_length, image_sizes ((width, height) per distinct valid image).
@@ -119,7 +131,8 @@ class ValidationResult:
         if tokens:
             limit = self.stats.get("max_length") or "none"
             lines.append(
-                f"tokens per valid row ({self.stats.get('token_source', 'approx')}): median {tokens[len(tokens) // 2]}, "
+                f"tokens per valid row ({self.stats.get('token_source', 'approx')}): "
+                f"median {tokens[len(tokens) // 2]}, "
                 f"p95 {tokens[min(len(tokens) - 1, int(len(tokens) * 0.95))]}, max {tokens[-1]} (max_length {limit})"
             )
         for code in CODES:
@@ -163,16 +176,13 @@ def _check_messages(row: Any) -> list[dict[str, Any]]:
     return messages
 
 
-
 def _check_answer(messages: list[dict[str, Any]], task: str) -> None:
     """Checks that every assistant answer is fenced JSON of the task's shape."""
-    from components.evaluate.metrics import _FENCE_RE, parse_findings
-
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
         text = msg["content"]
-        body = next((m.group(2) for m in _FENCE_RE.finditer(text) if m.group(1).strip().lower() == "json"), None)
+        body = extract_fenced(text, "json")
         if body is None:
             raise _Reject("E_ANSWER", f"messages[{i}] (assistant) has no ```json fenced block")
         if task == "json":
@@ -199,6 +209,7 @@ class _Image:
 
 
 _SHA_CACHE: dict[tuple[Path, int, int], str] = {}
+_HASH_CHUNK = 1 << 20  # bytes read at a time: up to 32 threads hash at once
 
 
 def sha_of_file(path: Path) -> str:
@@ -206,11 +217,7 @@ def sha_of_file(path: Path) -> str:
     st = path.stat()
     key = (path, st.st_size, st.st_mtime_ns)
     if key not in _SHA_CACHE:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        _SHA_CACHE[key] = digest.hexdigest()
+        _SHA_CACHE[key] = sha256_file(path, chunk=_HASH_CHUNK)
     return _SHA_CACHE[key]
 
 
@@ -237,7 +244,8 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
     if min(width, height) < MIN_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
         raise _Reject(
             "E_IMAGE_SIZE",
-            f"image {ref!r} is {width}x{height}; sides must be >= {MIN_IMAGE_SIDE} px and area <= {MAX_IMAGE_PIXELS} px",
+            f"image {ref!r} is {width}x{height}; "
+            f"sides must be >= {MIN_IMAGE_SIDE} px and area <= {MAX_IMAGE_PIXELS} px",
         )
     if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} is {width}x{height}; aspect ratio above {MAX_ASPECT_RATIO}")
@@ -293,6 +301,67 @@ class _Pending:
     is_eval: bool
 
 
+@dataclass
+class _Rejected:
+    """A quarantined line, with its local images for the report's thumbnails."""
+
+    issue: Issue
+    thumbnails: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class _ReadFile:
+    """One input file after the text checks.
+
+    Attributes:
+        name: The file as given (path or gs:// URI).
+        n_read: Lines read from it, blank ones included.
+        n_blank: Blank lines among them (not rows: neither clean nor quarantined).
+        pending: Rows that passed the text checks, in line order.
+        rejected: Lines that failed a text check, in line order.
+    """
+
+    name: str
+    n_read: int
+    n_blank: int
+    pending: list[_Pending]
+    rejected: list[_Rejected]
+
+
+@dataclass
+class _CheckedRow:
+    """A row that passed every check, ready to be written.
+
+    Attributes:
+        row: The parsed JSON row, as read.
+        images: Its inspected images, in the row's order.
+        key: sha256 of its messages and image hashes: the duplicate check and the split key.
+        tokens: Its estimated token count.
+        is_eval: Whether it came from an eval file.
+    """
+
+    row: dict[str, Any]
+    images: list[_Image]
+    key: str
+    tokens: int
+    is_eval: bool
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """Where one run writes: two dataset folders, the quarantine JSONL and the report ("" = none)."""
+
+    train: Path
+    eval: Path
+    quarantine: Path
+    report: str
+
+
+def _raw_text(raw: bytes) -> str:
+    """Returns a quarantined line's text as kept in the quarantine (first 64 KiB)."""
+    return raw[:65536].decode("utf-8", errors="replace")
+
+
 def _open_input(name: str, staging: Path, index: int) -> tuple[Path, str]:
     """Returns (local JSONL path, folder that relative image paths resolve against)."""
     if name.startswith("gs://"):
@@ -308,62 +377,234 @@ def _open_input(name: str, staging: Path, index: int) -> tuple[Path, str]:
     return path, str(path.parent)
 
 
-def _parse_file(
-    name: str, staging: Path, index: int, is_eval: bool, task: str, issues: list[tuple[Issue, list[Path]]]
-) -> list[_Pending]:
-    """Runs the text checks of one file; returns its pending rows, records issues."""
+def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
+    """Runs the text checks of one non-blank line; returns its row or raises _Reject."""
+    if length > MAX_LINE_BYTES:
+        raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Reject("E_ENCODING", f"not UTF-8 at byte {exc.start}") from None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise _Reject("E_JSON", "JSON nested too deeply") from None
+    messages = _check_messages(row)
+    if task:
+        _check_answer(messages, task)
+    return row
+
+
+def _parse_file(name: str, *, index: int, is_eval: bool, task: str, staging: Path) -> _ReadFile:
+    """Reads one file and runs the text checks on each of its non-blank lines."""
     path, base = _open_input(name, staging, index)
-    pending = []
-    n_lines = 0
+    read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
     for number, raw, length in _read_lines(path):
+        read.n_read += 1
         if not raw.strip():
-            continue  # blank lines are not rows
-        n_lines += 1
+            read.n_blank += 1  # blank lines are not rows
+            continue
         try:
-            if length > MAX_LINE_BYTES:
-                raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _Reject("E_ENCODING", f"not UTF-8 at byte {exc.start}") from None
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
-            except RecursionError:
-                raise _Reject("E_JSON", "JSON nested too deeply") from None
-            messages = _check_messages(row)
-            if task:
-                _check_answer(messages, task)
-            sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]
-            pending.append(_Pending(name, number, raw, row, sources, is_eval))
+            row = _parse_line(raw, length, task)
+            sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]  # E_IMAGE_PATH
         except _Reject as rej:
-            text = raw[:65536].decode("utf-8", errors="replace")
-            issues.append((Issue(name, number, rej.code, rej.message, text), []))
-    if n_lines == 0:
+            read.rejected.append(_Rejected(Issue(name, number, rej.code, rej.message, _raw_text(raw))))
+            continue
+        read.pending.append(_Pending(name, number, raw, row, sources, is_eval))
+    if read.n_read == read.n_blank:
         raise DataError(f"{name}: file is empty (no JSONL rows)")
-    return pending
+    return read
 
 
-def _write_dataset(rows: list[tuple[dict[str, Any], list[_Image], str]], out_dir: Path, pool: ThreadPoolExecutor) -> int:
+def _inspect_images(
+    pending: list[_Pending], *, staging: Path, timeout: float, pool: ThreadPoolExecutor
+) -> dict[_sources.Source, _Image | _Reject]:
+    """Inspects every distinct image of the pending rows once, in parallel."""
+    distinct = list(dict.fromkeys(src for p in pending for _, src in p.sources))
+    refs = {src: ref for p in pending for ref, src in p.sources}
+
+    def inspect(src: _sources.Source) -> _Image | _Reject:
+        try:
+            return _inspect_image(src, refs[src], staging, timeout)
+        except _Reject as rej:
+            return rej
+
+    return dict(zip(distinct, pool.map(inspect, distinct)))
+
+
+def _check_row(
+    p: _Pending,
+    inspected: dict[_sources.Source, _Image | _Reject],
+    *,
+    counter: TokenCounter,
+    max_length: int,
+    seen: dict[str, str],
+) -> _CheckedRow:
+    """Runs the image, token and duplicate checks of one row; records it in `seen`; raises _Reject."""
+    images: list[_Image] = []
+    for _, src in p.sources:
+        info = inspected[src]
+        if isinstance(info, _Reject):
+            raise _Reject(info.code, info.message)
+        images.append(info)
+    try:
+        n_tokens = counter.text_tokens(p.row["messages"]) + sum(counter.image_tokens(i.width, i.height) for i in images)
+    except ValueError as exc:
+        raise _Reject("E_IMAGE_SIZE", str(exc)) from None
+    if max_length and n_tokens > max_length:
+        raise _Reject(
+            "E_TOKENS", f"about {n_tokens} tokens ({counter.source}) > max_length {max_length}; "
+            "shrink the images (max_pixels) or raise max_length"
+        )  # fmt: skip
+    key = hashlib.sha256(
+        json.dumps([p.row["messages"], [i.sha for i in images]], sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()
+    if key in seen:
+        raise _Reject("E_DUPLICATE", f"same messages and images as {seen[key]}")
+    seen[key] = f"{p.file}:{p.line}"
+    return _CheckedRow(p.row, images, key, n_tokens, p.is_eval)
+
+
+def _thumbnails(p: _Pending, inspected: dict[_sources.Source, _Image | _Reject]) -> list[Path]:
+    """Returns a rejected row's local images for the report: readable ones, and those of the wrong size."""
+    return [
+        x.path if isinstance(x, _Image) else Path(s.location)
+        for _, s in p.sources
+        if isinstance(x := inspected[s], _Image) or (x.code == "E_IMAGE_SIZE" and s.kind == "file")
+    ]
+
+
+def _check_rows(
+    pending: list[_Pending],
+    inspected: dict[_sources.Source, _Image | _Reject],
+    *,
+    counter: TokenCounter,
+    max_length: int,
+) -> tuple[list[_CheckedRow], list[_Rejected]]:
+    """Runs the row checks in input order; returns (clean rows, rejected rows)."""
+    seen: dict[str, str] = {}  # row key -> file:line of its first occurrence
+    checked, rejected = [], []
+    for p in pending:
+        try:
+            checked.append(_check_row(p, inspected, counter=counter, max_length=max_length, seen=seen))
+        except _Reject as rej:
+            issue = Issue(p.file, p.line, rej.code, rej.message, _raw_text(p.raw))
+            rejected.append(_Rejected(issue, _thumbnails(p, inspected)))
+    return checked, rejected
+
+
+def _split(
+    checked: list[_CheckedRow], *, hash_split: bool, eval_fraction: float, split_seed: str
+) -> tuple[list[_CheckedRow], list[_CheckedRow]]:
+    """Returns (train rows, eval rows): by source file, or by the hash split when `hash_split`."""
+    train = [r for r in checked if not r.is_eval]
+    if not hash_split:
+        return train, [r for r in checked if r.is_eval]
+    positions = {r.key: split_key(r.key, split_seed) for r in train}
+    eval_keys = {k for k, pos in positions.items() if pos < eval_fraction}
+    if not eval_keys and len(train) >= 2:
+        eval_keys = {min(positions, key=positions.get)}
+    return [r for r in train if r.key not in eval_keys], [r for r in train if r.key in eval_keys]
+
+
+def _check_line_accounting(
+    files: list[_ReadFile], train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected]
+) -> int:
+    """Checks that every non-blank line read ended up in exactly one output; returns their number.
+
+    Raises:
+        LineAccountingError: train + eval + quarantined != non-blank lines read.
+    """
+    n_rows = sum(f.n_read - f.n_blank for f in files)
+    if len(train) + len(held_out) + len(rejected) != n_rows:
+        per_file = ", ".join(f"{f.name}: {f.n_read} read, {f.n_blank} blank" for f in files)
+        raise LineAccountingError(
+            f"validate-data lost track of lines (a bug, not a data problem): {n_rows} non-blank lines read "
+            f"({per_file}) but {len(train)} train + {len(held_out)} eval + {len(rejected)} quarantined "
+            f"= {len(train) + len(held_out) + len(rejected)}"
+        )
+    return n_rows
+
+
+def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecutor) -> int:
     """Writes rows + their images into a self-contained dataset folder; returns image count."""
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
     to_copy: dict[str, Path] = {}
     with open(out_dir / "data.jsonl", "w", encoding="utf-8") as f:
-        for row, images, _ in rows:
+        for checked in rows:
             refs = []
-            for image in images:
+            for image in checked.images:
                 name = image.sha[:20] + image.suffix
                 to_copy.setdefault(name, image.path)
                 refs.append(f"images/{name}")
-            out = dict(row)
-            if refs or "images" in row:
+            out = dict(checked.row)
+            if refs or "images" in checked.row:
                 out["images"] = refs
             f.write(json.dumps(out, ensure_ascii=False) + "\n")
     # a copy, not a link: a validated dataset must not change with its source
     list(pool.map(lambda item: shutil.copyfile(item[1], image_dir / item[0]), to_copy.items()))
     return len(to_copy)
+
+
+def _write_outputs(
+    train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected], outputs: _Outputs,
+    pool: ThreadPoolExecutor,
+) -> int:  # fmt: skip
+    """Writes the quarantine and both datasets; returns the number of images written."""
+    outputs.quarantine.parent.mkdir(parents=True, exist_ok=True)
+    with open(outputs.quarantine, "w", encoding="utf-8") as f:
+        for r in rejected:
+            f.write(json.dumps(r.issue.__dict__, ensure_ascii=False) + "\n")
+    return _write_dataset(train, outputs.train, pool) + _write_dataset(held_out, outputs.eval, pool)
+
+
+def _result(
+    checked: list[_CheckedRow], train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected],
+    *, n_lines: int, n_images: int, outputs: _Outputs, counter: TokenCounter, max_length: int,
+    max_invalid_fraction: float,
+) -> ValidationResult:  # fmt: skip
+    """Gathers the counts and statistics of a run into its ValidationResult."""
+    counts: dict[str, int] = {
+        "n_lines": n_lines,
+        "n_valid": len(train) + len(held_out),
+        "n_invalid": len(rejected),
+        "n_train": len(train),
+        "n_eval": len(held_out),
+        "n_images": n_images,
+    }
+    for r in rejected:
+        counts[r.issue.code] = counts.get(r.issue.code, 0) + 1
+    valid_images = {id(i): i for r in train + held_out for i in r.images}.values()
+    stats = {
+        "token_counts": [r.tokens for r in checked],
+        "token_source": counter.source,
+        "max_length": max_length,
+        "max_invalid_fraction": max_invalid_fraction,
+        "image_sizes": [(i.width, i.height) for i in {i.sha: i for i in valid_images}.values()],
+    }
+    issues = [r.issue for r in rejected]
+    return ValidationResult(
+        str(outputs.train), str(outputs.eval), str(outputs.quarantine), counts, issues, stats, outputs.report
+    )
+
+
+def _enforce_policy(result: ValidationResult, max_invalid_fraction: float) -> None:
+    """Raises DataError when too many lines are invalid or a dataset came out empty."""
+    c = result.counts
+    invalid_fraction = c["n_invalid"] / c["n_lines"]
+    if invalid_fraction > max_invalid_fraction:
+        raise DataError(
+            f"{c['n_invalid']} of {c['n_lines']} lines invalid ({invalid_fraction:.1%} > "
+            f"max_invalid_fraction {max_invalid_fraction:.1%}); fix them or raise data.max_invalid_fraction\n"
+            + result.summary()
+        )
+    if not c["n_train"]:
+        raise DataError("no valid training rows left\n" + result.summary())
+    if not c["n_eval"]:
+        raise DataError("no valid eval rows: pass an eval file or more training rows\n" + result.summary())
 
 
 def split_key(row_key: str, salt: str) -> float:
@@ -428,6 +669,8 @@ def validate_data(
         DataError: A file is missing or empty, the model folder has no tokenizer, the task
             is unknown, fewer than one valid train row, or the invalid fraction exceeds
             `max_invalid_fraction` (message holds the summary).
+        LineAccountingError: Clean + quarantined rows differ from the non-blank lines read
+            (a bug in this module; nothing is written).
     """
     if task not in TASKS:
         raise DataError(f"task {task!r} is not one of {TASKS}")
@@ -436,131 +679,67 @@ def validate_data(
     except ValueError as exc:
         raise DataError(str(exc)) from None
     workers = workers or min(32, 4 * (os.cpu_count() or 1))
+    outputs = _Outputs(Path(train_out), Path(eval_out), Path(quarantine_out), report_out or "")
     staging = Path(tempfile.mkdtemp(prefix="validate-data-"))
     try:
         with ThreadPoolExecutor(workers) as pool:
             return _validate(
-                train_files, eval_files or [], Path(train_out), Path(eval_out), Path(quarantine_out),
-                eval_fraction, max_invalid_fraction, split_seed, report_out, counter, max_length, task,
-                fetch_timeout, staging, pool,
-            )  # fmt: skip
+                train_files=[str(f) for f in train_files],
+                eval_files=[str(f) for f in eval_files or []],
+                outputs=outputs,
+                task=task,
+                counter=counter,
+                max_length=max_length,
+                fetch_timeout=fetch_timeout,
+                eval_fraction=eval_fraction,
+                split_seed=split_seed,
+                max_invalid_fraction=max_invalid_fraction,
+                staging=staging,
+                pool=pool,
+            )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def _validate(
-    train_files, eval_files, train_out, eval_out, quarantine, eval_fraction, max_invalid_fraction, split_seed,
-    report_out, counter, max_length, task, fetch_timeout, staging, pool,
-) -> ValidationResult:  # fmt: skip
-    issues: list[tuple[Issue, list[Path]]] = []  # with the local images, for the report's thumbnails
-    pending = [
-        p
-        for i, (name, is_eval) in enumerate([(f, False) for f in train_files] + [(f, True) for f in eval_files])
-        for p in _parse_file(str(name), staging, i, is_eval, task, issues)
+    *,
+    train_files: list[str],
+    eval_files: list[str],
+    outputs: _Outputs,
+    task: str,
+    counter: TokenCounter,
+    max_length: int,
+    fetch_timeout: float,
+    eval_fraction: float,
+    split_seed: str,
+    max_invalid_fraction: float,
+    staging: Path,
+    pool: ThreadPoolExecutor,
+) -> ValidationResult:
+    """Runs the phases in order: read, inspect images, check rows, split, account, write, report, policy."""
+    inputs = [(name, False) for name in train_files] + [(name, True) for name in eval_files]
+    files = [
+        _parse_file(name, index=i, is_eval=is_eval, task=task, staging=staging)
+        for i, (name, is_eval) in enumerate(inputs)
     ]
+    pending = [p for f in files for p in f.pending]
+    inspected = _inspect_images(pending, staging=staging, timeout=fetch_timeout, pool=pool)
+    checked, rejected_rows = _check_rows(pending, inspected, counter=counter, max_length=max_length)
+    rejected = [r for f in files for r in f.rejected] + rejected_rows
+    order = [name for name, _ in inputs]
+    rejected.sort(key=lambda r: (order.index(r.issue.file), r.issue.line))
 
-    # every distinct image once, in parallel
-    distinct = list(dict.fromkeys(src for p in pending for _, src in p.sources))
-    refs = {src: ref for p in pending for ref, src in p.sources}
+    train, held_out = _split(checked, hash_split=not eval_files, eval_fraction=eval_fraction, split_seed=split_seed)
+    n_lines = _check_line_accounting(files, train, held_out, rejected)
 
-    def inspect(src):
-        try:
-            return _inspect_image(src, refs[src], staging, fetch_timeout)
-        except _Reject as rej:
-            return rej
-
-    inspected = dict(zip(distinct, pool.map(inspect, distinct)))
-
-    seen: dict[str, str] = {}
-    train_rows, eval_rows, token_counts = [], [], []
-    for p in pending:
-        images: list[_Image] = []
-        try:
-            for ref, src in p.sources:
-                info = inspected[src]
-                if isinstance(info, _Reject):
-                    raise _Reject(info.code, info.message)
-                images.append(info)
-            try:
-                n_tokens = counter.text_tokens(p.row["messages"]) + sum(counter.image_tokens(i.width, i.height) for i in images)
-            except ValueError as exc:
-                raise _Reject("E_IMAGE_SIZE", str(exc)) from None
-            if max_length and n_tokens > max_length:
-                raise _Reject(
-                    "E_TOKENS", f"about {n_tokens} tokens ({counter.source}) > max_length {max_length}; "
-                    "shrink the images (max_pixels) or raise max_length"
-                )  # fmt: skip
-            key = hashlib.sha256(
-                json.dumps([p.row["messages"], [i.sha for i in images]], sort_keys=True, ensure_ascii=False).encode()
-            ).hexdigest()
-            if key in seen:
-                raise _Reject("E_DUPLICATE", f"same messages and images as {seen[key]}")
-            seen[key] = f"{p.file}:{p.line}"
-            token_counts.append(n_tokens)
-            (eval_rows if p.is_eval else train_rows).append((p.row, images, key))
-        except _Reject as rej:
-            text = p.raw[:65536].decode("utf-8", errors="replace")
-            local = [  # for the report's thumbnails: readable images, and those of the wrong size
-                x.path if isinstance(x, _Image) else Path(s.location)
-                for _, s in p.sources
-                if isinstance(x := inspected[s], _Image) or (x.code == "E_IMAGE_SIZE" and s.kind == "file")
-            ]
-            issues.append((Issue(p.file, p.line, rej.code, rej.message, text), local))
-    issues.sort(key=lambda item: (_file_order(item[0].file, train_files, eval_files), item[0].line))
-
-    if not eval_files:
-        positions = {r[2]: split_key(r[2], split_seed) for r in train_rows}
-        eval_keys = {k for k, pos in positions.items() if pos < eval_fraction}
-        if not eval_keys and len(train_rows) >= 2:
-            eval_keys = {min(positions, key=positions.get)}
-        eval_rows = [r for r in train_rows if r[2] in eval_keys]
-        train_rows = [r for r in train_rows if r[2] not in eval_keys]
-
-    quarantine.parent.mkdir(parents=True, exist_ok=True)
-    with open(quarantine, "w", encoding="utf-8") as f:
-        for issue, _ in issues:
-            f.write(json.dumps(issue.__dict__, ensure_ascii=False) + "\n")
-    n_images = _write_dataset(train_rows, train_out, pool) + _write_dataset(eval_rows, eval_out, pool)
-    n_valid = len(train_rows) + len(eval_rows)
-    counts: dict[str, int] = {
-        "n_lines": n_valid + len(issues),
-        "n_valid": n_valid,
-        "n_invalid": len(issues),
-        "n_train": len(train_rows),
-        "n_eval": len(eval_rows),
-        "n_images": n_images,
-    }
-    for issue, _ in issues:
-        counts[issue.code] = counts.get(issue.code, 0) + 1
-    valid_images = {id(i): i for r in train_rows + eval_rows for i in r[1]}.values()
-    stats = {
-        "token_counts": token_counts,
-        "token_source": counter.source,
-        "max_length": max_length,
-        "max_invalid_fraction": max_invalid_fraction,
-        "image_sizes": [(i.width, i.height) for i in {i.sha: i for i in valid_images}.values()],
-    }
-    result = ValidationResult(
-        str(train_out), str(eval_out), str(quarantine), counts, [i for i, _ in issues], stats, report_out or ""
-    )
-    if report_out:
+    n_images = _write_outputs(train, held_out, rejected, outputs, pool)
+    result = _result(
+        checked, train, held_out, rejected, n_lines=n_lines, n_images=n_images, outputs=outputs,
+        counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
+    )  # fmt: skip
+    if outputs.report:
         from components.validate_data._report import write_report
 
-        write_report(report_out, result, issues)
-    invalid_fraction = len(issues) / counts["n_lines"]
-    if invalid_fraction > max_invalid_fraction:
-        raise DataError(
-            f"{len(issues)} of {counts['n_lines']} lines invalid ({invalid_fraction:.1%} > "
-            f"max_invalid_fraction {max_invalid_fraction:.1%}); fix them or raise data.max_invalid_fraction\n"
-            + result.summary()
-        )
-    if not train_rows:
-        raise DataError("no valid training rows left\n" + result.summary())
-    if not eval_rows:
-        raise DataError("no valid eval rows: pass an eval file or more training rows\n" + result.summary())
+        write_report(outputs.report, result, [(r.issue, r.thumbnails) for r in rejected])
+    _enforce_policy(result, max_invalid_fraction)
     return result
-
-
-def _file_order(name: str, train_files: list[str], eval_files: list[str]) -> int:
-    names = [str(f) for f in list(train_files) + list(eval_files)]
-    return names.index(name) if name in names else len(names)
