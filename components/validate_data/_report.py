@@ -107,6 +107,36 @@ def _sizes_svg(sizes: list[tuple[int, int]], side: int = 260) -> str:
     return "".join(parts)
 
 
+def _data_section(stats: dict) -> str:
+    """Returns the 'Data' section: this run's snapshot and what changed since the champion's data."""
+    lineage = stats.get("lineage")
+    if not lineage:
+        return ""
+    s = lineage["snapshot"]
+    out = [
+        "<h2>Data</h2>",
+        f'<p class="muted">snapshot <code>{escape(s["fingerprint"])}</code>: {len(s["train"])} train file(s), '
+        f"{len(s['eval'])} eval file(s), {lineage['n_rows']} rows</p>",
+    ]
+    since = stats.get("since")
+    if since is None:
+        out.append('<p class="muted">Since the champion\'s data: not known (no champion, or it has no data lineage)</p>')
+        return "".join(out)
+    delta = since["rows_now"] - since["rows_before"]
+    out.append(
+        f"<h3>Since the champion's data (snapshot <code>{escape(since['fingerprint'])}</code>)</h3>"
+        f"<p>{len(since['added'])} file(s) added, {len(since['removed'])} removed, {len(since['changed'])} changed, "
+        f"{since['unchanged']} unchanged; {delta:+d} rows ({since['rows_before']} → {since['rows_now']})</p>"
+    )
+    for label in ("added", "removed", "changed"):
+        names = since[label]
+        if names:
+            shown = "".join(f"<li><code>{escape(n)}</code></li>" for n in names[:20])
+            more = f"<li>… and {len(names) - 20} more</li>" if len(names) > 20 else ""
+            out.append(f"<p>{label}:</p><ul>{shown}{more}</ul>")
+    return "".join(out)
+
+
 def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]]]) -> str:
     """Returns the report's HTML.
 
@@ -174,6 +204,7 @@ def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]
 <h1>validate-data report</h1>
 {verdict}
 <div class="cards">{cards}</div>
+{_data_section(stats)}
 <h2>Checks</h2>
 <table><tr><th>code</th><th>lines</th><th>check</th></tr>{rows}</table>
 <h2>Token length per row</h2>

@@ -9,8 +9,7 @@ from components.images import LIGHT_IMAGE
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
 def validate_data(
-    train_data: str,
-    eval_data: str,
+    snapshot: str,
     eval_fraction: float,
     max_invalid_fraction: float,
     split_seed: str,
@@ -22,12 +21,14 @@ def validate_data(
     report: dsl.Output[dsl.HTML],
     swift_args: dict,
     task: str = "",
+    training_key: str = "",
+    champion_uri: str = "",
 ) -> NamedTuple("Outputs", [("n_train", int), ("n_eval", int)]):
     """Checks every line of the data; writes clean train/eval datasets and a quarantine.
 
     Args:
-        train_data: ms-swift JSONL path(s), comma-separated.
-        eval_data: Held-out JSONL path(s), comma-separated; "" = hash split of train_data.
+        snapshot: The data snapshot (snapshot-data's output, JSON): exactly these files
+            (gs:// generations, local hashes) are read; no eval files = hash split of train.
         eval_fraction: Held-out fraction for the hash split.
         max_invalid_fraction: Largest tolerated fraction of invalid lines.
         split_seed: Salt of the split hash.
@@ -42,19 +43,23 @@ def validate_data(
         swift_args: `swift sft` arguments; rows whose estimated token count exceeds
             their max_length are rejected (no check without max_length).
         task: Answer check: "" none, "json" or "detection". Default "".
+        training_key: Key of the data and training settings (snapshot-data), recorded in
+            the data lineage. Default "".
+        champion_uri: The champion's merged model folder ("" = none): the report says what
+            changed since the data it was trained on. Default "".
     """
     from collections import namedtuple
 
-    from components.validate_data.core import DataError
-    from components.validate_data.core import validate_data as validate
+    from components.validate_data.core import DataError, validate_snapshot
 
     try:
-        result = validate(
-            train_files=[p for p in train_data.split(",") if p],
+        result = validate_snapshot(
+            snapshot,
             train_out=train_dataset.path,
             eval_out=eval_dataset.path,
             quarantine_out=quarantine.path,
-            eval_files=[p for p in eval_data.split(",") if p],
+            training_key=training_key,
+            champion_dir=champion_uri,
             eval_fraction=eval_fraction,
             max_invalid_fraction=max_invalid_fraction,
             split_seed=split_seed,
@@ -72,7 +77,11 @@ def validate_data(
     if tokens:
         metrics.log_metric("tokens_median", tokens[len(tokens) // 2])
         metrics.log_metric("tokens_max", tokens[-1])
-    train_dataset.metadata.update({"rows": result.counts["n_train"], "format": "ms-swift jsonl"})
+    lineage = result.stats["lineage"]
+    metrics.log_metric("data_files", len(lineage["files"]))
+    metrics.metadata["data_snapshot"] = lineage["snapshot"]["fingerprint"]
+    train_dataset.metadata.update({"rows": result.counts["n_train"], "format": "ms-swift jsonl",
+                                   "data_snapshot": lineage["snapshot"]["fingerprint"]})
     eval_dataset.metadata.update({"rows": result.counts["n_eval"], "format": "ms-swift jsonl"})
     quarantine.metadata["rows"] = result.counts["n_invalid"]
     return namedtuple("Outputs", ["n_train", "n_eval"])(result.counts["n_train"], result.counts["n_eval"])

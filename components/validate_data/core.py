@@ -40,6 +40,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from components.common import snapshot as snap
 from components.common.answers import extract_fenced, parse_findings
 from components.common.files import sha256_file
 from components.validate_data import _sources
@@ -362,8 +363,19 @@ def _raw_text(raw: bytes) -> str:
     return raw[:65536].decode("utf-8", errors="replace")
 
 
-def _open_input(name: str, staging: Path, index: int) -> tuple[Path, str]:
-    """Returns (local JSONL path, folder that relative image paths resolve against)."""
+def _open_input(name: str, staging: Path, index: int, entry: dict[str, Any] | None = None) -> tuple[Path, str]:
+    """Returns (local JSONL path, folder that relative image paths resolve against).
+
+    With a snapshot `entry`, the file's bytes are read only if they are still the
+    snapshot's (gs:// generation and CRC32C, local sha256), and parsed from a staging copy.
+    """
+    if entry is not None:
+        local = staging / f"_input_{index}.jsonl"
+        try:
+            local.write_bytes(snap.read_entry(entry))
+        except snap.SnapshotError as exc:
+            raise DataError(str(exc)) from None
+        return local, name.rsplit("/", 1)[0]
     if name.startswith("gs://"):
         local = staging / f"_input_{index}.jsonl"
         try:
@@ -391,15 +403,22 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
         raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise _Reject("E_JSON", "JSON nested too deeply") from None
+    try:  # a \\ud800-style escape decodes to a lone surrogate, which no UTF-8 writer accepts
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _Reject("E_ENCODING", f"a JSON string holds a lone surrogate escape (\\u{ord(exc.object[exc.start]):04x}) "
+                      "that cannot be encoded as UTF-8") from None
     messages = _check_messages(row)
     if task:
         _check_answer(messages, task)
     return row
 
 
-def _parse_file(name: str, *, index: int, is_eval: bool, task: str, staging: Path) -> _ReadFile:
-    """Reads one file and runs the text checks on each of its non-blank lines."""
-    path, base = _open_input(name, staging, index)
+def _parse_file(
+    name: str, *, index: int, is_eval: bool, task: str, staging: Path, entry: dict[str, Any] | None = None
+) -> _ReadFile:
+    """Reads one file (a snapshot `entry` when given) and runs the text checks on each of its non-blank lines."""
+    path, base = _open_input(name, staging, index, entry)
     read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
     for number, raw, length in _read_lines(path):
         read.n_read += 1
@@ -630,6 +649,9 @@ def validate_data(
     task: str = "",
     fetch_timeout: float = 30.0,
     workers: int = 0,
+    snapshot: dict[str, Any] | None = None,
+    lineage: dict[str, Any] | None = None,
+    previous_lineage: dict[str, Any] | None = None,
 ) -> ValidationResult:
     """Validates JSONL files and writes clean train/eval datasets and a quarantine.
 
@@ -661,12 +683,20 @@ def validate_data(
         fetch_timeout: Seconds a single image download (http(s), gs://) may take in all.
             Default 30.
         workers: Threads inspecting images; 0 = 4 per CPU, at most 32. Default 0.
+        snapshot: A data snapshot (components.common.snapshot): when given, `train_files`
+            and `eval_files` must be its files (`snapshot_files`), each read only if it is
+            still the snapshot's, and the data lineage (`LINEAGE_FILE`: the snapshot, rows
+            per file, the `lineage` extras) is written into the train dataset folder and
+            `stats["lineage"]`. Default None.
+        lineage: Extra lineage fields, e.g. {"training_key": ...}. Default None.
+        previous_lineage: The champion's data lineage; the report and `stats["since"]`
+            say what changed since (files added / removed / changed, rows). Default None.
 
     Returns:
         The ValidationResult.
 
     Raises:
-        DataError: A file is missing or empty, the model folder has no tokenizer, the task
+        DataError: A file is missing, empty, or changed since the snapshot; the model folder has no tokenizer, the task
             is unknown, fewer than one valid train row, or the invalid fraction exceeds
             `max_invalid_fraction` (message holds the summary).
         LineAccountingError: Clean + quarantined rows differ from the non-blank lines read
@@ -696,6 +726,9 @@ def validate_data(
                 max_invalid_fraction=max_invalid_fraction,
                 staging=staging,
                 pool=pool,
+                snapshot=snapshot,
+                lineage=lineage,
+                previous_lineage=previous_lineage,
             )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -715,11 +748,15 @@ def _validate(
     max_invalid_fraction: float,
     staging: Path,
     pool: ThreadPoolExecutor,
+    snapshot: dict[str, Any] | None = None,
+    lineage: dict[str, Any] | None = None,
+    previous_lineage: dict[str, Any] | None = None,
 ) -> ValidationResult:
     """Runs the phases in order: read, inspect images, check rows, split, account, write, report, policy."""
     inputs = [(name, False) for name in train_files] + [(name, True) for name in eval_files]
+    entries = _snapshot_entries(snapshot, train_files, eval_files)
     files = [
-        _parse_file(name, index=i, is_eval=is_eval, task=task, staging=staging)
+        _parse_file(name, index=i, is_eval=is_eval, task=task, staging=staging, entry=entries.get(name))
         for i, (name, is_eval) in enumerate(inputs)
     ]
     pending = [p for f in files for p in f.pending]
@@ -737,9 +774,86 @@ def _validate(
         checked, train, held_out, rejected, n_lines=n_lines, n_images=n_images, outputs=outputs,
         counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
     )  # fmt: skip
+    if snapshot is not None:
+        _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, outputs.train)
     if outputs.report:
         from components.validate_data._report import write_report
 
         write_report(outputs.report, result, [(r.issue, r.thumbnails) for r in rejected])
     _enforce_policy(result, max_invalid_fraction)
     return result
+
+
+def snapshot_files(snapshot: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Returns (train files, eval files) of a data snapshot, in its order."""
+    return [e["uri"] for e in snapshot["train"]], [e["uri"] for e in snapshot["eval"]]
+
+
+def _snapshot_entries(
+    snapshot: dict[str, Any] | None, train_files: list[str], eval_files: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Returns {file: snapshot entry}; checks that the files are the snapshot's."""
+    if snapshot is None:
+        return {}
+    train, held_out = snapshot_files(snapshot)
+    if (train, held_out) != (train_files, eval_files):
+        raise DataError("the files to validate are not the snapshot's; pass snapshot_files(snapshot)")
+    return {e["uri"]: e for split in snap.SPLITS for e in snapshot[split]}
+
+
+def _write_lineage(
+    result: ValidationResult, files: list[_ReadFile], rejected: list[_Rejected], snapshot: dict[str, Any],
+    extra: dict[str, Any], previous: dict[str, Any] | None, train_out: Path,
+) -> None:  # fmt: skip
+    """Writes the data lineage into the train dataset folder and the result's stats."""
+    quarantined: dict[str, int] = {}
+    for r in rejected:
+        quarantined[r.issue.file] = quarantined.get(r.issue.file, 0) + 1
+    per_file = {f.name: {"rows": f.n_read - f.n_blank, "quarantined": quarantined.get(f.name, 0)} for f in files}
+    c = result.counts
+    lineage = {**extra, "snapshot": snapshot, "files": per_file, "n_rows": c["n_lines"], "n_train": c["n_train"],
+               "n_eval": c["n_eval"]}
+    (train_out / snap.LINEAGE_FILE).write_text(json.dumps(lineage, indent=1, sort_keys=True), encoding="utf-8")
+    result.stats["lineage"] = lineage
+    if previous is not None:
+        change = snap.diff(previous["snapshot"], snapshot)
+        result.stats["since"] = {
+            "fingerprint": previous["snapshot"].get("fingerprint", ""),
+            "added": change.added, "removed": change.removed, "changed": change.changed,
+            "unchanged": change.unchanged,
+            "rows_before": int(previous.get("n_rows", 0) or 0), "rows_now": c["n_lines"],
+        }  # fmt: skip
+
+
+def validate_snapshot(
+    snapshot_json: str, *, train_out: str, eval_out: str, quarantine_out: str, training_key: str = "",
+    champion_dir: str = "", **kwargs: Any,
+) -> ValidationResult:  # fmt: skip
+    """Validates exactly the files of a data snapshot (snapshot-data's `snapshot` output).
+
+    Args:
+        snapshot_json: The snapshot's JSON text.
+        train_out: Folder for the clean training set.
+        eval_out: Folder for the clean held-out set.
+        quarantine_out: JSONL file for the rejected lines.
+        training_key: Key of data + training settings, recorded in the lineage. Default "".
+        champion_dir: The champion's merged model folder ("" = none): the report says what
+            changed since its data. Default "".
+        **kwargs: The other `validate_data` arguments (eval_fraction, task, model_dir, ...).
+
+    Returns:
+        The ValidationResult; `stats["lineage"]` is the data lineage.
+
+    Raises:
+        DataError: A malformed snapshot, a file changed since the snapshot, or as `validate_data`.
+    """
+    try:
+        snapshot = snap.parse(snapshot_json)
+    except snap.SnapshotError as exc:
+        raise DataError(str(exc)) from None
+    train_files, eval_files = snapshot_files(snapshot)
+    return validate_data(
+        train_files, train_out, eval_out, quarantine_out, eval_files, snapshot=snapshot,
+        lineage={"training_key": training_key} if training_key else {},
+        previous_lineage=snap.read_lineage(champion_dir), **kwargs,
+    )  # fmt: skip

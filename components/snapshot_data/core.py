@@ -1,0 +1,405 @@
+"""Resolve data sources (files, folders / prefixes, globs; local or gs://) to an exact snapshot.
+
+A source is one of (several, comma-separated, in one string):
+
+* a file: `gs://b/data/train.jsonl`, `data/train.jsonl` (taken whatever its name);
+* a folder / prefix: `gs://b/drawings/` (trailing slash) or a local directory: every
+  `*.jsonl` below it, at any depth;
+* a glob: `gs://b/drawings/2026-*/part-*.jsonl`, `data/**/*.jsonl` (`*` and `?` stay inside
+  one path segment, `**` crosses segments, `[...]` is a character class).
+
+Under a folder or glob, only `*.jsonl` files are data; every other file (the images,
+READMEs) is skipped, counted and listed in the snapshot's `skipped` summary, and covered
+by the `assets` digest of the JSONL file's folder (see components.common.snapshot).
+
+For gs:// a source costs one object listing: names, generations, sizes and CRC32Cs come
+from it, no object is read. Locally a JSONL file is hashed (sha256); other files under its
+folder count by size and modification time.
+
+Errors (`SnapshotError`) name the source and the fix: a source that matches no JSONL file,
+a file or bucket that does not exist, a storage error.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.common import snapshot as snap
+from components.common.files import sha256_file
+from components.common.snapshot import SnapshotError
+
+DATA_SUFFIX = ".jsonl"
+GLOB_CHARS = "*?["
+MAX_ASSETS = 200_000  # objects under one dataset folder tracked in its assets digest
+SKIPPED_EXAMPLES = 20
+
+
+@dataclass
+class Resolution:
+    """A snapshot and how it was found.
+
+    Attributes:
+        snapshot: The snapshot dict (components.common.snapshot).
+        skipped: Number of non-JSONL files under folders / globs (not data).
+        skipped_examples: The first few of them.
+        notes: Warnings for the log (assets not tracked, duplicates across sources).
+    """
+
+    snapshot: dict[str, Any]
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def split_sources(text: str) -> list[str]:
+    """Returns the non-empty, stripped comma-separated sources of a string."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """Returns the regex of a glob: `*`/`?` within a segment, `**` across segments, `[...]` classes."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            end = pattern.find("]", i + 2)
+            if end < 0:
+                out.append(re.escape(c))
+                i += 1
+            else:
+                body = pattern[i + 1 : end]
+                out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+                i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _is_glob(source: str) -> bool:
+    return any(ch in source for ch in GLOB_CHARS)
+
+
+# ---------------------------------------------------------------- Cloud Storage
+
+
+def _gs_list(bucket: str, prefix: str) -> list[Any]:
+    from google.api_core import exceptions as gexc
+
+    from components.common import storage
+
+    try:
+        return list(storage.client().list_blobs(bucket, prefix=prefix))
+    except gexc.NotFound:
+        raise SnapshotError(f"gs://{bucket}: bucket not found; check the data source's bucket name") from None
+    except gexc.Forbidden as exc:
+        raise SnapshotError(f"gs://{bucket}/{prefix}: listing forbidden ({str(exc)[:200]}); grant the pipeline's "
+                            "service account roles/storage.objectViewer on the bucket") from None
+    except gexc.GoogleAPIError as exc:
+        raise SnapshotError(f"gs://{bucket}/{prefix}: cannot list ({type(exc).__name__}: {str(exc)[:300]})") from None
+
+
+def _gs_matches(source: str) -> tuple[list[Any], str]:
+    """Returns (blobs the source covers, kind) for one gs:// source; kind is file, prefix or glob."""
+    from components.common import storage
+
+    try:
+        bucket, path = storage.split_gs(source)
+    except ValueError as exc:
+        raise SnapshotError(f"data source {source!r}: {exc}; write gs://BUCKET/PATH") from None
+    if _is_glob(path):
+        first = min(path.index(c) for c in GLOB_CHARS if c in path)
+        regex = glob_regex(path)
+        return [b for b in _gs_list(bucket, path[:first]) if regex.match(b.name)], "glob"
+    if source.endswith("/") or not path:
+        prefix = f"{path}/" if path else ""
+        return _gs_list(bucket, prefix), "prefix"
+    listing = _gs_list(bucket, path)
+    exact = [b for b in listing if b.name == path]
+    if exact:
+        return exact, "file"
+    under = [b for b in listing if b.name.startswith(path + "/")]
+    if under:  # a folder named without its trailing slash
+        return under, "prefix"
+    raise SnapshotError(f"data source {source}: no such object or prefix; check the path "
+                        "(a folder needs objects under it; a glob needs * ? or [...])")
+
+
+def _gs_assets(bucket: str, folder: str, cache: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
+    """Returns {count, digest} of the non-JSONL objects under gs://bucket/folder/ (one listing, cached)."""
+    key = f"gs://{bucket}/{folder}"
+    if key not in cache:
+        prefix = f"{folder}/" if folder else ""
+        blobs = [b for b in _gs_list(bucket, prefix) if not b.name.endswith(DATA_SUFFIX) and not b.name.endswith("/")]
+        if len(blobs) > MAX_ASSETS:
+            notes.append(f"{key}/: {len(blobs)} objects, more than {MAX_ASSETS}: images there are not part of the "
+                         "snapshot; give changed images new names")
+            cache[key] = {"count": len(blobs), "digest": "not-tracked"}
+        else:
+            lines = sorted(f"{b.name[len(prefix):]}\0{b.generation}" for b in blobs)
+            cache[key] = {"count": len(lines), "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+    return cache[key]
+
+
+def _gs_entry(blob: Any, assets: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "uri": f"gs://{blob.bucket.name}/{blob.name}",
+        "size": int(blob.size or 0),
+        "generation": str(blob.generation),
+        "crc32c": blob.crc32c or "",
+        "assets": assets,
+    }
+
+
+# ---------------------------------------------------------------- local files
+
+
+def _local_matches(source: str) -> tuple[list[Path], str]:
+    """Returns (files the source covers, kind) for one local source."""
+    expanded = os.path.expanduser(source)
+    if _is_glob(expanded):
+        found = sorted(Path(p).resolve() for p in globlib.glob(expanded, recursive=True) if os.path.isfile(p))
+        return found, "glob"
+    path = Path(expanded)
+    if path.is_dir():
+        return sorted(p.resolve() for p in path.rglob("*") if p.is_file() and not _hidden(p, path)), "prefix"
+    if path.is_file():
+        return [path.resolve()], "file"
+    raise SnapshotError(f"data source {source}: no such file or folder; check the path (relative paths are "
+                        f"resolved against {os.getcwd()})")
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _local_assets(folder: Path, cache: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
+    key = str(folder)
+    if key not in cache:
+        lines = []
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in filenames:
+                if name.endswith(DATA_SUFFIX) or name.startswith("."):
+                    continue
+                p = Path(dirpath, name)
+                st = p.stat()
+                lines.append(f"{p.relative_to(folder).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
+            if len(lines) > MAX_ASSETS:
+                notes.append(f"{folder}: more than {MAX_ASSETS} files: images there are not part of the snapshot")
+                cache[key] = {"count": len(lines), "digest": "not-tracked"}
+                return cache[key]
+        lines.sort()
+        cache[key] = {"count": len(lines), "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+    return cache[key]
+
+
+def _local_entry(path: Path, assets: dict[str, Any]) -> dict[str, Any]:
+    return {"uri": str(path), "size": path.stat().st_size, "sha256": sha256_file(path), "assets": assets}
+
+
+# ---------------------------------------------------------------- resolution
+
+
+@dataclass
+class _State:
+    assets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
+    """Returns the entries of one source, in name order; skipped files go to `state`."""
+    entries: list[dict[str, Any]] = []
+    skipped_before = len(state.skipped)
+    if source.startswith("gs://"):
+        blobs, kind = _gs_matches(source)
+        blobs = [b for b in blobs if not b.name.endswith("/")]
+        for blob in sorted(blobs, key=lambda b: b.name):
+            uri = f"gs://{blob.bucket.name}/{blob.name}"
+            if kind != "file" and not blob.name.endswith(DATA_SUFFIX):
+                state.skipped.append(uri)
+                continue
+            if uri in state.seen:
+                state.notes.append(f"{uri}: named by more than one source; read once")
+                continue
+            state.seen.add(uri)
+            folder = blob.name.rpartition("/")[0]
+            entries.append(_gs_entry(blob, _gs_assets(blob.bucket.name, folder, state.assets, state.notes)))
+    else:
+        files, kind = _local_matches(source)
+        for path in files:
+            if kind != "file" and not path.name.endswith(DATA_SUFFIX):
+                state.skipped.append(str(path))
+                continue
+            if str(path) in state.seen:
+                state.notes.append(f"{path}: named by more than one source; read once")
+                continue
+            state.seen.add(str(path))
+            entries.append(_local_entry(path, _local_assets(path.parent, state.assets, state.notes)))
+    if not entries:
+        skipped = state.skipped[skipped_before:]
+        hint = f" ({len(skipped)} other files there, e.g. {skipped[0]})" if skipped else ""
+        raise SnapshotError(f"data source {source}: matches no {DATA_SUFFIX} file{hint}; check the prefix or glob, "
+                            "or wait until the data has arrived")
+    return entries
+
+
+def resolve_sources(train: str, eval_: str = "") -> Resolution:
+    """Resolves the train and eval sources to a snapshot.
+
+    Args:
+        train: Training data sources, comma-separated (files, folders / prefixes, globs).
+        eval_: Held-out data sources, the same way. Default "" (validate-data splits train).
+
+    Returns:
+        The Resolution (snapshot, skipped files, notes).
+
+    Raises:
+        SnapshotError: No training source; a source that matches no JSONL file or does not
+            exist; a file named both as train and eval data; a storage error.
+    """
+    train_sources, eval_sources = split_sources(train), split_sources(eval_)
+    if not train_sources:
+        raise SnapshotError("data.train is empty: name at least one JSONL file, folder / prefix or glob")
+    state = _State()
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
+    for split, sources in (("train", train_sources), ("eval", eval_sources)):
+        state.seen = set()  # duplicates within a split are read once; across splits they are an error
+        for source in sources:
+            splits[split].extend(_resolve_one(source, state))
+    both = {e["uri"] for e in splits["train"]} & {e["uri"] for e in splits["eval"]}
+    if both:
+        raise SnapshotError(f"{sorted(both)[0]}: is both training and held-out data; held-out rows must not be "
+                            "trained on: fix data.train / data.eval")
+    return Resolution(
+        snapshot=snap.make(splits["train"], splits["eval"]),
+        skipped=len(state.skipped),
+        skipped_examples=state.skipped[:SKIPPED_EXAMPLES],
+        notes=state.notes,
+    )
+
+
+def summary(resolution: Resolution, previous: dict[str, Any] | None = None) -> str:
+    """Returns the log lines that say what the snapshot holds and what changed since `previous`."""
+    s = resolution.snapshot
+    size = sum(e["size"] for split in snap.SPLITS for e in s[split])
+    lines = [f"data snapshot {s['fingerprint']}: {len(s['train'])} train file(s), {len(s['eval'])} eval file(s), "
+             f"{size} bytes"]
+    if resolution.skipped:
+        lines.append(f"skipped {resolution.skipped} non-JSONL file(s) under the sources (not data), e.g. "
+                     + ", ".join(resolution.skipped_examples[:3]))
+    lines += resolution.notes
+    if previous is not None:
+        change = snap.diff(previous, s)
+        if not change.any:
+            lines.append(f"no new data since snapshot {previous.get('fingerprint')} (the champion's)")
+        else:
+            lines.append(f"since snapshot {previous.get('fingerprint')} (the champion's): {len(change.added)} file(s) "
+                         f"added, {len(change.removed)} removed, {len(change.changed)} changed")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the task
+
+
+
+
+def training_key(snapshot: dict[str, Any], training: dict[str, Any]) -> str:
+    """Returns the 16-hex key of what a training run learns from: the data snapshot and the training settings.
+
+    Args:
+        snapshot: This run's snapshot.
+        training: Everything else that makes the model: base model source and revision,
+            the swift arguments, the split and validation settings.
+    """
+    return hashlib.sha256(snap.canonical({"data": snapshot["fingerprint"], "training": training}).encode()).hexdigest()[:16]
+
+
+@dataclass
+class SnapshotResult:
+    """What snapshot-data outputs.
+
+    Attributes:
+        snapshot_json: The snapshot as canonical JSON (the parameter validate-data reads).
+        fingerprint: The snapshot's 16-hex fingerprint.
+        training_key: Key of data + training settings (see `training_key`).
+        up_to_date: True when the champion was trained on exactly this data and these
+            settings: nothing to train.
+        summary: Log lines (files, skipped, what changed since the champion).
+        metadata: Figures for the manifest artifact.
+    """
+
+    snapshot_json: str
+    fingerprint: str
+    training_key: str
+    up_to_date: bool
+    summary: str
+    metadata: dict[str, Any]
+
+
+def snapshot_data(
+    *, train: str, eval_: str = "", training: dict[str, Any] | None = None, champion_dir: str = "",
+    manifest_out: str | Path | None = None,
+) -> SnapshotResult:
+    """Resolves the sources, compares with the champion's data, writes the manifest.
+
+    Args:
+        train: Training data sources, comma-separated.
+        eval_: Held-out data sources, comma-separated. Default "".
+        training: Training settings that, with the data, make the model (see `training_key`).
+            Default {}.
+        champion_dir: The champion's merged model folder; "" = none (nothing is up to date).
+        manifest_out: Where to write the manifest JSON (snapshot + skipped files). Default:
+            not written.
+
+    Returns:
+        The SnapshotResult.
+
+    Raises:
+        SnapshotError: As `resolve_sources`.
+    """
+    import json
+
+    resolution = resolve_sources(train, eval_)
+    s = resolution.snapshot
+    key = training_key(s, training or {})
+    champion = snap.read_lineage(champion_dir)
+    up_to_date = bool(champion) and champion.get("training_key") == key
+    text = summary(resolution, champion["snapshot"] if champion else None)
+    if up_to_date:
+        text += f"\nthe champion was trained on this data with these settings (key {key}): nothing to train"
+    metadata = {
+        "fingerprint": s["fingerprint"],
+        "training_key": key,
+        "train_files": len(s["train"]),
+        "eval_files": len(s["eval"]),
+        "bytes": sum(e["size"] for split in snap.SPLITS for e in s[split]),
+        "skipped_files": resolution.skipped,
+        "up_to_date": up_to_date,
+    }
+    if manifest_out is not None:
+        manifest = {**s, "training_key": key, "skipped": {"count": resolution.skipped,
+                                                          "examples": resolution.skipped_examples}}
+        Path(manifest_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(manifest_out).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+    return SnapshotResult(snap.canonical(s), s["fingerprint"], key, up_to_date, text, metadata)
