@@ -1,12 +1,14 @@
 """The one schema every file under `configs/` loads into.
 
-A config is value-only YAML with four sections:
+A config is value-only YAML with ten sections (`pipeline`, `model` and `data` required):
 
 * `pipeline`: name and pipeline root (where every task writes its artifacts).
 * `model`: the base model source and the model cache it is staged into.
 * `data`: training / held-out JSONL files and the validation policy.
 * `swift`: arguments for `swift sft`, in ms-swift's own names, passed through unchanged
-  (checked against the installed ms-swift by `components.train_lora.core.check_swift_args`).
+  (a test checks every config's section against the installed ms-swift with
+  `components.train_lora.core.check_swift_args`; loading checks value types and
+  `tuner_type: lora`).
 * `eval`: generation settings, the IoU threshold, the reference model the tuned model is
   compared with (base, the registry's champion, or a model folder) and the promotion gate.
 * `vertex`: project, region, service account, network, experiment, labels, CMEK key,
@@ -14,13 +16,16 @@ A config is value-only YAML with four sections:
   needs none of them, submitting needs `project` and a gs:// `pipeline.root`).
 * `resources`: the GPU profile of train-lora's CustomJob (machine, accelerators, replicas,
   disk, Spot / FLEX_START, reservation) and the machines of the other tasks; checked
-  against the machine-shape and region tables in `pipelines.vertex`.
+  against the machine-shape and region tables in `pipelines.shapes`.
 * `images`: container image overrides (default: `components.images`).
 * `register`: the Vertex Model Registry entry a passing model becomes a version of.
 * `schedule`: the recurring run of `python -m pipelines.schedule`.
 
 Unknown keys and wrong types are errors that name the file, the line, the key and what
 is expected: `ConfigError`, raised before any work starts.
+
+Which keys a run can change (pipeline parameters) and which are fixed when the pipeline
+is compiled: `pipelines.pipeline.RUN_PARAMETERS` and README.md's config table.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from components.common.reference import CHAMPION, reference_problem
+from pipelines import shapes
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_LOCAL_CONFIG = CONFIG_DIR / "local" / "tiny_cpu.yaml"
@@ -91,8 +99,10 @@ class DataSection:
     """Training data and the validation policy.
 
     Attributes:
-        train: ms-swift JSONL file (`messages` + `images`, image paths relative to the file).
-        eval: Held-out JSONL file; empty = split `eval_fraction` off `train`. Default "".
+        train: ms-swift JSONL file(s) (`messages` + `images`, image paths relative to the
+            file), comma-separated.
+        eval: Held-out JSONL file(s), comma-separated; empty = split `eval_fraction` off
+            `train`. Default "".
         eval_fraction: Fraction of `train` held out when `eval` is empty, 0 < f < 1. Default 0.1.
         max_invalid_fraction: Largest fraction of invalid lines tolerated (they are
             quarantined and reported); above it validation fails. Default 0.0.
@@ -164,7 +174,7 @@ class VertexSection:
             train-lora's logs (needs a gs:// `pipeline.root`). Default "".
         template_repo: Artifact Registry KFP repository
             `https://REGION-kfp.pkg.dev/PROJECT/REPO` for `pipelines.upload`. Default "".
-        region_check: Check the region against the GPU table in `pipelines.vertex` (a
+        region_check: Check the region against the GPU table in `pipelines.shapes` (a
             snapshot; turn off if Vertex has added the GPU there since). Default true.
     """
 
@@ -197,10 +207,11 @@ class ResourcesSection:
         timeout_s: Longest training run, seconds. Default 604800 (7 days).
         reservation: "" (none), "any" (any matching reservation) or a reservation name
             `projects/P/zones/Z/reservations/R` (that one only). Default "".
-        eval_accelerator_type: GPU of merge-export and evaluate (one each). Default NVIDIA_TESLA_A100.
+        eval_accelerator_type: GPU of merge-export and evaluate (one each).
+            Default NVIDIA_TESLA_A100.
         eval_cpu: vCPUs of merge-export and evaluate. Default 12.
         eval_memory_gb: Memory of merge-export and evaluate, GB. Default 85.
-        light_cpu: vCPUs of stage-model, validate-data and register. Default 4.
+        light_cpu: vCPUs of stage-model, validate-data, find-champion and register. Default 4.
         light_memory_gb: Memory of the light tasks, GB. Default 16.
     """
 
@@ -226,7 +237,7 @@ class ImagesSection:
     """Container image overrides; "" = the tag in `components.images`.
 
     Attributes:
-        light: CPU image of stage-model, validate-data and register. Default "".
+        light: CPU image of stage-model, validate-data, find-champion and register. Default "".
         train: CUDA image of train-lora, merge-export and evaluate. Default "".
     """
 
@@ -297,7 +308,6 @@ class Config:
 
 
 _GATE_METRICS = ("f1", "precision", "recall", "json_valid_rate", "exact_match_rate")
-REFERENCE_KEYWORDS = ("auto", "base", "champion")
 
 
 def _type_name(tp: Any) -> str:
@@ -459,31 +469,30 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     problem = reference_problem(e.reference)
     if problem:
         raise ConfigError(f"{where('eval.reference')}: 'eval.reference' {e.reference!r}: {problem}")
-    if e.reference == "champion" and not cfg.register.alias:
+    if e.reference == CHAMPION and not cfg.register.alias:
         raise ConfigError(f"{where('eval.reference')}: 'eval.reference' is 'champion' but 'register.alias' is empty; "
                           "set register.alias (the alias that marks the champion, e.g. champion)")
     if "tuner_type" in cfg.swift and cfg.swift["tuner_type"] != "lora":
-        raise ConfigError(f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' (this pipeline trains LoRA adapters)")
+        raise ConfigError(f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' "
+                          "(this pipeline trains LoRA adapters)")
     _check_vertex(cfg, where)
 
 
 def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
-    """Checks the Vertex sections: shapes and regions against `pipelines.vertex`'s tables."""
-    from pipelines import vertex
-
+    """Checks the Vertex sections: shapes and regions against `pipelines.shapes`' tables."""
     v, r, s = cfg.vertex, cfg.resources, cfg.schedule
     checks = [
         ("resources.accelerator_count", r.accelerator_count >= 0, "0 or a positive integer"),
         ("resources.replica_count", r.replica_count >= 1, "a positive integer (machines of the training job)"),
         ("resources.boot_disk_gb", 100 <= r.boot_disk_gb <= 65536, "an integer from 100 to 65536 (GB)"),
         ("resources.boot_disk_type", r.boot_disk_type in ("pd-ssd", "pd-standard"), "'pd-ssd' or 'pd-standard'"),
-        ("resources.scheduling", r.scheduling in vertex.SCHEDULING, "one of " + ", ".join(vertex.SCHEDULING)),
+        ("resources.scheduling", r.scheduling in shapes.SCHEDULING, "one of " + ", ".join(shapes.SCHEDULING)),
         ("resources.max_wait_s", r.max_wait_s > 0, "a positive number of seconds"),
         ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
         ("resources.reservation", r.reservation in ("", "any") or _is_reservation(r.reservation),
          "'', 'any' or 'projects/P/zones/Z/reservations/R'"),
-        ("resources.eval_accelerator_type", r.eval_accelerator_type in vertex.GPU_REGIONS,
-         "one of " + ", ".join(vertex.ACCELERATOR_TYPES)),
+        ("resources.eval_accelerator_type", r.eval_accelerator_type in shapes.GPU_REGIONS,
+         "one of " + ", ".join(shapes.ACCELERATOR_TYPES)),
         ("resources.eval_cpu", r.eval_cpu > 0, "a positive integer"),
         ("resources.eval_memory_gb", r.eval_memory_gb > 0, "a positive integer"),
         ("resources.light_cpu", r.light_cpu > 0, "a positive integer"),
@@ -510,15 +519,19 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
             section, name = key.split(".")
             value = getattr(getattr(cfg, section), name)
             raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {value!r}")
-    problem = vertex.check_machine(r.machine_type, r.accelerator_type, r.accelerator_count)
+    problem = shapes.check_machine(r.machine_type, r.accelerator_type, r.accelerator_count)
     if problem:
-        key = "resources.accelerator_count" if "count" in problem and r.machine_type.startswith("n1-") else "resources.machine_type"
+        n1_count = "count" in problem and r.machine_type.startswith("n1-")
+        key = "resources.accelerator_count" if n1_count else "resources.machine_type"
         raise ConfigError(f"{where(key)}: {problem}")
-    if r.machine_type in vertex.PREEMPTIBLE_ONLY and r.scheduling == "standard":
-        raise ConfigError(f"{where('resources.scheduling')}: {r.machine_type} runs only with scheduling spot or flex_start")
+    if r.machine_type in shapes.PREEMPTIBLE_ONLY and r.scheduling == "standard":
+        raise ConfigError(f"{where('resources.scheduling')}: {r.machine_type} runs only with "
+                          "scheduling spot or flex_start")
     if v.region_check:
-        for key, gpu in (("resources.accelerator_type", r.accelerator_type), ("resources.eval_accelerator_type", r.eval_accelerator_type)):
-            problem = vertex.check_region(gpu, v.region)
+        gpus = (("resources.accelerator_type", r.accelerator_type),
+                ("resources.eval_accelerator_type", r.eval_accelerator_type))
+        for key, gpu in gpus:
+            problem = shapes.check_region(gpu, v.region)
             if problem:
                 raise ConfigError(f"{where(key)}: {problem} (vertex.region at {where('vertex.region')})")
     if s.cron:
@@ -558,41 +571,14 @@ def cron_problem(cron: str) -> str | None:
     return None
 
 
-def reference_problem(reference: str) -> str | None:
-    """Checks `eval.reference`: a keyword, a gs:// URI, a /gcs/ path or an existing local model folder.
-
-    Args:
-        reference: The value, e.g. "auto", "champion", "gs://bucket/models/merged".
-
-    Returns:
-        None when valid, else what is wrong and how to fix it.
-    """
-    if reference in REFERENCE_KEYWORDS:
-        return None
-    if not reference.strip():
-        return "must be auto, base, champion, a gs:// model folder or a local model folder"
-    if reference.startswith("gs://"):
-        bucket, _, prefix = reference[len("gs://"):].partition("/")
-        return None if bucket and prefix.strip("/") else "a gs:// reference must name a folder: gs://BUCKET/PATH"
-    if reference.startswith("/gcs/"):
-        return None  # Cloud Storage FUSE path of a Vertex task; not visible here
-    if "://" in reference:
-        return "must be auto, base, champion, a gs:// URI or a local folder (no other URI schemes)"
-    folder = Path(reference).expanduser()
-    if not folder.is_dir():
-        return f"folder {folder.resolve()} not found (expected auto, base, champion, gs://... or a model folder)"
-    if not (folder / "config.json").is_file():
-        return f"folder {folder.resolve()} has no config.json; it is not a merged model folder"
-    return None
-
-
 def _is_model_id(text: str) -> bool:
     return 1 <= len(text) <= 63 and text[0] not in "0123456789-" and all(
         c.isascii() and (c.islower() or c.isdigit() or c in "_-") for c in text)
 
 
 def _is_alias(text: str) -> bool:
-    return (2 <= len(text) <= 128 and text[0].islower() and text[0].isascii() and (text[-1].islower() or text[-1].isdigit())
+    return (2 <= len(text) <= 128 and text[0].islower() and text[0].isascii()
+            and (text[-1].islower() or text[-1].isdigit())
             and all(c.isascii() and (c.isalnum() or c == "-") for c in text))
 
 

@@ -3,6 +3,26 @@
 `build_pipeline(cfg, target)` returns the pipeline function with the config's values as
 the parameters' defaults, so a run from the Vertex console (or `kfp.local`) needs no typing.
 
+Parameters (what a run can change) and the naming rule:
+
+* The run-time settings are the pipeline's parameters: the `model`, `data`, `swift` and
+  `eval` keys listed in `RUN_PARAMETERS` (every one of those sections' keys except
+  `eval.reference`). They show in the console's "Create run" form with the config's values
+  as defaults, and `pipeline_arguments(cfg)` is what `pipelines.run` / `schedule` submit.
+* A parameter is named `<section>_<key>` after its config key: `data.train` ->
+  `data_train`, `eval.metric` -> `eval_metric`, `model.source` -> `model_source`. The one
+  exception is `swift_args`, the whole `swift` section (ms-swift's own argument names).
+* `RUN_PARAMETERS` is the one table of (parameter name, config path); `pipeline_arguments`
+  is derived from it, and the pipeline function's signature lists the same names (KFP
+  reads the signature; a test checks the two agree).
+* Components keep their own short names (a component does not know config sections); the
+  pipeline function's body is the one place that maps a parameter to a component input,
+  e.g. `data_train` -> validate-data's `train_data`, `eval_max_new_tokens` -> evaluate's
+  `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`.
+* Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
+  `images`, `register`, `vertex` (task machines, images, the CustomJob, the registry
+  entry, labels) and `eval.reference` (whether a find-champion task exists).
+
 Targets (one DAG, same task names):
 
 * `vertex`: train-lora runs as a Vertex CustomJob (GCPC
@@ -17,32 +37,34 @@ Targets (one DAG, same task names):
   model to the Vertex Model Registry and moves `register.alias` (the champion) to it.
 * `local`: plain lightweight components for `kfp.local` (GCPC wrappers do not run locally).
 
-The reference model evaluate compares with (`eval.reference`, see `reference_plan`): with
-`champion` (the default on Vertex when the config names a registry model) a find-champion
-task looks up `register.model_id@register.alias` at the start of the run (no upstream
-task, never cached: the registry changes between runs; train-lora waits for it, so a
-missing permission stops the run before the GPU job starts), evaluate compares with that
-version (the base model when there is none yet), and register refuses to promote if the
-alias has moved to another version while this run was evaluating.
+The reference model evaluate compares with (`eval.reference`, decided by
+`components.common.reference`; see `reference_plan`): with `champion` (the default on
+Vertex when the config names a registry model) a find-champion task looks up
+`register.model_id@register.alias` at the start of the run (no upstream task, never
+cached: the registry changes between runs; train-lora waits for it, so a missing
+permission stops the run before the GPU job starts), evaluate compares with that version
+(the base model when there is none yet), and register refuses to promote if the alias
+has moved to another version while this run was evaluating.
 """
 
 import copy
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from kfp import dsl
 
-from components._storage import to_fuse_path
+from components.common.reference import CHAMPION, plan_reference
+from components.common.storage import to_fuse_path
 from components.evaluate import evaluate
 from components.find_champion import find_champion
 from components.images import resolve_images
 from components.merge_export import merge_export
-from components.stage_model import stage_model
 from components.register import register
+from components.stage_model import stage_model
 from components.train_lora import train_lora
 from components.validate_data import validate_data
 from pipelines.config import Config, ConfigError
-from pipelines.vertex import SCHEDULING
+from pipelines.shapes import SCHEDULING
 
 TASK_ORDER = ("stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
 # Vertex only, after the gate: the condition group and the task inside it.
@@ -50,6 +72,55 @@ REGISTER_TASK = "register"
 # Vertex only, with eval.reference champion: the registry look-up evaluate depends on.
 CHAMPION_TASK = "find-champion"
 TARGETS = ("vertex", "local")
+
+# Every run-time setting: (pipeline parameter, config path). Named `<section>_<key>`;
+# `swift_args` (the whole `swift` section) is the one exception. The order is the
+# pipeline function's signature order.
+RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
+    ("model_source", "model.source"),
+    ("model_cache", "model.cache"),
+    ("model_revision", "model.revision"),
+    ("model_token_from", "model.token_from"),
+    ("model_allow", "model.allow"),
+    ("model_ignore", "model.ignore"),
+    ("data_train", "data.train"),
+    ("data_eval", "data.eval"),
+    ("data_eval_fraction", "data.eval_fraction"),
+    ("data_max_invalid_fraction", "data.max_invalid_fraction"),
+    ("data_split_seed", "data.split_seed"),
+    ("data_task", "data.task"),
+    ("swift_args", "swift"),
+    ("eval_max_new_tokens", "eval.max_new_tokens"),
+    ("eval_batch_size", "eval.batch_size"),
+    ("eval_max_samples", "eval.max_samples"),
+    ("eval_iou_threshold", "eval.iou_threshold"),
+    ("eval_metric", "eval.metric"),
+    ("eval_min_value", "eval.min_value"),
+    ("eval_min_margin", "eval.min_margin"),
+)
+
+
+def pipeline_arguments(cfg: Config) -> dict[str, Any]:
+    """Returns the pipeline's parameter values for a config (what a run passes).
+
+    Args:
+        cfg: The validated config.
+
+    Returns:
+        {parameter name: the config's value}, one entry per `RUN_PARAMETERS` row (lists and
+        mappings copied).
+    """
+    return {name: _config_value(cfg, path) for name, path in RUN_PARAMETERS}
+
+
+def _config_value(cfg: Config, path: str) -> Any:
+    """Returns the value at a dotted config path (`eval.metric`), lists and mappings copied."""
+    value: Any = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    if isinstance(value, (list, dict)):
+        return type(value)(value)
+    return value
 
 
 def build_pipeline(cfg: Config, target: str = "local") -> Any:
@@ -66,36 +137,61 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
 
     Raises:
         ValueError: Unknown target.
+        ConfigError: `eval.reference` names a local folder and the target is Vertex.
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
-    a = pipeline_arguments(cfg)
+    return _define_pipeline(_plan_for(cfg, target), pipeline_arguments(cfg))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The per-target task settings, decided once per build; what the task helpers read.
+
+    Attributes:
+        cfg: The validated config (its compile-time sections: pipeline, resources, register, vertex).
+        vertex: Whether the target is Vertex (task images and machines, CustomJob, register).
+        images: Container images {"light": ..., "train": ...} (`components.images`).
+        train_op: train-lora: a Vertex CustomJob (GCPC wrapper) or the plain component.
+        register_op: register in the light image; None when there is no register step
+            (local target, or no `register.serving_image`).
+        reference: What evaluate compares with: "base", "champion" or "folder".
+        reference_uri: The reference folder when `reference` is "folder"; "" otherwise.
+    """
+
+    cfg: Config
+    vertex: bool
+    images: dict[str, str]
+    train_op: Any
+    register_op: Any
+    reference: str
+    reference_uri: str
+
+
+def _plan_for(cfg: Config, target: str) -> _Plan:
+    """Returns the task settings of a build (raises ConfigError for a reference Vertex cannot read)."""
     vertex = target == "vertex"
-    images = resolve_images(cfg.images.light, cfg.images.train)
-    train_op = _training_job(cfg, images["train"]) if vertex else train_lora
-    register_op = _with_image(register, images["light"]) if vertex and cfg.register.serving_image else None
     reference, reference_uri = reference_plan(cfg, target)
-    root = cfg.pipeline.root
+    images = resolve_images(cfg.images.light, cfg.images.train)
+    return _Plan(
+        cfg=cfg,
+        vertex=vertex,
+        images=images,
+        train_op=_training_job(cfg, images["train"]) if vertex else train_lora,
+        register_op=_with_image(register, images["light"]) if vertex and cfg.register.serving_image else None,
+        reference=reference,
+        reference_uri=reference_uri,
+    )
 
-    def light(task: Any, name: str) -> Any:
-        task.set_display_name(name)
-        if vertex:
-            r = cfg.resources
-            task.set_container_image(images["light"]).set_cpu_limit(str(r.light_cpu)).set_memory_limit(f"{r.light_memory_gb}G")
-        return task
 
-    def gpu(task: Any, name: str) -> Any:
-        task.set_display_name(name)
-        if vertex:
-            r = cfg.resources
-            task.set_container_image(images["train"]).set_accelerator_type(r.eval_accelerator_type).set_accelerator_limit(1)
-            task.set_cpu_limit(str(r.eval_cpu)).set_memory_limit(f"{r.eval_memory_gb}G")
-        return task
+def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
+    """Defines the `@dsl.pipeline` function: the parameters (defaults `a`), then the DAG in task order."""
+    root = plan.cfg.pipeline.root
 
     @dsl.pipeline(
-        name=cfg.pipeline.name,
+        name=plan.cfg.pipeline.name,
         description="Stage a Qwen-VL model, validate ms-swift data, LoRA-tune with ms-swift, merge, evaluate and gate.",
-        pipeline_root=root if vertex and root.startswith("gs://") else None,
+        pipeline_root=root if plan.vertex and root.startswith("gs://") else None,
     )
     def vlm_lora_pipeline(
         model_source: str = a["model_source"],
@@ -104,20 +200,20 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
         model_token_from: str = a["model_token_from"],
         model_allow: list = a["model_allow"],
         model_ignore: list = a["model_ignore"],
-        train_data: str = a["train_data"],
-        eval_data: str = a["eval_data"],
-        eval_fraction: float = a["eval_fraction"],
-        max_invalid_fraction: float = a["max_invalid_fraction"],
-        split_seed: str = a["split_seed"],
+        data_train: str = a["data_train"],
+        data_eval: str = a["data_eval"],
+        data_eval_fraction: float = a["data_eval_fraction"],
+        data_max_invalid_fraction: float = a["data_max_invalid_fraction"],
+        data_split_seed: str = a["data_split_seed"],
         data_task: str = a["data_task"],
         swift_args: dict = a["swift_args"],
         eval_max_new_tokens: int = a["eval_max_new_tokens"],
         eval_batch_size: int = a["eval_batch_size"],
         eval_max_samples: int = a["eval_max_samples"],
-        iou_threshold: float = a["iou_threshold"],
-        gate_metric: str = a["gate_metric"],
-        gate_min_value: float = a["gate_min_value"],
-        gate_min_margin: float = a["gate_min_margin"],
+        eval_iou_threshold: float = a["eval_iou_threshold"],
+        eval_metric: str = a["eval_metric"],
+        eval_min_value: float = a["eval_min_value"],
+        eval_min_margin: float = a["eval_min_margin"],
     ) -> bool:
         """Fine-tunes a vision-language model with LoRA and gates it on held-out data.
 
@@ -129,111 +225,137 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
                 secret name (never the token itself; "" = none).
             model_allow: Only stage model files matching these globs ([] = all).
             model_ignore: Skip model files matching these globs.
-            train_data: ms-swift JSONL file(s), comma-separated.
-            eval_data: Held-out JSONL file(s), comma-separated; empty = split train_data.
-            eval_fraction: Held-out fraction when eval_data is empty.
-            max_invalid_fraction: Largest tolerated fraction of invalid data lines.
-            split_seed: Salt of the deterministic train/eval hash split.
+            data_train: ms-swift JSONL file(s), comma-separated.
+            data_eval: Held-out JSONL file(s), comma-separated; empty = split data_train.
+            data_eval_fraction: Held-out fraction when data_eval is empty.
+            data_max_invalid_fraction: Largest tolerated fraction of invalid data lines.
+            data_split_seed: Salt of the deterministic train/eval hash split.
             data_task: Answer check in validation: "", "json" or "detection".
             swift_args: `swift sft` arguments (ms-swift names).
             eval_max_new_tokens: Greedy generation budget per held-out sample.
             eval_batch_size: Held-out samples generated together.
             eval_max_samples: Evaluate at most this many samples (0 = all).
-            iou_threshold: IoU at which a predicted box matches a gold box.
-            gate_metric: Metric the promotion gate compares.
-            gate_min_value: Minimum value of the gate metric for the tuned model.
-            gate_min_margin: Minimum improvement of the gate metric over the reference model
+            eval_iou_threshold: IoU at which a predicted box matches a gold box.
+            eval_metric: Metric the promotion gate compares.
+            eval_min_value: Minimum value of the gate metric for the tuned model.
+            eval_min_margin: Minimum improvement of the gate metric over the reference model
                 (eval.reference: the base model or the registry's champion).
 
         Returns:
             Whether the tuned model passed the gate.
         """
-        champion = None
-        reference_args: dict[str, Any] = {"reference_uri": reference_uri} if reference_uri else {}
-        if reference == "champion":  # runs at the start, beside staging; training waits for it (fail fast)
-            champion = light(find_champion(
-                model_id=cfg.register.model_id or cfg.pipeline.name,
-                alias=cfg.register.alias,
-            ), CHAMPION_TASK)
-            champion.set_caching_options(False)  # the registry's champion changes between runs
-            reference_args = {"reference_uri": champion.outputs["uri"],
-                              "reference_version": champion.outputs["version_id"]}
-        stage = light(stage_model(
-            source=model_source,
-            cache=model_cache,
-            revision=model_revision,
-            token_from=model_token_from,
-            allow=model_allow,
-            ignore=model_ignore,
-        ), "stage-model")
-        data = light(validate_data(
-            train_data=train_data,
-            eval_data=eval_data,
-            eval_fraction=eval_fraction,
-            max_invalid_fraction=max_invalid_fraction,
-            split_seed=split_seed,
-            base_model=stage.outputs["model"],
-            swift_args=swift_args,
-            task=data_task,
-        ), "validate-data")
-        train_kwargs = {}
-        if vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
-            train_kwargs = {
-                "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
-                "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
-            }
-        train = train_op(
-            base_model=stage.outputs["model"],
-            train_dataset=data.outputs["train_dataset"],
-            eval_dataset=data.outputs["eval_dataset"],
-            swift_args=swift_args,
-            **train_kwargs,
-        ).set_display_name("train-lora")
-        if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
-            train.after(champion)
-        if vertex and cfg.resources.scheduling == "spot":
-            train.set_retry(num_retries=2)  # a preempted job is restarted and resumes from its newest complete checkpoint
-        merge = gpu(merge_export(
-            base_model=stage.outputs["model"],
-            adapter=train.outputs["adapter"],
+        champion, reference_args = _reference_task(plan)  # first, beside staging (fail fast)
+        stage = _light(stage_model(
+            source=model_source, cache=model_cache, revision=model_revision,
+            token_from=model_token_from, allow=model_allow, ignore=model_ignore,
+        ), "stage-model", plan)
+        data = _light(validate_data(
+            train_data=data_train, eval_data=data_eval, eval_fraction=data_eval_fraction,
+            max_invalid_fraction=data_max_invalid_fraction, split_seed=data_split_seed,
+            base_model=stage.outputs["model"], swift_args=swift_args, task=data_task,
+        ), "validate-data", plan)
+        train = _train_task(plan, stage, data, swift_args, champion)
+        merge = _gpu(merge_export(
+            base_model=stage.outputs["model"], adapter=train.outputs["adapter"],
             run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,  # lineage in the merged model's card
-        ), "merge-export")
-        evaluation = gpu(evaluate(
-            base_model=stage.outputs["model"],
-            tuned_model=merge.outputs["merged_model"],
-            eval_dataset=data.outputs["eval_dataset"],
-            max_new_tokens=eval_max_new_tokens,
-            batch_size=eval_batch_size,
-            max_samples=eval_max_samples,
-            iou_threshold=iou_threshold,
-            gate_metric=gate_metric,
-            gate_min_value=gate_min_value,
-            gate_min_margin=gate_min_margin,
+        ), "merge-export", plan)
+        evaluation = _gpu(evaluate(
+            base_model=stage.outputs["model"], tuned_model=merge.outputs["merged_model"],
+            eval_dataset=data.outputs["eval_dataset"], max_new_tokens=eval_max_new_tokens,
+            batch_size=eval_batch_size, max_samples=eval_max_samples, iou_threshold=eval_iou_threshold,
+            gate_metric=eval_metric, gate_min_value=eval_min_value, gate_min_margin=eval_min_margin,
             **reference_args,
-        ), "evaluate")
-        if register_op is not None:
-            reg = cfg.register
-            with dsl.If(evaluation.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 (KFP condition)
-                light(register_op(
-                    merged_model=merge.outputs["merged_model"],
-                    eval_metrics=evaluation.outputs["metrics"],
-                    model_id=reg.model_id or cfg.pipeline.name,
-                    display_name=reg.display_name or cfg.pipeline.name,
-                    serving_image=reg.serving_image,
-                    alias=reg.alias,
-                    labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
-                    run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                    **({"check_champion": True, "champion_version": champion.outputs["version_id"]}
-                       if champion is not None else {}),
-                ), REGISTER_TASK)
+        ), "evaluate", plan)
+        _register_task(plan, merge, evaluation, champion)
         return evaluation.outputs["passed"]
 
     return vlm_lora_pipeline
 
 
+def _light(task: Any, name: str, plan: _Plan) -> Any:
+    """Names a light (CPU) task; on Vertex it runs in the light image on a small machine."""
+    task.set_display_name(name)
+    if plan.vertex:
+        r = plan.cfg.resources
+        task.set_container_image(plan.images["light"]).set_cpu_limit(str(r.light_cpu))
+        task.set_memory_limit(f"{r.light_memory_gb}G")
+    return task
+
+
+def _gpu(task: Any, name: str, plan: _Plan) -> Any:
+    """Names a single-GPU task (merge-export, evaluate); on Vertex it gets the train image and one GPU."""
+    task.set_display_name(name)
+    if plan.vertex:
+        r = plan.cfg.resources
+        task.set_container_image(plan.images["train"]).set_accelerator_type(r.eval_accelerator_type)
+        task.set_accelerator_limit(1).set_cpu_limit(str(r.eval_cpu)).set_memory_limit(f"{r.eval_memory_gb}G")
+    return task
+
+
+def _reference_task(plan: _Plan) -> tuple[Any, dict[str, Any]]:
+    """Adds find-champion when evaluate compares with the registry's champion.
+
+    Returns:
+        (the find-champion task, or None; evaluate's reference arguments: none for the
+        base model, the folder's URI, or the champion's URI and version from find-champion).
+    """
+    if plan.reference != CHAMPION:
+        return None, ({"reference_uri": plan.reference_uri} if plan.reference_uri else {})
+    cfg = plan.cfg
+    champion = _light(find_champion(
+        model_id=cfg.register.model_id or cfg.pipeline.name,
+        alias=cfg.register.alias,
+    ), CHAMPION_TASK, plan)
+    champion.set_caching_options(False)  # the registry's champion changes between runs
+    return champion, {"reference_uri": champion.outputs["uri"], "reference_version": champion.outputs["version_id"]}
+
+
+def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: Any) -> Any:
+    """Adds train-lora; on Vertex with durable checkpoints, after find-champion, retried on Spot."""
+    cfg = plan.cfg
+    vertex_args: dict[str, Any] = {}
+    if plan.vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
+        vertex_args = {
+            "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
+            "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
+        }
+    train = plan.train_op(
+        base_model=stage.outputs["model"],
+        train_dataset=data.outputs["train_dataset"],
+        eval_dataset=data.outputs["eval_dataset"],
+        swift_args=swift_args,
+        **vertex_args,
+    ).set_display_name("train-lora")
+    if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
+        train.after(champion)
+    if plan.vertex and cfg.resources.scheduling == "spot":
+        train.set_retry(num_retries=2)  # a preempted job restarts and resumes from its newest complete checkpoint
+    return train
+
+
+def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any) -> None:
+    """Adds register behind the gate (Vertex with `register.serving_image` set; else nothing)."""
+    if plan.register_op is None:
+        return
+    cfg, reg = plan.cfg, plan.cfg.register
+    with dsl.If(evaluation.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 (KFP condition)
+        _light(plan.register_op(
+            merged_model=merge.outputs["merged_model"],
+            eval_metrics=evaluation.outputs["metrics"],
+            model_id=reg.model_id or cfg.pipeline.name,
+            display_name=reg.display_name or cfg.pipeline.name,
+            serving_image=reg.serving_image,
+            alias=reg.alias,
+            labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
+            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            **({"check_champion": True, "champion_version": champion.outputs["version_id"]}
+               if champion is not None else {}),
+        ), REGISTER_TASK, plan)
+
+
 def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
-    """Resolves `eval.reference` for a target: what evaluate compares the tuned model with.
+    """Resolves `eval.reference` for a target (`components.common.reference.plan_reference` decides).
 
     Args:
         cfg: The validated config.
@@ -247,20 +369,12 @@ def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
     Raises:
         ConfigError: A local folder as reference on the Vertex target (its tasks cannot read it).
     """
-    ref, reg = cfg.eval.reference, cfg.register
-    if ref == "auto":
-        names_a_model = bool(reg.model_id or reg.serving_image) and bool(reg.alias)
-        ref = "champion" if target == "vertex" and names_a_model else "base"
-    if ref == "champion":
-        return ("champion", "") if target == "vertex" else ("base", "")  # no registry locally
-    if ref == "base":
-        return "base", ""
-    if ref.startswith(("gs://", "/gcs/")):
-        return "folder", ref.rstrip("/")
-    if target == "vertex":
-        raise ConfigError(f"{cfg.path}: 'eval.reference' {ref!r} is a local folder, which Vertex tasks cannot read; "
-                          "upload it and give its gs:// URI")
-    return "folder", str(Path(ref).expanduser().resolve())
+    reg = cfg.register
+    try:
+        return plan_reference(cfg.eval.reference, vertex=target == "vertex", model_id=reg.model_id,
+                              serving_image=reg.serving_image, alias=reg.alias)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.path}: {exc}") from None
 
 
 def _with_image(component: Any, image: str) -> Any:
@@ -309,6 +423,7 @@ def _training_job(cfg: Config, image: str) -> Any:
             "reservation_affinity_values": [r.reservation],
         }
     root = cfg.pipeline.root.rstrip("/")
+    output_dir = f"{root}/custom-jobs/{dsl.PIPELINE_JOB_ID_PLACEHOLDER}" if root.startswith("gs://") else ""
     return create_custom_training_job_from_component(
         _exec_python(_with_image(train_lora, image)),
         display_name=f"{cfg.pipeline.name}-train-lora",
@@ -325,34 +440,7 @@ def _training_job(cfg: Config, image: str) -> Any:
         network=v.network,
         encryption_spec_key_name=v.encryption_key,
         tensorboard=v.tensorboard,
-        base_output_directory=f"{root}/custom-jobs/{dsl.PIPELINE_JOB_ID_PLACEHOLDER}" if root.startswith("gs://") else "",
+        base_output_directory=output_dir,
         labels={str(k): str(x) for k, x in v.labels.items()},
         **reservation,
     )
-
-
-def pipeline_arguments(cfg: Config) -> dict[str, Any]:
-    """Returns the pipeline's parameter values for a config (what a run passes)."""
-    d, e = cfg.data, cfg.eval
-    return {
-        "model_source": cfg.model.source,
-        "model_cache": cfg.model.cache,
-        "model_revision": cfg.model.revision,
-        "model_token_from": cfg.model.token_from,
-        "model_allow": list(cfg.model.allow),
-        "model_ignore": list(cfg.model.ignore),
-        "train_data": d.train,
-        "eval_data": d.eval,
-        "eval_fraction": d.eval_fraction,
-        "max_invalid_fraction": d.max_invalid_fraction,
-        "split_seed": d.split_seed,
-        "data_task": d.task,
-        "swift_args": dict(cfg.swift),
-        "eval_max_new_tokens": e.max_new_tokens,
-        "eval_batch_size": e.batch_size,
-        "eval_max_samples": e.max_samples,
-        "iou_threshold": e.iou_threshold,
-        "gate_metric": e.metric,
-        "gate_min_value": e.min_value,
-        "gate_min_margin": e.min_margin,
-    }

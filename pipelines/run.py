@@ -30,7 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import DEFAULT_LOCAL_CONFIG, DEMO_DATA_EVAL, DEMO_DATA_TRAIN, DEMO_MODEL, Config, ConfigError, load_config
+from pipelines.config import (
+    DEFAULT_LOCAL_CONFIG,
+    DEMO_DATA_EVAL,
+    DEMO_DATA_TRAIN,
+    DEMO_MODEL,
+    Config,
+    ConfigError,
+    load_config,
+)
+from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight
 
 # Everything local runs offline: no hub look-ups from transformers, ms-swift or datasets.
 OFFLINE_ENV = {
@@ -76,7 +85,8 @@ def resolve_demo_inputs(cfg: Config) -> Config:
             marker.write_text(json.dumps(paths))
         paths = json.loads(marker.read_text())
         mapping = {DEMO_DATA_TRAIN: paths["train"], DEMO_DATA_EVAL: paths["eval"]}
-        data = dataclasses.replace(data, train=mapping.get(data.train, data.train), eval=mapping.get(data.eval, data.eval))
+        data = dataclasses.replace(data, train=mapping.get(data.train, data.train),
+                                   eval=mapping.get(data.eval, data.eval))
     return dataclasses.replace(cfg, model=model, data=data)
 
 
@@ -87,7 +97,8 @@ def preflight_local(cfg: Config) -> None:
         RunError: The model folder or a data file is missing, or the root is remote.
     """
     if "://" in cfg.pipeline.root:
-        raise RunError(f"{cfg.path}: pipeline.root {cfg.pipeline.root!r} is remote; a local run needs a local folder (use --root)")
+        raise RunError(f"{cfg.path}: pipeline.root {cfg.pipeline.root!r} is remote; "
+                       "a local run needs a local folder (use --root)")
     if "://" not in cfg.model.source and not Path(cfg.model.source).expanduser().is_dir():
         raise RunError(f"{cfg.path}: model.source: model folder not found: {cfg.model.source}")
     for key, value in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
@@ -174,7 +185,8 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     except RuntimeError as exc:
         failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
         raise RunError(
-            f"pipeline failed at task {', '.join(failed) or '?'} (its error is printed above): {str(exc).splitlines()[0]}"
+            f"pipeline failed at task {', '.join(failed) or '?'} (its error is printed above): "
+            f"{str(exc).splitlines()[0]}"
         ) from None
     finally:
         logging.getLogger().removeFilter(timer)
@@ -224,8 +236,7 @@ def submit_vertex(
 
     from kfp import compiler
 
-    from pipelines.pipeline import build_pipeline
-    from pipelines.vertex import console_link, init_vertex, pipeline_job, preflight
+    from pipelines.pipeline import build_pipeline, pipeline_arguments
 
     out = out or sys.stdout
     preflight(cfg, credentials)
@@ -235,7 +246,8 @@ def submit_vertex(
     with tempfile.TemporaryDirectory(prefix="vlm-lora-") as tmp:
         template = str(Path(tmp) / "pipeline.yaml")
         compiler.Compiler().compile(build_pipeline(cfg, "vertex"), package_path=template)
-        job = pipeline_job(cfg, template, enable_caching=enable_caching, credentials=credentials)
+        job = pipeline_job(cfg, template, pipeline_arguments(cfg), enable_caching=enable_caching,
+                           credentials=credentials)
         job.submit(service_account=v.service_account or None, network=v.network or None,
                    experiment=v.experiment or None)
     link = console_link(job.resource_name)
@@ -288,7 +300,8 @@ def format_summary(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="run the whole DAG here under kfp.local")
-    parser.add_argument("--config", default=None, help="config YAML (default with --local: configs/local/tiny_cpu.yaml)")
+    parser.add_argument("--config", default=None,
+                        help="config YAML (default with --local: configs/local/tiny_cpu.yaml)")
     parser.add_argument("--root", default=None, help="pipeline root: folder (--local) or gs:// (default: the config's)")
     parser.add_argument("--no-cache", action="store_true", help="run every task even if its inputs did not change")
     parser.add_argument("--wait", action="store_true", help="Vertex: print the job's state until it ends")
@@ -307,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_vertex(args: argparse.Namespace) -> int:
-    from pipelines.vertex import VertexError
-
     if not args.config:
         print("error: --config is required to submit to Vertex AI (or use --local)", file=sys.stderr)
         return 2

@@ -65,7 +65,7 @@ def create_schedule(cfg: Config, *, credentials: Any = None, api_endpoint: str |
     from google.cloud import aiplatform
     from kfp import compiler
 
-    from pipelines.pipeline import build_pipeline
+    from pipelines.pipeline import build_pipeline, pipeline_arguments
 
     s, v = cfg.schedule, cfg.vertex
     if not s.cron:
@@ -78,7 +78,7 @@ def create_schedule(cfg: Config, *, credentials: Any = None, api_endpoint: str |
     with tempfile.TemporaryDirectory(prefix="vlm-lora-") as tmp:
         template = str(Path(tmp) / "pipeline.yaml")
         compiler.Compiler().compile(build_pipeline(cfg, "vertex"), package_path=template)
-        job = pipeline_job(cfg, template, credentials=credentials)
+        job = pipeline_job(cfg, template, pipeline_arguments(cfg), credentials=credentials)
         schedule = aiplatform.PipelineJobSchedule(pipeline_job=job, display_name=f"{cfg.pipeline.name}-schedule",
                                                   credentials=credentials, project=v.project, location=v.region)
         schedule.create(cron=cron, max_concurrent_run_count=s.max_concurrent_runs,
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
         if args.action == "create":
             schedule = create_schedule(cfg)
-            print(f"created {schedule.resource_name} ({schedule.cron})\nconsole: {console_link(schedule.resource_name)}")
+            print(f"created {schedule.resource_name} ({schedule.cron})\n"
+                  f"console: {console_link(schedule.resource_name)}")
         elif args.action == "list":
             if not cfg.vertex.project:
                 raise VertexError(f"{cfg.path}: vertex.project is not set (or pass --project)")

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.upload", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/qwen3_vl_4b/lora_seed.yaml", help="config YAML")
     parser.add_argument("--repo", default="", help="KFP repository URL (default: the config's vertex.template_repo)")
-    parser.add_argument("--tag", action="append", default=None, help="version tag (repeatable; default latest, v<version>)")
+    parser.add_argument("--tag", action="append", default=None,
+                        help="version tag (repeatable; default latest, v<version>)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)

@@ -9,7 +9,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from pipelines.compile import compile_pipeline, main
 from pipelines.config import load_config
-from pipelines.pipeline import CHAMPION_TASK, TASK_ORDER, reference_plan
+from pipelines.pipeline import CHAMPION_TASK, RUN_PARAMETERS, TASK_ORDER, pipeline_arguments, reference_plan
 
 CONFIGS = sorted(str(p) for p in Path(__file__).resolve().parent.parent.glob("configs/**/*.yaml"))
 
@@ -36,7 +36,7 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
     # the config's values are the parameters' defaults
     params = spec.root.input_definitions.parameters
     assert params["model_source"].default_value.string_value == cfg.model.source
-    assert params["train_data"].default_value.string_value == cfg.data.train
+    assert params["data_train"].default_value.string_value == cfg.data.train
     swift = json_format.MessageToDict(params["swift_args"].default_value)
     assert swift == {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in cfg.swift.items()}
 
@@ -89,3 +89,33 @@ def test_compile_cli_reports_bad_config_without_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}:3" in err and "pipeline.colour" in err and "Traceback" not in err
     assert not (tmp_path / "o.yaml").exists()
+
+
+# --- run-time parameters: one table, one naming rule ------------------------------------
+
+
+def test_parameter_names_follow_the_section_key_rule():
+    for name, path in RUN_PARAMETERS:
+        assert name == ("swift_args" if path == "swift" else path.replace(".", "_")), (name, path)
+    assert len({name for name, _ in RUN_PARAMETERS}) == len(RUN_PARAMETERS)
+
+
+@pytest.mark.parametrize("target", ["vertex", "local"])
+def test_pipeline_signature_and_parameter_table_agree(target, tmp_path):
+    """The compiled pipeline's parameters are exactly the table's, with the config's values as defaults."""
+    spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml"), target=target))
+    params = spec.root.input_definitions.parameters
+    assert set(params) == {name for name, _ in RUN_PARAMETERS}
+    defaults = {name: json_format.MessageToDict(p.default_value) for name, p in params.items()}
+    for name, value in pipeline_arguments(load_config(CONFIGS[0])).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert defaults[name] == pytest.approx(value), name
+        elif not isinstance(value, dict):  # swift_args: compared in test_every_config_compiles_to_a_pipeline_spec
+            assert defaults[name] == value, name
+
+
+def test_readme_names_every_run_time_parameter():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Config reference"):readme.index("Seed default (")]
+    for name, path in RUN_PARAMETERS:
+        assert f"`{name}`" in table, (name, path)

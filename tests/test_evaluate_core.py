@@ -119,7 +119,7 @@ def test_answers_without_json_count_as_failures(tmp_path):
 
 
 def test_reference_is_the_base_without_a_uri():
-    from components.evaluate.core import resolve_reference
+    from components.common.reference import resolve_reference
 
     ref = resolve_reference("", "", "/runs/stage-model/model")
     assert (ref.model_dir, ref.kind, ref.label, ref.version) == ("/runs/stage-model/model", "base", "base", "")
@@ -127,7 +127,7 @@ def test_reference_is_the_base_without_a_uri():
 
 
 def test_champion_on_cloud_storage_is_read_through_the_fuse_mount():
-    from components.evaluate.core import resolve_reference
+    from components.common.reference import resolve_reference
 
     ref = resolve_reference("gs://bucket/root/run-7/merge-export/merged_model/", "3", "/base")
     assert ref.model_dir == "/gcs/bucket/root/run-7/merge-export/merged_model"
@@ -136,7 +136,7 @@ def test_champion_on_cloud_storage_is_read_through_the_fuse_mount():
 
 
 def test_configured_folder_is_a_reference_but_not_a_champion():
-    from components.evaluate.core import resolve_reference
+    from components.common.reference import resolve_reference
 
     ref = resolve_reference("gs://bucket/golden", "", "/base")
     assert (ref.model_dir, ref.kind, ref.label) == ("/gcs/bucket/golden", "folder", "gs://bucket/golden")

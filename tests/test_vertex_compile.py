@@ -13,7 +13,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from pipelines.compile import compile_pipeline, main
 from pipelines.config import ConfigError, load_config
-from pipelines.vertex import expected_worker_pools
+from pipelines.shapes import expected_worker_pools
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted(str(p) for p in ROOT.glob("configs/**/*.yaml"))

@@ -36,7 +36,7 @@ def test_schedule_create_sends_cron_time_zone_and_the_job(api, tmp_path):
     assert job["pipelineJob"]["serviceAccount"] == "vlm-lora@test-project.iam.gserviceaccount.com"
     assert job["pipelineJob"]["labels"]["team"] == "vision"
     assert job["pipelineJob"]["pipelineSpec"]["pipelineInfo"]["name"] == "qwen3-vl-4b-lora-seed"
-    assert job["pipelineJob"]["runtimeConfig"]["parameterValues"]["train_data"] == "gs://test-bucket/data/train.jsonl"
+    assert job["pipelineJob"]["runtimeConfig"]["parameterValues"]["data_train"] == "gs://test-bucket/data/train.jsonl"
     assert schedule.resource_name.startswith(f"{PARENT}/schedules/")
 
 

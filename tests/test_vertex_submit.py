@@ -81,7 +81,7 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
     values = runtime["parameterValues"]
     expected = pipeline_arguments(load_config(cfg_path))
     assert values["model_source"] == expected["model_source"] == "hf://Qwen/Qwen3-VL-4B-Instruct"
-    assert values["train_data"] == "gs://test-bucket/data/train.jsonl"
+    assert values["data_train"] == "gs://test-bucket/data/train.jsonl"
     assert values["swift_args"]["lora_rank"] == 8
     # caching on: every task caches except the champion look-up (the registry changes between runs)
     tasks = spec["root"]["dag"]["tasks"]

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from components._storage import to_fuse_path
+# The reference model is decided in one shared place; evaluate's component resolves it through this module.
+from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
+from components.common.storage import to_fuse_path
 from components.evaluate.metrics import aggregate, gate, score_sample
 
 # (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens)
@@ -81,49 +83,6 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
     if not rows:
         raise EvalError(f"{src}: eval set is empty; provide held-out rows (data.eval or a larger data.eval_fraction)")
     return rows
-
-
-@dataclass(frozen=True)
-class Reference:
-    """The model the tuned model is compared with, as evaluate records it.
-
-    Attributes:
-        model_dir: Folder to load (a gs:// URI mapped to its /gcs/ FUSE path).
-        kind: "base", "champion" or "folder" (a model folder given in the config).
-        label: Short name for metrics, labels and the report: "base", "champion@VERSION"
-            or the folder's URI.
-        version: The champion's registry version ID; "" otherwise.
-    """
-
-    model_dir: str
-    kind: str
-    label: str
-    version: str = ""
-
-    def metrics(self) -> dict[str, float]:
-        """Numeric facts for the Metrics artifact: reference_is_champion, reference_version (0 = none)."""
-        version = float(self.version) if self.version.isdigit() else 0.0
-        return {"reference_is_champion": float(self.kind == "champion"), "reference_version": version}
-
-
-def resolve_reference(reference_uri: str, reference_version: str, base_model_dir: str) -> Reference:
-    """Decides which model is the reference (pure).
-
-    Args:
-        reference_uri: The champion's or a configured model folder (gs:// or a path);
-            "" = the base model (also when find-champion found no champion).
-        reference_version: The champion's registry version ID; "" = not a champion.
-        base_model_dir: The staged base model folder.
-
-    Returns:
-        The Reference; a gs:// URI becomes its /gcs/ FUSE path (how Vertex tasks read it).
-    """
-    if not reference_uri:
-        return Reference(base_model_dir, "base", "base")
-    model_dir = to_fuse_path(reference_uri.rstrip("/"))
-    if reference_version:
-        return Reference(model_dir, "champion", f"champion@{reference_version}", reference_version)
-    return Reference(model_dir, "folder", reference_uri.rstrip("/"))
 
 
 def same_model(a: str, b: str) -> bool:
