@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.common.adapter import summarize_log
+from components.common.swift import to_cli
 from components.train_lora import core
 from components.train_lora.core import (
     TrainError,
@@ -13,8 +15,6 @@ from components.train_lora.core import (
     check_swift_args,
     find_checkpoints,
     materialize_dataset,
-    summarize_log,
-    to_cli,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,11 +62,12 @@ def test_token_counting_can_be_turned_off_and_user_plugins_are_kept():
 
 
 def test_plugin_counts_tokens_without_padding():
-    import torch
     from types import SimpleNamespace
 
-    from components.train_lora import swift_plugin
+    import torch
     from transformers import Trainer
+
+    from components.train_lora import swift_plugin
 
     assert swift_plugin.INSTALLED
     fake = SimpleNamespace(

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.train_lora.core import BASE_MODEL_REF, run_command, summarize_log, swift_executable, to_cli
+from components.common.adapter import BASE_MODEL_REF, LOG_HISTORY, summarize_log
+from components.common.swift import run_command, swift_executable, to_cli
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 
@@ -54,7 +55,7 @@ LOGIT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (5e-3, 5e-3),
 }
 # Text prompts of the probe inputs (an image prompt is added when the processor takes images).
-# Training figures of the model card: (key of train_lora's summarize_log, label).
+# Training figures of the model card: (key of summarize_log's figures, label).
 TRAINING_FIGURES = (
     ("final_loss", "train loss (last logged step)"),
     ("train_loss", "train loss (mean over the run)"),
@@ -156,7 +157,7 @@ def training_summary(adapter_dir: str | Path) -> dict[str, Any]:
     """Training figures and LoRA hyper-parameters recorded in an adapter folder.
 
     Reads `log_history.json` (the trainer's log entries, written by train-lora) through
-    `components.train_lora.core.summarize_log`, and `args.json` (ms-swift's arguments).
+    `components.common.adapter.summarize_log`, and `args.json` (ms-swift's arguments).
     A missing or unreadable file is not an error: its values are left out and the file is
     listed under "missing".
 
@@ -173,11 +174,11 @@ def training_summary(adapter_dir: str | Path) -> dict[str, Any]:
     missing: list[str] = []
     history: Any = None
     try:
-        history = json.loads((adapter / "log_history.json").read_text(encoding="utf-8"))
+        history = json.loads((adapter / LOG_HISTORY).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
     if not isinstance(history, list):
-        missing.append("log_history.json")
+        missing.append(LOG_HISTORY)
         history = []
     metrics = summarize_log([e for e in history if isinstance(e, dict)]) if history else {}
     args = _read_json(adapter / "args.json")

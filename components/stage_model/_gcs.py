@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components._storage import FUSE_ROOT, client, from_fuse_path, split_gs, to_fuse_path  # noqa: F401 - shared helpers
+from components.common.storage import FUSE_ROOT, client, from_fuse_path, split_gs, to_fuse_path  # noqa: F401 - shared helpers
 
 
 class GcsEntry:

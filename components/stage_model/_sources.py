@@ -12,9 +12,10 @@ import base64
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 SCHEMES = ("hf", "ms", "gs")
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common.files import CopyMismatch, copy_verified, sha256_file, write_json_atomic
 from components.stage_model import _gcs
 from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
 from components.stage_model._sources import (
@@ -96,15 +97,6 @@ class StageResult:
     bytes_copied: int
     manifest: dict[str, Any]
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def sha256_file(path: Path) -> str:
-    """Returns the hex sha256 of a file, read in 8 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def list_files(folder: Path, allow: list[str] | None = None, ignore: list[str] | None = None) -> list[str]:
@@ -293,12 +285,16 @@ class LocalEntry:
         return good
 
     def put(self, local: Path, rel: str, info: dict[str, Any]) -> int:
-        return _copy_verified(local, self.path / rel, info["sha256"])
+        """Copies a file into the entry atomically; returns bytes written."""
+        try:
+            return copy_verified(local, self.path / rel, info["sha256"], atomic=True)
+        except CopyMismatch:
+            raise StageError(f"{local}: changed while being copied (sha256 differs); stage again") from None
 
     def write_manifest(self, manifest: dict[str, Any], replace_generation: Any = None) -> bool:
         self.path.mkdir(parents=True, exist_ok=True)
         if replace_generation is not None:
-            _atomic_write_json(self.path / MANIFEST, manifest)
+            write_json_atomic(self.path / MANIFEST, manifest, indent=2)
             return True
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=MANIFEST + ".partial-")
         try:
@@ -387,38 +383,6 @@ def verify_entry(entry: Path | str) -> tuple[bool, str]:
     """
     valid, reason, _, _ = _check_entry(_open_entry(entry))
     return valid, reason
-
-
-def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".partial-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _copy_verified(src: Path, dst: Path, expected_sha: str) -> int:
-    """Copies src to dst through a temporary name; returns bytes written."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name + ".partial-")
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if digest.hexdigest() != expected_sha:
-            raise StageError(f"{src}: changed while being copied (sha256 differs); stage again")
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return size
 
 
 class _Heartbeat:
@@ -541,90 +505,139 @@ def _entry_for(cache: str, spec: SourceSpec, revision: str):
     return LocalEntry(root.joinpath(spec.scheme, *spec.parts, revision))
 
 
-def _stage(spec: SourceSpec, cache: str, allow, ignore, token_from, workers, progress, lock_wait_s,
-           lock_stale_s, poll_s) -> StageResult:
-    if cache.startswith("gs://"):
-        try:
-            _gcs.GcsEntry(cache.rstrip("/") + "/x").check_bucket()  # fail fast: bucket missing
-        except FileNotFoundError:
-            raise StageError(f"model cache {cache}: bucket not found; create it or fix the cache URI") from None
-    listing = None
-    if spec.scheme == "local":
-        src = Path(spec.uri).expanduser()
-        if not src.is_dir():
-            raise StageError(f"model source {spec.uri!r}: folder not found; pass an existing model folder")
-        src = src.resolve()
-        files = list_files(src, allow, ignore)
-        if not files:
-            raise StageError(f"model source {src}: no files to stage (after allow/ignore patterns)")
-        prepared = _prepare_local(src, files, workers)
-        hashes = {rel: info["sha256"] for rel, info in prepared.infos.items()}
-        revision = local_revision(src, files, hashes)
-        source_uri = str(src)
-    else:
-        if spec.scheme == "gs":
-            try:
-                objects = _gcs.list_source(spec.uri)
-            except FileNotFoundError as exc:
-                raise StageError(f"model source {spec.uri}: {exc}; check the bucket name") from None
-            if not objects:
-                raise StageError(f"model source {spec.uri}: no objects under this prefix; check the path")
-            names = _select(list(objects), allow, ignore)
-            listing = Listing(
-                fingerprint({n: objects[n][1] for n in names}),
-                {n: objects[n][0] for n in names},
-                lambda rel, workdir: _gs_fetch(spec.uri, rel, workdir),
-                {n: {"crc32c": objects[n][1]} for n in names},
-            )
-        else:
-            token = read_token(token_from, "HF_TOKEN" if spec.scheme == "hf" else "MODELSCOPE_API_TOKEN")
-            listing = resolve_hf(spec, token) if spec.scheme == "hf" else resolve_ms(spec, token)
-        files = _select(list(listing.files), allow, ignore)
-        if not files:
-            raise StageError(f"model source {spec.uri}: no files to stage (after allow/ignore patterns)")
-        if "config.json" not in files:
-            raise StageError(f"model source {spec.uri}: no config.json; not a Hugging Face model repo/folder")
-        if not any(f.endswith(".safetensors") for f in files):
-            raise StageError(f"model source {spec.uri}: no *.safetensors weights; use a safetensors revision "
-                             "or convert the model first")
-        revision = listing.revision
-        if spec.scheme in ("hf", "ms") and (allow or ignore):  # a file selection is its own entry
-            revision += "-" + fingerprint({f: "" for f in files})[len("sha256-"):][:8]
-        source_uri = spec.uri
-        prepared = None
+@dataclass(frozen=True)
+class _Locking:
+    """How a stager waits for another one of the same entry (see `stage_model`'s lock_* arguments)."""
 
-    entry = _entry_for(cache, spec, revision)
-    valid, reason, manifest, generation = _check_entry(entry)
+    wait_s: float = 4 * 3600.0
+    stale_s: float = 300.0
+    poll_s: float = 2.0
+
+
+@dataclass
+class _Resolved:
+    """A source resolved to exact files and the revision that names its cache entry."""
+
+    uri: str
+    files: list[str]
+    revision: str  # the entry's name: commit hash or content fingerprint (+ selection suffix)
+    listing: Listing | None = None  # remote sources: where to download the files from
+    prepared: _Prepared | None = None  # local sources: hashed in place, nothing to download
+
+    @property
+    def source_revision(self) -> str:
+        """The revision the manifest records (the source's own, without a selection suffix)."""
+        return self.listing.revision if self.listing else self.revision
+
+
+def _stage(spec: SourceSpec, cache: str, *, allow: list[str] | None, ignore: list[str] | None,
+           token_from: str | None, workers: int, progress: bool, locking: _Locking) -> StageResult:
+    """Stages a parsed source: resolve it, reuse a valid entry, else copy it in under the entry's lock."""
+    _check_cache_bucket(cache)
+    if spec.scheme == "local":
+        source = _resolve_local(spec, allow, ignore, workers)
+    else:
+        source = _resolve_remote(spec, allow, ignore, token_from)
+    entry = _entry_for(cache, spec, source.revision)
+    valid, reason, manifest, _ = _check_entry(entry)
     if valid:
         return _result(entry, True, 0, manifest)
-    log.info("stage-model: staging %s into %s (%s)", source_uri, entry.uri, reason)
+    log.info("stage-model: staging %s into %s (%s)", source.uri, entry.uri, reason)
+    return _stage_locked(entry, spec, source, workers=workers, progress=progress, locking=locking)
 
+
+def _check_cache_bucket(cache: str) -> None:
+    """Fails fast when a gs:// cache's bucket does not exist."""
+    if cache.startswith("gs://"):
+        try:
+            _gcs.GcsEntry(cache.rstrip("/") + "/x").check_bucket()
+        except FileNotFoundError:
+            raise StageError(f"model cache {cache}: bucket not found; create it or fix the cache URI") from None
+
+
+def _resolve_local(spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None, workers: int) -> _Resolved:
+    """Lists, checks and hashes a local model folder; its revision is the content fingerprint."""
+    src = Path(spec.uri).expanduser()
+    if not src.is_dir():
+        raise StageError(f"model source {spec.uri!r}: folder not found; pass an existing model folder")
+    src = src.resolve()
+    files = list_files(src, allow, ignore)
+    if not files:
+        raise StageError(f"model source {src}: no files to stage (after allow/ignore patterns)")
+    prepared = _prepare_local(src, files, workers)
+    hashes = {rel: info["sha256"] for rel, info in prepared.infos.items()}
+    return _Resolved(str(src), files, local_revision(src, files, hashes), prepared=prepared)
+
+
+def _resolve_remote(spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None,
+                    token_from: str | None) -> _Resolved:
+    """Resolves a gs://, hf:// or ms:// source to its file listing and exact revision (nothing downloaded)."""
+    if spec.scheme == "gs":
+        try:
+            objects = _gcs.list_source(spec.uri)
+        except FileNotFoundError as exc:
+            raise StageError(f"model source {spec.uri}: {exc}; check the bucket name") from None
+        if not objects:
+            raise StageError(f"model source {spec.uri}: no objects under this prefix; check the path")
+        names = _select(list(objects), allow, ignore)
+        listing = Listing(
+            fingerprint({n: objects[n][1] for n in names}),
+            {n: objects[n][0] for n in names},
+            lambda rel, workdir: _gs_fetch(spec.uri, rel, workdir),
+            {n: {"crc32c": objects[n][1]} for n in names},
+        )
+    else:
+        token = read_token(token_from, "HF_TOKEN" if spec.scheme == "hf" else "MODELSCOPE_API_TOKEN")
+        listing = resolve_hf(spec, token) if spec.scheme == "hf" else resolve_ms(spec, token)
+    files = _select(list(listing.files), allow, ignore)
+    if not files:
+        raise StageError(f"model source {spec.uri}: no files to stage (after allow/ignore patterns)")
+    if "config.json" not in files:
+        raise StageError(f"model source {spec.uri}: no config.json; not a Hugging Face model repo/folder")
+    if not any(f.endswith(".safetensors") for f in files):
+        raise StageError(f"model source {spec.uri}: no *.safetensors weights; use a safetensors revision "
+                         "or convert the model first")
+    revision = listing.revision
+    if spec.scheme in ("hf", "ms") and (allow or ignore):  # a file selection is its own entry
+        revision += "-" + fingerprint({f: "" for f in files})[len("sha256-"):][:8]
+    return _Resolved(spec.uri, files, revision, listing=listing)
+
+
+def _stage_locked(entry, spec: SourceSpec, source: _Resolved, *, workers: int, progress: bool,
+                  locking: _Locking) -> StageResult:
+    """Takes the entry's lock (or finds another stager's finished entry), then downloads and publishes."""
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    state, theirs = _acquire(entry, owner, lock_wait_s, lock_stale_s, poll_s)
+    state, theirs = _acquire(entry, owner, locking.wait_s, locking.stale_s, locking.poll_s)
     if state == "hit":
         return _result(entry, True, 0, theirs)
-    heartbeat = _Heartbeat(entry, owner, max(1.0, lock_stale_s / 5)) if state == "locked" else None
+    heartbeat = _Heartbeat(entry, owner, max(1.0, locking.stale_s / 5)) if state == "locked" else None
     workdir = None
     try:
+        prepared = source.prepared
         if prepared is None:
             workdir = Path(tempfile.mkdtemp(prefix="stage-model-"))
-            prepared = _download(spec, listing, files, workdir, workers, progress)
-        return _publish(entry, prepared, {
-            "version": MANIFEST_VERSION,
-            "source": source_uri,
-            "scheme": spec.scheme,
-            "requested_revision": spec.revision or "",
-            "revision": listing.revision if listing else revision,
-            "created": _now(),
-            "total_bytes": sum(i["size"] for i in prepared.infos.values()),
-            "files": prepared.infos,
-            "model": prepared.meta,
-        }, workers, progress)
+            prepared = _download(spec, source.listing, source.files, workdir, workers, progress)
+        return _publish(entry, prepared, _manifest(spec, source, prepared), workers, progress)
     finally:
         if heartbeat:
             heartbeat.stop()
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _manifest(spec: SourceSpec, source: _Resolved, prepared: _Prepared) -> dict[str, Any]:
+    """The entry's manifest: files with sizes and checksums, source, revisions, time, model facts."""
+    return {
+        "version": MANIFEST_VERSION,
+        "source": source.uri,
+        "scheme": spec.scheme,
+        "requested_revision": spec.revision or "",
+        "revision": source.source_revision,
+        "created": _now(),
+        "total_bytes": sum(i["size"] for i in prepared.infos.values()),
+        "files": prepared.infos,
+        "model": prepared.meta,
+    }
 
 
 def _gs_fetch(uri: str, rel: str, workdir: Path) -> Path:
@@ -690,7 +703,8 @@ def stage_local(
     """
     path = Path(source).expanduser()
     spec = SourceSpec("local", str(path), [path.resolve().name], None)
-    return _stage(spec, str(cache), allow, ignore, None, 8, False, _LOCK_WAIT_S, _LOCK_STALE_S, _POLL_S)
+    return _stage(spec, str(cache), allow=allow, ignore=ignore, token_from=None, workers=8, progress=False,
+                  locking=_Locking())
 
 
 def stage_model(
@@ -741,10 +755,12 @@ def stage_model(
 
     try:
         spec = parse_source(source, revision)
-        return _stage(spec, cache, allow, ignore, token_from, workers, progress,
-                      _LOCK_WAIT_S if lock_wait_s is None else lock_wait_s,
-                      _LOCK_STALE_S if lock_stale_s is None else lock_stale_s,
-                      _POLL_S if poll_s is None else poll_s)
+        default = _Locking()
+        locking = _Locking(default.wait_s if lock_wait_s is None else lock_wait_s,
+                           default.stale_s if lock_stale_s is None else lock_stale_s,
+                           default.poll_s if poll_s is None else poll_s)
+        return _stage(spec, cache, allow=allow, ignore=ignore, token_from=token_from, workers=workers,
+                      progress=progress, locking=locking)
     except SourceError as exc:
         raise StageError(str(exc)) from None
     except gex.Forbidden:
@@ -757,11 +773,6 @@ def stage_model(
     except gex.NotFound as exc:
         raise StageError(f"model source {source} / cache {cache}: not found on Cloud Storage "
                          f"({exc.__class__.__name__}); check the bucket and prefix") from None
-
-
-_LOCK_WAIT_S = 4 * 3600.0
-_LOCK_STALE_S = 300.0
-_POLL_S = 2.0
 
 
 def result_summary(result: StageResult) -> dict[str, Any]:

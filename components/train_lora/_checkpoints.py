@@ -26,7 +26,6 @@ goes on) and is never resumed from.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.common.files import CopyMismatch, copy_verified, sha256_file, write_json_atomic
 from components.train_lora._errors import TrainError
 
 MARKER = "COMPLETE.json"
@@ -53,14 +53,6 @@ def checkpoint_step(path: str | Path) -> int | None:
     """Returns N of a `checkpoint-N` folder name, else None."""
     m = _CKPT.fullmatch(Path(path).name)
     return int(m.group(1)) if m else None
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def node_marker(folder: str | Path, node_rank: int) -> Path:
@@ -163,29 +155,27 @@ def copy_checkpoint(src: str | Path, dest_root: str | Path) -> Path:
         raise CheckpointError(f"{src}: empty checkpoint folder")
     _copy_verified(src, dest, manifest)
     marker = {"step": checkpoint_step(src), "source": str(src), "files": manifest}
-    _write_json(dest / MARKER, marker)
+    _write_marker(dest / MARKER, marker)
     return dest
 
 
-def _copy_verified(src: Path, dest: Path, manifest: dict[str, dict[str, object]]) -> None:
-    for rel in manifest:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src / rel, dest / rel)
+def _copy_verified(src: Path, dest: Path, manifest: dict[str, dict[str, Any]]) -> None:
+    """Copies the manifest's files from src to dest, each read back and checked against it."""
     for rel, want in manifest.items():
-        size, digest = (dest / rel).stat().st_size, sha256_file(dest / rel)
-        if size != want["size"] or digest != want["sha256"]:
-            raise CheckpointError(f"{dest / rel}: copy does not match the source (size {size} vs {want['size']})")
+        try:
+            copy_verified(src / rel, dest / rel, want["sha256"], want["size"])
+        except CopyMismatch as exc:
+            message = f"{dest / rel}: copy does not match the source (size {exc.size} vs {want['size']})"
+            raise CheckpointError(message) from None
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_marker(path: Path, data: dict) -> None:
     """Writes a marker so that a reader sees either no file or the whole file.
 
-    The text goes to a temporary file beside the checkpoint folder (never inside it, where
-    it could be taken for a checkpoint file), then is renamed into place.
+    Its temporary file lies beside the checkpoint folder, never inside it (where it could
+    be taken for a checkpoint file).
     """
-    tmp = path.parent.parent / f".{path.parent.name}.{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, data, tmp_dir=path.parent.parent)
 
 
 def copy_node_files(src: str | Path, dest_root: str | Path, node_rank: int) -> Path:
@@ -220,7 +210,7 @@ def copy_node_files(src: str | Path, dest_root: str | Path, node_rank: int) -> P
         raise CheckpointError(f"{src}: empty checkpoint folder")
     dest.mkdir(parents=True, exist_ok=True)
     _copy_verified(src, dest, manifest)
-    _write_json(marker_path, {"step": checkpoint_step(src), "node_rank": node_rank, "source": str(src),
+    _write_marker(marker_path, {"step": checkpoint_step(src), "node_rank": node_rank, "source": str(src),
                               "files": manifest})
     return dest
 
@@ -268,17 +258,23 @@ def complete_multinode(folder: str | Path, nnodes: int) -> bool:
         raise CheckpointError(f"{base}: no node copied any file")
     if not _files_match(base, union, deep=False):
         raise CheckpointError(f"{base}: a file listed in a node marker is missing or has another size")
-    _write_json(base / MARKER, {"step": checkpoint_step(base), "nodes": nnodes, "files": union})
+    _write_marker(base / MARKER, {"step": checkpoint_step(base), "nodes": nnodes, "files": union})
     return True
+
+
+def checkpoint_folders(root: str | Path) -> list[Path]:
+    """The `checkpoint-N` folders directly under root (swift's output_dir or a durable folder), oldest step first.
+
+    Finished or not, complete or not; [] when root does not exist.
+    """
+    found = [(checkpoint_step(p), p) for p in Path(root).glob("checkpoint-*")
+             if p.is_dir() and checkpoint_step(p) is not None]
+    return [p for _, p in sorted(found)]
 
 
 def durable_checkpoints(root: str | Path) -> list[Path]:
     """`checkpoint-N` folders under root, newest step first (complete or not)."""
-    base = Path(root)
-    if not base.is_dir():
-        return []
-    found = [(checkpoint_step(p), p) for p in base.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return [p for _, p in sorted(found, reverse=True)]
+    return checkpoint_folders(root)[::-1]
 
 
 def newest_complete_checkpoint(root: str | Path, deep: bool = True) -> Path | None:
@@ -330,13 +326,6 @@ def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
     return deleted
 
 
-def local_checkpoints(output_dir: str | Path) -> list[Path]:
-    """swift's local `checkpoint-N` folders (finished or not), oldest step first."""
-    found = [(checkpoint_step(p), p) for p in Path(output_dir).glob("checkpoint-*")
-             if p.is_dir() and checkpoint_step(p) is not None]
-    return [p for _, p in sorted(found)]
-
-
 def locally_complete(output_dir: str | Path, final: bool = False) -> list[Path]:
     """swift's local checkpoints that it has finished writing, oldest first.
 
@@ -345,7 +334,7 @@ def locally_complete(output_dir: str | Path, final: bool = False) -> list[Path]:
     takes every checkpoint holding trainer_state.json.
     """
     base = Path(output_dir)
-    ckpts = [(checkpoint_step(p), p) for p in local_checkpoints(base)]
+    ckpts = [(checkpoint_step(p), p) for p in checkpoint_folders(base)]
     if not ckpts:
         return []
     done_step = ckpts[-2][0] if len(ckpts) > 1 else -1
@@ -475,7 +464,7 @@ class CheckpointSync:
 
     def _sync_worker(self) -> list[Path]:
         new = []
-        for src in local_checkpoints(self.output_dir):
+        for src in checkpoint_folders(self.output_dir):
             step = checkpoint_step(src)
             dest = self.dest_root / src.name
             if step in self.synced:
@@ -506,7 +495,7 @@ class CheckpointSync:
             return []
         if self.node_rank == 0:
             return sorted(self.pending)
-        local = local_checkpoints(self.output_dir)
+        local = checkpoint_folders(self.output_dir)
         if not local:
             return []
         step = checkpoint_step(local[-1])
@@ -538,7 +527,7 @@ class CheckpointSync:
         while not self._stop.wait(self.interval_s):
             self.sync_once()
 
-    def start(self) -> "CheckpointSync":
+    def start(self) -> CheckpointSync:
         self.dest_root.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="checkpoint-sync", daemon=True)
         self._thread.start()

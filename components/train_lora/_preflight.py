@@ -9,8 +9,9 @@ import json
 import re
 import struct
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from components.train_lora._errors import TrainError
 

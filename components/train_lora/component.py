@@ -51,20 +51,21 @@ def train_lora(
     """
     import tempfile
 
-    from components.train_lora.core import TrainError, loss_curve_html, train_lora as train
+    from components.train_lora.core import TrainError, loss_curve_html
+    from components.train_lora.core import train_lora as train
 
     ref = {k: base_model.metadata.get(k) for k in ("source", "revision", "architecture", "model_type")}
     if not checkpoint_dir and checkpoint_root and run_id:
         checkpoint_dir = f"{checkpoint_root.rstrip('/')}/{run_id}/train-lora"
     try:
         result = train(
-            base_model.path,
-            base_model.metadata.get("model_type", ""),
-            train_dataset.path,
-            eval_dataset.path,
-            swift_args,
-            adapter.path,
-            tempfile.mkdtemp(prefix="train-lora-"),
+            model_dir=base_model.path,
+            model_type=base_model.metadata.get("model_type", ""),
+            train_dir=train_dataset.path,
+            eval_dir=eval_dataset.path,
+            swift_args=swift_args,
+            adapter_out=adapter.path,
+            work_dir=tempfile.mkdtemp(prefix="train-lora-"),
             base_model_ref={**ref, "uri": base_model.uri},
             checkpoint_dir=checkpoint_dir or None,
             expected_gpus=accelerator_count,

@@ -2,7 +2,9 @@
 
 `build_sft_command` is a pure function from the config's `swift` section (ms-swift's own
 argument names, passed through unchanged) plus the task's inputs to the command line;
-`train_lora` runs it, then collects the adapter and the training metrics.
+`train_lora` runs it, then collects the adapter and the training metrics. Running the
+command (`components.common.swift`) and the adapter folder's layout
+(`components.common.adapter`) are shared with merge-export.
 """
 
 from __future__ import annotations
@@ -10,26 +12,23 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Set by the task from its inputs; a config that sets them is refused.
-RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version", "resume_from_checkpoint")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json", "additional_config.json", "args.json")
-BASE_MODEL_REF = "base_model.json"
-PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
-
-
+from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
+from components.common.swift import SigtermForwarder, run_command, swift_executable, to_cli
 from components.train_lora import _checkpoints, _launch, _preflight
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
+
+# Set by the task from its inputs; a config that sets them is refused.
+RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version",
+                 "resume_from_checkpoint")
+PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
+# Printed when SIGTERM arrives: what the task does next.
+_SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
 
 
 @dataclass
@@ -80,32 +79,13 @@ def check_swift_args(args: dict[str, Any], known: set[str] | None = None, where:
     known = swift_arg_names() if known is None else known
     for key in args:
         if key in RESERVED_ARGS:
-            raise TrainError(f"{where}: 'swift.{key}' is set by the pipeline from its inputs; remove it from the config")
+            raise TrainError(f"{where}: 'swift.{key}' is set by the pipeline from its inputs; "
+                             "remove it from the config")
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise TrainError(f"{where}: 'swift.{key}' is not an argument of the installed ms-swift `swift sft`{hint}")
 
-
-def to_cli(args: dict[str, Any]) -> list[str]:
-    """Turns {name: value} into ['--name', 'value', ...] as ms-swift's parser expects.
-
-    Booleans become 'true'/'false', lists become several values, dicts become JSON, and
-    whole floats become integers (KFP passes dict parameters as protobuf Structs, whose
-    numbers are all floats: `gradient_accumulation_steps: 1` arrives as 1.0).
-    """
-    out: list[str] = []
-    for key, value in args.items():
-        out.append(f"--{key}")
-        if isinstance(value, bool):
-            out.append("true" if value else "false")
-        elif isinstance(value, list):
-            out.extend(_scalar(v) for v in value)
-        elif isinstance(value, dict):
-            out.append(json.dumps(value))
-        else:
-            out.append(_scalar(value))
-    return out
 
 
 def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) -> dict[str, Any]:
@@ -161,7 +141,8 @@ def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora"
         for name, values in series.items():
             if values:
                 coords = " ".join(f"{pad + (x - x0) * sx:.1f},{h - pad - (y - y0) * sy:.1f}" for x, y in values)
-                parts.append(f'<polyline class="{name}" points="{coords}" fill="none" stroke="{colors[name]}" stroke-width="2"/>')
+                parts.append(f'<polyline class="{name}" points="{coords}" fill="none" '
+                             f'stroke="{colors[name]}" stroke-width="2"/>')
         parts.append("</svg>")
         legend = " ".join(f'<span style="color:{colors[n]}">&#9632; {n} ({len(v)} points, last {v[-1][1]:.4f})</span>'
                           for n, v in series.items() if v)
@@ -169,11 +150,6 @@ def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
             f"<body style='font-family:sans-serif'><h2>{html.escape(title)}: loss per step</h2>{body}</body></html>")
 
-
-def _scalar(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return str(value)
 
 
 def build_sft_command(
@@ -262,14 +238,11 @@ def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
     return n
 
 
+
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
     """Returns swift's checkpoint-N folders holding an adapter, oldest step first."""
-    found = []
-    for path in Path(output_dir).glob("checkpoint-*"):
-        m = re.fullmatch(r"checkpoint-(\d+)", path.name)
-        if m and (path / "adapter_model.safetensors").is_file() and (path / "adapter_config.json").is_file():
-            found.append((int(m.group(1)), path))
-    return [p for _, p in sorted(found)]
+    return [p for p in _checkpoints.checkpoint_folders(output_dir)
+            if (p / "adapter_model.safetensors").is_file() and (p / "adapter_config.json").is_file()]
 
 
 def read_trainer_log(output_dir: Path, checkpoint: Path | None = None) -> list[dict[str, Any]]:
@@ -297,41 +270,6 @@ def read_trainer_log(output_dir: Path, checkpoint: Path | None = None) -> list[d
     return json.loads(state.read_text(encoding="utf-8")).get("log_history", [])
 
 
-def summarize_log(log_history: list[dict[str, Any]]) -> dict[str, float]:
-    """Extracts final metrics from a trainer log history."""
-    metrics: dict[str, float] = {}
-    losses = [e for e in log_history if "loss" in e]
-    evals = [e for e in log_history if "eval_loss" in e]
-    if losses:
-        metrics["final_loss"] = float(losses[-1]["loss"])
-        metrics["first_loss"] = float(losses[0]["loss"])
-    if evals:
-        metrics["eval_loss"] = float(evals[-1]["eval_loss"])
-    for entry in log_history:
-        for src, dst in (
-            ("train_loss", "train_loss"),
-            ("train_runtime", "train_runtime_s"),
-            ("train_samples_per_second", "samples_per_second"),
-            ("train_steps_per_second", "steps_per_second"),
-        ):
-            if src in entry:
-                metrics[dst] = float(entry[src])
-        if "step" in entry:
-            metrics["steps"] = float(entry["step"])
-        elif isinstance(entry.get("global_step/max_steps"), str):
-            metrics["steps"] = float(entry["global_step/max_steps"].split("/")[0])
-        if "memory(GiB)" in entry:
-            metrics["peak_memory_gib"] = max(metrics.get("peak_memory_gib", 0.0), float(entry["memory(GiB)"]))
-        if "train_speed(s/it)" in entry:
-            metrics["seconds_per_step"] = float(entry["train_speed(s/it)"])
-        if "num_input_tokens_seen" in entry:
-            metrics["tokens_seen"] = float(entry["num_input_tokens_seen"])
-        if "train_tokens_per_second" in entry:
-            metrics["tokens_per_second"] = float(entry["train_tokens_per_second"])
-    if "tokens_per_second" not in metrics and metrics.get("tokens_seen") and metrics.get("train_runtime_s"):
-        metrics["tokens_per_second"] = metrics["tokens_seen"] / metrics["train_runtime_s"]
-    return metrics
-
 
 _FAILURES = (
     ("CUDA out of memory", "CUDA out of memory: lower swift.per_device_train_batch_size or swift.max_length, "
@@ -349,11 +287,6 @@ def _explain_failure(log_tail: str, code: int) -> str:
     last = [line for line in log_tail.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
     return f"swift sft exited with code {code}; last line: {last[0]}"
 
-
-def swift_executable() -> str:
-    """Returns the `swift` launcher of this Python environment (or the one on PATH)."""
-    beside = Path(sys.executable).parent / "swift"
-    return str(beside) if beside.exists() else "swift"
 
 
 # CPU-only runs (the local demo): one intra-op thread per process and a glibc malloc that
@@ -398,134 +331,6 @@ class Preempted(TrainError):
     """SIGTERM (Vertex preemption) stopped training; a restart resumes from the last durable checkpoint."""
 
 
-def _killpg(pgid: int, sig: int) -> bool:
-    """Sends a signal to a process group; False when no process is left in it."""
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-class SigtermForwarder:
-    """While entered (main thread only), SIGTERM to this process is forwarded to the command's process group.
-
-    The first SIGTERM sends SIGTERM to the group (swift → torchrun → its workers), and
-    SIGKILL after `term_wait_s` if any of it is still alive. Further SIGTERMs are ignored
-    (the task is busy saving). The previous handler is restored on exit. Outside the main
-    thread (where Python cannot install handlers) nothing is installed.
-
-    Args:
-        term_wait_s: Seconds the group gets to exit before SIGKILL. Default 10.
-    """
-
-    def __init__(self, term_wait_s: float = 10.0):
-        self.term_wait_s = term_wait_s
-        self.received_at: float | None = None
-        self.proc: subprocess.Popen | None = None
-        self._previous: Any = None
-        self._installed = False
-        self._timer: threading.Timer | None = None
-
-    @property
-    def received(self) -> bool:
-        return self.received_at is not None
-
-    def __enter__(self) -> "SigtermForwarder":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._installed = False
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.received:
-            return
-        self.received_at = time.monotonic()
-        # os.write, not print: the main thread may be inside sys.stdout.write (a reentrant call would fail)
-        try:
-            os.write(2, b"train-lora: SIGTERM received (preemption): stopping swift, then saving the last "
-                        b"finished checkpoint\n")
-        except OSError:
-            pass
-        self.forward()
-
-    def attach(self, proc: subprocess.Popen) -> None:
-        """Sets the command to forward to (a SIGTERM that came before is forwarded now)."""
-        self.proc = proc
-        if self.received:
-            self.forward()
-
-    def forward(self) -> None:
-        proc = self.proc
-        if proc is None or self._timer is not None:
-            return
-        _killpg(proc.pid, signal.SIGTERM)
-        self._timer = threading.Timer(self.term_wait_s, _killpg, (proc.pid, signal.SIGKILL))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def wait_group_gone(self) -> None:
-        """After a forwarded SIGTERM: waits (until term_wait_s after it) for the whole group to exit, then SIGKILLs it."""
-        if self.proc is None or self.received_at is None:
-            return
-        deadline = self.received_at + self.term_wait_s
-        while time.monotonic() < deadline and _killpg(self.proc.pid, 0):
-            time.sleep(0.05)
-        if _killpg(self.proc.pid, signal.SIGKILL):
-            print("train-lora: swift's processes did not exit after SIGTERM; killed", flush=True)
-
-
-def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
-                guard: SigtermForwarder | None = None) -> tuple[int, str]:
-    """Runs a command in its own process group, streaming its output.
-
-    Args:
-        cmd: The argv.
-        env: Variables added to this process's environment. Default None.
-        log_path: File the output is appended to. Default None.
-        guard: Forwards SIGTERM to the command's group (see SigtermForwarder). Default None.
-
-    Returns:
-        (exit code, last 20 kB of output). An exception here (e.g. KeyboardInterrupt)
-        stops the whole group before it propagates.
-    """
-    tail = ""
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True, bufsize=1,
-        start_new_session=True,
-    )
-    try:
-        if guard is not None:
-            guard.attach(proc)
-        assert proc.stdout is not None
-        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-                tail = (tail + line)[-20000:]
-        proc.wait()
-        if guard is not None:
-            guard.wait_group_gone()
-    except BaseException:
-        _killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        _killpg(proc.pid, signal.SIGKILL)
-        raise
-    finally:
-        if proc.stdout is not None:
-            proc.stdout.close()
-    return proc.returncode, tail
-
 
 def _preempted(sync: _checkpoints.CheckpointSync | None, checkpoint_dir: str | None, wait_s: float) -> Preempted:
     """The last durable copy after SIGTERM, and the error that says where a restart resumes."""
@@ -543,6 +348,42 @@ def _preempted(sync: _checkpoints.CheckpointSync | None, checkpoint_dir: str | N
                      "the restarted job resumes from it")
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """How this node trains: the launch plan and the GPUs it has."""
+
+    plan: _launch.LaunchPlan
+    gpu_count: int  # GPUs visible on this node
+    gpu_memory: int  # bytes per GPU
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The datasets as `swift sft` reads them, in the work folder."""
+
+    work: Path
+    train_jsonl: Path
+    eval_jsonl: str  # "" = no eval during training
+    n_train: int
+
+    @property
+    def output_dir(self) -> Path:
+        """swift's output_dir (local checkpoints and logging.jsonl)."""
+        return self.work / "output"
+
+
+@dataclass(frozen=True)
+class _Durability:
+    """Durable checkpoints and preemption: the train_lora arguments of the same names."""
+
+    checkpoint_dir: str | None
+    interval_s: float
+    keep: int
+    node_timeout_s: float
+    term_wait_s: float
+    grace_s: float
+
+
 def train_lora(
     model_dir: str,
     model_type: str,
@@ -551,8 +392,8 @@ def train_lora(
     swift_args: dict[str, Any],
     adapter_out: str,
     work_dir: str,
-    base_model_ref: dict[str, Any] | None = None,
     *,
+    base_model_ref: dict[str, Any] | None = None,
     checkpoint_dir: str | None = None,
     expected_gpus: int = 0,
     ddp_timeout_s: int | None = None,
@@ -607,6 +448,32 @@ def train_lora(
         Preempted: SIGTERM arrived (a TrainError); swift was stopped and the finished
             checkpoints were copied; the message names the last durable checkpoint.
     """
+    durable = _Durability(checkpoint_dir, checkpoint_interval_s, keep_checkpoints, node_timeout_s, term_wait_s, grace_s)
+    launch = _plan_launch(model_dir, swift_args, adapter_out, work_dir, checkpoint_dir,
+                          expected_gpus=expected_gpus, environ=environ, gpus=gpus)
+    inputs = _materialize_inputs(work_dir, train_dir, eval_dir)
+    args, strategy = _final_swift_args(swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ,
+                                       checkpoint_dir=checkpoint_dir)
+    resume = _resume_point(checkpoint_dir, launch.plan)
+    cmd = build_sft_command(args, model_dir, model_type, str(inputs.train_jsonl), inputs.eval_jsonl,
+                            str(inputs.output_dir), resume_from=str(resume) if resume else None)
+    cmd[0] = swift_executable()
+    print("train-lora:", " ".join(cmd), flush=True)
+    wall = _run_swift(cmd, inputs, launch.plan, durable)
+    ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
+    return _collect_outputs(inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=wall, resume=resume,
+                            strategy=strategy.name)
+
+
+def _plan_launch(model_dir: str, swift_args: dict[str, Any], adapter_out: str, work_dir: str,
+                 checkpoint_dir: str | None, *, expected_gpus: int, environ: dict[str, str] | None,
+                 gpus: tuple[int, int] | None) -> _Launch:
+    """Checks what can be checked before any work: base model, GPU count, cluster spec, config, folders.
+
+    Raises:
+        TrainError: The base model folder has no config.json; or (subclasses) too few
+            GPUs, a bad CLUSTER_SPEC, or a preflight check of the config or a folder failed.
+    """
     if not Path(model_dir, "config.json").is_file():
         raise TrainError(f"{model_dir}: base model folder has no config.json; stage the model first")
     gpu_count, gpu_memory = _launch.detect_gpus() if gpus is None else gpus
@@ -618,6 +485,11 @@ def train_lora(
     if checkpoint_dir:
         writable["checkpoint_dir"] = checkpoint_dir
     _preflight.preflight(swift_args, model_dir, writable)
+    return _Launch(plan, gpu_count, gpu_memory)
+
+
+def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str) -> _Inputs:
+    """Writes the datasets' rows with absolute image paths into the work folder."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     train_jsonl = work / "train.jsonl"
@@ -626,12 +498,24 @@ def train_lora(
     if eval_dir:
         eval_jsonl = str(work / "eval.jsonl")
         materialize_dataset(eval_dir, eval_jsonl)
-    output_dir = work / "output"
+    return _Inputs(work, train_jsonl, eval_jsonl, n_train)
 
+
+def _final_swift_args(swift_args: dict[str, Any], model_dir: str, launch: _Launch, *, ddp_timeout_s: int | None,
+                      environ: dict[str, str] | None, checkpoint_dir: str | None) -> tuple[dict[str, Any], Any]:
+    """Returns the swift args of this run and the parallelism strategy chosen for it.
+
+    The config's section plus what the task decides: the strategy's DeepSpeed config
+    ("none" drops the key), the distributed settings of the launch plan, TensorBoard under
+    Vertex, and save_only_model false when checkpoints are kept durably (to resume with
+    optimizer state). The task's inputs (model, datasets, resume) are added by
+    `build_sft_command`.
+    """
     args = dict(swift_args)
+    plan = launch.plan
     strategy = _launch.choose_strategy(
-        _launch.model_weight_bytes(model_dir, args.get("torch_dtype")), plan.nproc_per_node if gpu_count else 0,
-        gpu_memory, args, nnodes=plan.nnodes, deepspeed_available=_launch.deepspeed_importable(),
+        _launch.model_weight_bytes(model_dir, args.get("torch_dtype")), plan.nproc_per_node if launch.gpu_count else 0,
+        launch.gpu_memory, args, nnodes=plan.nnodes, deepspeed_available=_launch.deepspeed_importable(),
     )
     if strategy.deepspeed:
         args["deepspeed"] = strategy.deepspeed
@@ -641,54 +525,81 @@ def train_lora(
     args.update(tensorboard_args(args, os.environ if environ is None else environ))
     print(f"train-lora: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es) per node, "
           f"strategy {strategy.name}: {strategy.reason}", flush=True)
-    resume: Path | None = None
     if checkpoint_dir:
         if args.get("save_only_model"):
-            print("train-lora: checkpoint_dir set: saving optimizer state too (save_only_model false) to resume", flush=True)
+            print("train-lora: checkpoint_dir set: saving optimizer state too (save_only_model false) to resume",
+                  flush=True)
         args["save_only_model"] = False
-        resume = _checkpoints.newest_complete_checkpoint(checkpoint_dir)
-        if resume:
-            print(f"train-lora: resuming from {resume}", flush=True)
-        if plan.nnodes > 1 and plan.is_chief:
-            # node markers of an earlier attempt must never mix with this attempt's files
-            for stale in _checkpoints.discard_incomplete(checkpoint_dir):
-                print(f"train-lora: removed incomplete checkpoint {stale} of an earlier attempt", flush=True)
+    return args, strategy
 
-    cmd = build_sft_command(args, model_dir, model_type, str(train_jsonl), eval_jsonl, str(output_dir),
-                            resume_from=str(resume) if resume else None)
-    cmd[0] = swift_executable()
-    print("train-lora:", " ".join(cmd), flush=True)
+
+def _resume_point(checkpoint_dir: str | None, plan: _launch.LaunchPlan) -> Path | None:
+    """The newest complete durable checkpoint to resume from (None: from scratch).
+
+    A multi-node chief also deletes the incomplete ones of an earlier attempt, so that node
+    markers of that attempt never mix with this attempt's files.
+    """
+    if not checkpoint_dir:
+        return None
+    resume = _checkpoints.newest_complete_checkpoint(checkpoint_dir)
+    if resume:
+        print(f"train-lora: resuming from {resume}", flush=True)
+    if plan.nnodes > 1 and plan.is_chief:
+        for stale in _checkpoints.discard_incomplete(checkpoint_dir):
+            print(f"train-lora: removed incomplete checkpoint {stale} of an earlier attempt", flush=True)
+    return resume
+
+
+def _run_swift(cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durable: _Durability) -> float:
+    """Runs `swift sft`, copying its finished checkpoints durably meanwhile; returns the wall time in seconds.
+
+    Raises:
+        Preempted: SIGTERM arrived; swift's process group was stopped and the last
+            finished checkpoints were copied within the grace period.
+        TrainError: swift exited non-zero (the message names the likely knob).
+    """
     start = time.time()
     env = cpu_speed_env(_cuda_available())
     if env:
         print("train-lora: CPU-only, setting", " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
     env.update(plan.env)
     sync = None
-    if checkpoint_dir:
-        sync = _checkpoints.CheckpointSync(output_dir, checkpoint_dir, checkpoint_interval_s, keep_checkpoints,
+    if durable.checkpoint_dir:
+        sync = _checkpoints.CheckpointSync(inputs.output_dir, durable.checkpoint_dir, durable.interval_s, durable.keep,
                                            node_rank=plan.node_rank, nnodes=plan.nnodes,
-                                           node_timeout_s=node_timeout_s).start()
-    with SigtermForwarder(term_wait_s) as guard:
+                                           node_timeout_s=durable.node_timeout_s).start()
+    with SigtermForwarder(durable.term_wait_s, log_name="train-lora", notice=_SIGTERM_NOTICE) as guard:
         try:
-            code, tail = run_command(cmd, env=env, log_path=work / "swift_sft.log", guard=guard)
+            code, tail = run_command(cmd, env=env, log_path=inputs.work / "swift_sft.log", guard=guard)
         finally:
             if sync is not None:
                 sync.stop(final=False)
         if guard.received_at is not None:
-            raise _preempted(sync, checkpoint_dir, grace_s - (time.monotonic() - guard.received_at))
+            raise _preempted(sync, durable.checkpoint_dir, durable.grace_s - (time.monotonic() - guard.received_at))
     wall = time.time() - start
     if code != 0:
         raise TrainError(_explain_failure(tail, code))
-    if sync is not None and not sync.drain(node_timeout_s, final=True):
+    if sync is not None and not sync.drain(durable.node_timeout_s, final=True):
         print(f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} lack another node's files; "
               "they stay incomplete", flush=True)
+    return wall
+
+
+def _collect_outputs(inputs: _Inputs, adapter_out: str, ref: dict[str, Any], *, is_chief: bool, wall: float,
+                     resume: Path | None, strategy: str) -> TrainResult:
+    """Reads the training metrics; on the chief, writes the last checkpoint's adapter to `adapter_out`.
+
+    Raises:
+        TrainError: swift finished but wrote no checkpoint with an adapter.
+    """
+    output_dir = inputs.output_dir
     log_history = read_trainer_log(output_dir)
     metrics = summarize_log(log_history)
-    metrics.update({"wall_s": round(wall, 2), "n_train": float(n_train)})
+    metrics.update({"wall_s": round(wall, 2), "n_train": float(inputs.n_train)})
     if resume:
         metrics["resumed_from_step"] = float(_checkpoints.checkpoint_step(resume) or 0)
-    extra = {"resumed_from": str(resume or ""), "strategy": strategy.name}
-    if not plan.is_chief:
+    extra = {"resumed_from": str(resume or ""), "strategy": strategy}
+    if not is_chief:
         return TrainResult("", "", metrics, log_history, is_chief=False, **extra)
     checkpoints = find_checkpoints(output_dir)
     if not checkpoints:
@@ -702,7 +613,6 @@ def train_lora(
     for name in ADAPTER_FILES:
         if (last / name).is_file():
             shutil.copyfile(last / name, out / name)
-    ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
     (out / BASE_MODEL_REF).write_text(json.dumps(ref, indent=2, sort_keys=True), encoding="utf-8")
-    (out / "log_history.json").write_text(json.dumps(log_history, indent=1), encoding="utf-8")
+    (out / LOG_HISTORY).write_text(json.dumps(log_history, indent=1), encoding="utf-8")
     return TrainResult(str(out), str(last), metrics, log_history, **extra)

@@ -1,0 +1,8 @@
+"""Shared building blocks of the components (one floor down, public names).
+
+Components import from here, never from each other's `core` or `_private` modules:
+`storage` (gs:// <-> /gcs/ paths, the Cloud Storage client),
+`files` (sha256, atomic writes, verified copies),
+`swift` (ms-swift's command line: `to_cli`, `swift_executable`, `run_command`, `SigtermForwarder`),
+`adapter` (the adapter folder train-lora writes and merge-export reads: file names, `summarize_log`).
+"""

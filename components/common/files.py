@@ -1,0 +1,136 @@
+"""File plumbing shared by the components: hashing, atomic writes and verified copies.
+
+Everything here works on local paths (a `/gcs/...` fuse path counts as local).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO
+
+CHUNK = 8 * 1024 * 1024  # bytes read at a time when hashing
+
+
+class CopyMismatch(RuntimeError):
+    """A copy does not hold the expected bytes (the source changed, or the write was torn).
+
+    Attributes:
+        path: The copy that was checked (the destination).
+        size: Its size in bytes.
+        sha256: Its hex sha256.
+    """
+
+    def __init__(self, path: Path, size: int, sha256: str):
+        super().__init__(f"{path}: copy does not match the expected bytes (size {size}, sha256 {sha256})")
+        self.path, self.size, self.sha256 = path, size, sha256
+
+
+def _sha256_of(f: BinaryIO, chunk: int = CHUNK) -> str:
+    digest = hashlib.sha256()
+    while block := f.read(chunk):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = CHUNK) -> str:
+    """Returns the hex sha256 of a file's bytes.
+
+    Args:
+        path: The file.
+        chunk: Bytes read at a time. Default 8 MiB.
+
+    Returns:
+        The lower-case hex digest.
+    """
+    with open(path, "rb") as f:
+        return _sha256_of(f, chunk)
+
+
+def write_text_atomic(path: str | Path, text: str, tmp_dir: str | Path | None = None) -> None:
+    """Writes a text file so that a reader sees either no file, the old one, or the whole new one.
+
+    The text goes to a uniquely named temporary file (`.<folder>.<name>.partial-<random>`,
+    unique across processes and hosts sharing a file system), is fsynced, then renamed into
+    place. A failed write leaves no temporary file behind.
+
+    Args:
+        path: The file to write.
+        text: Its content (UTF-8).
+        tmp_dir: Folder of the temporary file, on the same file system as `path`.
+            Default: `path`'s own folder. Give another one where a stray temporary file
+            inside that folder could be mistaken for content (a checkpoint folder).
+    """
+    path = Path(path)
+    folder = Path(tmp_dir) if tmp_dir is not None else path.parent
+    tmp = folder / f".{path.parent.name}.{path.name}.partial-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: str | Path, data: Any, tmp_dir: str | Path | None = None, *, indent: int = 1) -> None:
+    """Writes JSON (sorted keys) atomically; see `write_text_atomic`.
+
+    Args:
+        path: The file to write.
+        data: The JSON-able value.
+        tmp_dir: Folder of the temporary file (see `write_text_atomic`). Default: `path`'s folder.
+        indent: JSON indent in spaces. Default 1.
+    """
+    write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True), tmp_dir=tmp_dir)
+
+
+def copy_verified(src: str | Path, dst: str | Path, sha256: str, size: int | None = None, *,
+                  atomic: bool = False) -> int:
+    """Copies a file, then reads the copy back and checks it holds the expected bytes.
+
+    Args:
+        src: The file to copy.
+        dst: The copy (parent folders are created).
+        sha256: Expected hex sha256 (of the source when it was listed).
+        size: Expected size in bytes. Default None (not checked apart from the sha256).
+        atomic: Write through a temporary file beside `dst` (`<name>.partial-<random>`),
+            fsynced and renamed into place only once it verifies, so a reader never sees a
+            torn or wrong `dst`. Default False: written in place, for callers that publish
+            a marker only after every copy verified (checkpoint copies).
+
+    Returns:
+        Bytes written.
+
+    Raises:
+        CopyMismatch: The copy's size or sha256 differs (the source changed since it was
+            hashed, or the write was torn). With `atomic`, `dst` is left as it was.
+    """
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    target = dst
+    if atomic:
+        fd, name = tempfile.mkstemp(dir=dst.parent, prefix=dst.name + ".partial-")
+        os.close(fd)
+        target = Path(name)
+    try:
+        shutil.copyfile(src, target)
+        with open(target, "rb") as f:
+            got_sha = _sha256_of(f)
+            if atomic:
+                os.fsync(f.fileno())
+        got_size = target.stat().st_size
+        if got_sha != sha256 or (size is not None and got_size != size):
+            raise CopyMismatch(dst, got_size, got_sha)
+        if atomic:
+            os.replace(target, dst)
+    finally:
+        if atomic:
+            target.unlink(missing_ok=True)
+    return got_size

@@ -1,0 +1,186 @@
+"""Running ms-swift's `swift` command line: argument formatting, the launcher, the process group.
+
+Shared by train-lora (`swift sft`) and merge-export (`swift export`). `to_cli` is pure;
+`run_command` runs a command in its own process group so that stopping it (an exception
+here, or a SIGTERM forwarded by `SigtermForwarder`) stops every process it started
+(swift → torchrun → its workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def to_cli(args: dict[str, Any]) -> list[str]:
+    """Turns {name: value} into ['--name', 'value', ...] as ms-swift's parser expects.
+
+    Booleans become 'true'/'false', lists become several values, dicts become JSON, and
+    whole floats become integers (KFP passes dict parameters as protobuf Structs, whose
+    numbers are all floats: `gradient_accumulation_steps: 1` arrives as 1.0).
+    """
+    out: list[str] = []
+    for key, value in args.items():
+        out.append(f"--{key}")
+        if isinstance(value, bool):
+            out.append("true" if value else "false")
+        elif isinstance(value, list):
+            out.extend(_scalar(v) for v in value)
+        elif isinstance(value, dict):
+            out.append(json.dumps(value))
+        else:
+            out.append(_scalar(value))
+    return out
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return str(value)
+
+
+def swift_executable() -> str:
+    """Returns the `swift` launcher of this Python environment (or the one on PATH)."""
+    beside = Path(sys.executable).parent / "swift"
+    return str(beside) if beside.exists() else "swift"
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    """Sends a signal to a process group; False when no process is left in it."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+class SigtermForwarder:
+    """While entered (main thread only), SIGTERM to this process is forwarded to the command's process group.
+
+    The first SIGTERM sends SIGTERM to the group (swift → torchrun → its workers), and
+    SIGKILL after `term_wait_s` if any of it is still alive. Further SIGTERMs are ignored
+    (the task is busy saving). The previous handler is restored on exit. Outside the main
+    thread (where Python cannot install handlers) nothing is installed. Whether a SIGTERM
+    came, and what that means for the task, is the caller's to decide (`received_at`).
+
+    Args:
+        term_wait_s: Seconds the group gets to exit before SIGKILL. Default 10.
+        log_name: Prefix of the messages printed (the task's name). Default "swift".
+        notice: What the task does after a SIGTERM, for the message printed when one
+            arrives. Default "stopping swift".
+    """
+
+    def __init__(self, term_wait_s: float = 10.0, log_name: str = "swift", notice: str = "stopping swift"):
+        self.term_wait_s = term_wait_s
+        self.log_name = log_name
+        self.received_at: float | None = None
+        self.proc: subprocess.Popen | None = None
+        self._message = f"{log_name}: SIGTERM received (preemption): {notice}\n".encode()
+        self._previous: Any = None
+        self._installed = False
+        self._timer: threading.Timer | None = None
+
+    @property
+    def received(self) -> bool:
+        return self.received_at is not None
+
+    def __enter__(self) -> SigtermForwarder:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received:
+            return
+        self.received_at = time.monotonic()
+        # os.write, not print: the main thread may be inside sys.stdout.write (a reentrant call would fail)
+        try:
+            os.write(2, self._message)
+        except OSError:
+            pass
+        self.forward()
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        """Sets the command to forward to (a SIGTERM that came before is forwarded now)."""
+        self.proc = proc
+        if self.received:
+            self.forward()
+
+    def forward(self) -> None:
+        proc = self.proc
+        if proc is None or self._timer is not None:
+            return
+        _killpg(proc.pid, signal.SIGTERM)
+        self._timer = threading.Timer(self.term_wait_s, _killpg, (proc.pid, signal.SIGKILL))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def wait_group_gone(self) -> None:
+        """After a forwarded SIGTERM: waits (until term_wait_s after it) for the group to exit, then SIGKILLs it."""
+        if self.proc is None or self.received_at is None:
+            return
+        deadline = self.received_at + self.term_wait_s
+        while time.monotonic() < deadline and _killpg(self.proc.pid, 0):
+            time.sleep(0.05)
+        if _killpg(self.proc.pid, signal.SIGKILL):
+            print(f"{self.log_name}: swift's processes did not exit after SIGTERM; killed", flush=True)
+
+
+def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
+                guard: SigtermForwarder | None = None) -> tuple[int, str]:
+    """Runs a command in its own process group, streaming its output.
+
+    Args:
+        cmd: The argv.
+        env: Variables added to this process's environment. Default None.
+        log_path: File the output is appended to. Default None.
+        guard: Forwards SIGTERM to the command's group (see SigtermForwarder). Default None.
+
+    Returns:
+        (exit code, last 20 kB of output). An exception here (e.g. KeyboardInterrupt)
+        stops the whole group before it propagates.
+    """
+    tail = ""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True, bufsize=1,
+        start_new_session=True,
+    )
+    try:
+        if guard is not None:
+            guard.attach(proc)
+        assert proc.stdout is not None
+        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                tail = (tail + line)[-20000:]
+        proc.wait()
+        if guard is not None:
+            guard.wait_group_gone()
+    except BaseException:
+        _killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        _killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return proc.returncode, tail
