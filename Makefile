@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast compile install clean
+.PHONY: demo test test-fast lint format compile install clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pipelines.run --local
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not pipeline"
