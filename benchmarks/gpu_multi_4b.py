@@ -31,10 +31,17 @@ def _swift(steps: int, batch: int) -> dict:
 
 def _summary(name: str, result, wall: float) -> dict:
     m = result.metrics
-    return {"run": name, "strategy": getattr(result, "strategy", ""), "is_chief": getattr(result, "is_chief", True),
-            "wall_s": round(wall, 1), "samples_per_second": m.get("samples_per_second"),
-            "seconds_per_step": m.get("seconds_per_step"), "peak_memory_gib": m.get("peak_memory_gib"),
-            "steps": m.get("steps"), "final_loss": m.get("final_loss")}
+    return {
+        "run": name,
+        "strategy": getattr(result, "strategy", ""),
+        "is_chief": getattr(result, "is_chief", True),
+        "wall_s": round(wall, 1),
+        "samples_per_second": m.get("samples_per_second"),
+        "seconds_per_step": m.get("seconds_per_step"),
+        "peak_memory_gib": m.get("peak_memory_gib"),
+        "steps": m.get("steps"),
+        "final_loss": m.get("final_loss"),
+    }
 
 
 def node_main(args) -> None:
@@ -42,10 +49,16 @@ def node_main(args) -> None:
     from components.train_lora.core import train_lora
 
     start = time.time()
-    result = train_lora(args.model, "qwen3_vl", args.train, "", _swift(args.steps, args.batch),
-                        args.adapter, args.work, expected_gpus=1)
-    print("RESULT " + json.dumps(_summary(f"two-node rank {os.environ.get('NODE_NAME')}", result, time.time() - start),
-                                 default=str), flush=True)
+    result = train_lora(
+        args.model, "qwen3_vl", args.train, "", _swift(args.steps, args.batch), args.adapter, args.work, expected_gpus=1
+    )
+    print(
+        "RESULT "
+        + json.dumps(
+            _summary(f"two-node rank {os.environ.get('NODE_NAME')}", result, time.time() - start), default=str
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -72,13 +85,23 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = build_qwen3_vl_4b(out / "model")
     data = generate_dataset(out / "raw", n_train=64, n_eval=8, image_size=1024, seed=0)
-    validate_data([data["train"]], str(out / "train"), str(out / "eval"), str(out / "q.jsonl"), eval_files=[data["eval"]])
+    validate_data(
+        [data["train"]], str(out / "train"), str(out / "eval"), str(out / "q.jsonl"), eval_files=[data["eval"]]
+    )
 
     for name, extra in (("auto (2 GPUs)", {}), ("zero3 forced (2 GPUs)", {"deepspeed": "zero3"})):
         start = time.time()
         try:
-            result = train_lora(str(model), "qwen3_vl", str(out / "train"), "", {**_swift(args.steps, args.batch), **extra},
-                                str(out / f"adapter-{len(extra)}"), str(out / f"work-{len(extra)}"), expected_gpus=2)
+            result = train_lora(
+                str(model),
+                "qwen3_vl",
+                str(out / "train"),
+                "",
+                {**_swift(args.steps, args.batch), **extra},
+                str(out / f"adapter-{len(extra)}"),
+                str(out / f"work-{len(extra)}"),
+                expected_gpus=2,
+            )
             print("RESULT " + json.dumps(_summary(name, result, time.time() - start), default=str), flush=True)
         except Exception as exc:  # report and go on to the next run
             print("RESULT " + json.dumps({"run": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}), flush=True)
@@ -87,11 +110,32 @@ def main() -> None:
     procs = []
     start = time.time()
     for i, (pool, gpu) in enumerate((("workerpool0", "0"), ("workerpool1", "1"))):
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "NODE_NAME": pool,
-               "CLUSTER_SPEC": json.dumps({**spec, "task": {"type": pool, "index": 0}})}
-        cmd = [sys.executable, "-m", "benchmarks.gpu_multi_4b", "--node", "--out", args.out, "--steps", str(args.steps),
-               "--batch", str(args.batch), "--model", str(model), "--train", str(out / "train"),
-               "--adapter", str(out / f"adapter-node{i}"), "--work", str(out / f"work-node{i}")]
+        env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": gpu,
+            "NODE_NAME": pool,
+            "CLUSTER_SPEC": json.dumps({**spec, "task": {"type": pool, "index": 0}}),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_multi_4b",
+            "--node",
+            "--out",
+            args.out,
+            "--steps",
+            str(args.steps),
+            "--batch",
+            str(args.batch),
+            "--model",
+            str(model),
+            "--train",
+            str(out / "train"),
+            "--adapter",
+            str(out / f"adapter-node{i}"),
+            "--work",
+            str(out / f"work-node{i}"),
+        ]
         log = open(out / f"node{i}.log", "w")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, i))
     for proc, log, i in procs:
@@ -99,11 +143,18 @@ def main() -> None:
         log.close()
         lines = (out / f"node{i}.log").read_text().splitlines()
         results = [line for line in lines if line.startswith("RESULT ")]
-        print(results[-1] if results else f"RESULT {json.dumps({'run': f'two-node {i}', 'exit': code, 'tail': lines[-15:]})}",
-              flush=True)
-    print(f"two-node wall {time.time() - start:.1f} s; chief adapter written: "
-          f"{(out / 'adapter-node0' / 'adapter_model.safetensors').is_file()}; worker adapter written: "
-          f"{(out / 'adapter-node1' / 'adapter_model.safetensors').is_file()}", flush=True)
+        print(
+            results[-1]
+            if results
+            else f"RESULT {json.dumps({'run': f'two-node {i}', 'exit': code, 'tail': lines[-15:]})}",
+            flush=True,
+        )
+    print(
+        f"two-node wall {time.time() - start:.1f} s; chief adapter written: "
+        f"{(out / 'adapter-node0' / 'adapter_model.safetensors').is_file()}; worker adapter written: "
+        f"{(out / 'adapter-node1' / 'adapter_model.safetensors').is_file()}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

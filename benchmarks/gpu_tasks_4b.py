@@ -81,7 +81,7 @@ def naive_generate(model_dir: str, rows: list[dict], max_new_tokens: int) -> tup
         inputs = processor(text=[prompt], images=images, return_tensors="pt").to(device)
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        new = out[0, inputs["input_ids"].shape[1]:]
+        new = out[0, inputs["input_ids"].shape[1] :]
         generated += int(new.numel())
         answers.append(processor.decode(new, skip_special_tokens=True))
     _sync()
@@ -121,9 +121,19 @@ def main() -> None:
     summary["build_model_s"] = round(time.time() - t, 1)
 
     t = time.time()
-    data = generate_dataset(out / "raw", n_train=args.n_train, n_eval=args.eval_samples, image_size=256 if args.tiny else 1024, seed=0)
-    result = validate_data([data["train"]], str(out / "train"), str(out / "eval"), str(out / "q.jsonl"),
-                           eval_files=[data["eval"]], model_dir=str(model_dir), max_length=3000, task="detection")
+    data = generate_dataset(
+        out / "raw", n_train=args.n_train, n_eval=args.eval_samples, image_size=256 if args.tiny else 1024, seed=0
+    )
+    result = validate_data(
+        [data["train"]],
+        str(out / "train"),
+        str(out / "eval"),
+        str(out / "q.jsonl"),
+        eval_files=[data["eval"]],
+        model_dir=str(model_dir),
+        max_length=3000,
+        task="detection",
+    )
     summary["validate_s"] = round(time.time() - t, 1)
     tokens = sorted((result.stats or {}).get("token_counts") or [0])
     summary["tokens_median"] = tokens[len(tokens) // 2]
@@ -133,8 +143,9 @@ def main() -> None:
         swift.update(torch_dtype="float32", gradient_checkpointing=False, dataloader_num_workers=0)
     _sync()
     t = time.time()
-    trained = train_lora(str(model_dir), "qwen3_vl", str(out / "train"), "", swift, str(out / "adapter"),
-                         str(out / "train-work"))
+    trained = train_lora(
+        str(model_dir), "qwen3_vl", str(out / "train"), "", swift, str(out / "adapter"), str(out / "train-work")
+    )
     summary["train_wall_s"] = round(time.time() - t, 1)
     summary["train_metrics"] = trained.metrics
     sps = trained.metrics.get("samples_per_second", 0.0)
@@ -147,18 +158,31 @@ def main() -> None:
 
     rows = load_eval_rows(out / "eval", args.eval_samples)
     timings: dict = {}
-    answers, generated = swift_generate(str(out / "merged"), "qwen3_vl", rows, args.eval_batch, args.max_new_tokens,
-                                        timings)
+    answers, generated = swift_generate(
+        str(out / "merged"), "qwen3_vl", rows, args.eval_batch, args.max_new_tokens, timings
+    )
     sec = timings["generate_s"]
-    summary["eval_batched"] = {"batch": args.eval_batch, "samples": len(rows), "seconds": round(sec, 2),
-                               "samples_per_s": round(len(rows) / sec, 3), "gen_tokens_per_s": round(generated / sec, 1),
-                               "generated_tokens": generated, "load_s": round(timings["load_s"], 1)}
+    summary["eval_batched"] = {
+        "batch": args.eval_batch,
+        "samples": len(rows),
+        "seconds": round(sec, 2),
+        "samples_per_s": round(len(rows) / sec, 3),
+        "gen_tokens_per_s": round(generated / sec, 1),
+        "generated_tokens": generated,
+        "load_s": round(timings["load_s"], 1),
+    }
     if not args.skip_naive:
         _, gen_naive, sec_naive = naive_generate(str(out / "merged"), rows, args.max_new_tokens)
-        summary["eval_naive"] = {"samples": len(rows), "seconds": round(sec_naive, 2),
-                                 "samples_per_s": round(len(rows) / sec_naive, 3),
-                                 "gen_tokens_per_s": round(gen_naive / sec_naive, 1), "generated_tokens": gen_naive}
-        summary["eval_speedup_samples"] = round(summary["eval_batched"]["samples_per_s"] / summary["eval_naive"]["samples_per_s"], 2)
+        summary["eval_naive"] = {
+            "samples": len(rows),
+            "seconds": round(sec_naive, 2),
+            "samples_per_s": round(len(rows) / sec_naive, 3),
+            "gen_tokens_per_s": round(gen_naive / sec_naive, 1),
+            "generated_tokens": gen_naive,
+        }
+        summary["eval_speedup_samples"] = round(
+            summary["eval_batched"]["samples_per_s"] / summary["eval_naive"]["samples_per_s"], 2
+        )
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print("SUMMARY " + json.dumps(summary, default=str))
 

@@ -32,9 +32,12 @@ def main() -> None:
     total = time.time() - start
     size = sum(p.stat().st_size for p in (out / "merged").glob("*.safetensors"))
     meta = result.metadata if hasattr(result, "metadata") else {}
-    summary = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-               "total_s": round(total, 1), "merged_safetensors_bytes": size,
-               **{k: v for k, v in meta.items() if not isinstance(v, (dict, list)) or k in ("timings", "check")}}
+    summary = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "total_s": round(total, 1),
+        "merged_safetensors_bytes": size,
+        **{k: v for k, v in meta.items() if not isinstance(v, (dict, list)) or k in ("timings", "check")},
+    }
     print("MERGE " + json.dumps(summary, default=str), flush=True)
 
 

@@ -54,7 +54,9 @@ def summarize(prof, wall_s: float) -> dict:
         cats[category(name)] = cats.get(category(name), 0.0) + t
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:30]
     return {
-        "wall_s": wall_s, "gpu_kernel_s": busy, "gpu_idle_fraction": max(0.0, 1 - busy / wall_s) if wall_s else 0.0,
+        "wall_s": wall_s,
+        "gpu_kernel_s": busy,
+        "gpu_idle_fraction": max(0.0, 1 - busy / wall_s) if wall_s else 0.0,
         "by_category_s": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
         "by_category_fraction_of_wall": {k: v / wall_s for k, v in cats.items()} if wall_s else {},
         "top_kernels": [{"name": n[:160], "s": t, "category": category(n)} for n, t in top],

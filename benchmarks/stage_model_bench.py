@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 def build_model(folder: Path, size_mb: int, shards: int) -> int:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"],
-                                                    "torch_dtype": "bfloat16"}))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"], "torch_dtype": "bfloat16"})
+    )
     (folder / "tokenizer_config.json").write_text("{}")
     (folder / "tokenizer.json").write_text("{}")
     (folder / "preprocessor_config.json").write_text("{}")
@@ -61,8 +62,11 @@ def start_emulator() -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(400):
         try:
@@ -78,8 +82,18 @@ def timed(label: str, total: int, fn) -> None:
     t0 = time.perf_counter()
     result = fn()
     dt = time.perf_counter() - t0
-    print(json.dumps({"step": label, "seconds": round(dt, 2), "bytes_copied": result.bytes_copied,
-                      "MiB_per_s": round(total / dt / 2**20, 1), "cache_hit": result.cache_hit}), flush=True)
+    print(
+        json.dumps(
+            {
+                "step": label,
+                "seconds": round(dt, 2),
+                "bytes_copied": result.bytes_copied,
+                "MiB_per_s": round(total / dt / 2**20, 1),
+                "cache_hit": result.cache_hit,
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -97,8 +111,12 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         total = build_model(work / "model", args.size_mb, args.shards)
-        print(json.dumps({"step": "build", "bytes": total, "seconds": round(time.perf_counter() - t0, 2),
-                          "cpus": os.cpu_count()}), flush=True)
+        print(
+            json.dumps(
+                {"step": "build", "bytes": total, "seconds": round(time.perf_counter() - t0, 2), "cpus": os.cpu_count()}
+            ),
+            flush=True,
+        )
         client = _gcs.client()
         client.create_bucket("bench")
         cache = "gs://bench/models"
@@ -107,7 +125,7 @@ def main() -> None:
         timed("hit local->gs", total, lambda: stage_model(src, cache, workers=args.workers))
         entry = stage_model(src, cache).entry
         shard = sorted(p.name for p in (work / "model").glob("*.safetensors"))[0]
-        blob = client.bucket("bench").blob(entry[len("gs://bench/"):] + "/" + shard)
+        blob = client.bucket("bench").blob(entry[len("gs://bench/") :] + "/" + shard)
         blob.upload_from_string(b"truncated")
         timed("repair 1 shard local->gs", total, lambda: stage_model(src, cache, workers=args.workers))
         timed("cold gs->local", total, lambda: stage_model(entry, str(work / "cache"), workers=args.workers))

@@ -25,8 +25,9 @@ L = label tokens, P = ViT patches (4 per image token for spatial merge 2).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
 
@@ -55,12 +56,21 @@ class ArchShape:
         text, vision = config["text_config"], config["vision_config"]
         head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
         return cls(
-            layers=text["num_hidden_layers"], hidden=text["hidden_size"], heads=text["num_attention_heads"],
-            kv_heads=text.get("num_key_value_heads", text["num_attention_heads"]), head_dim=head_dim,
-            ffn=text["intermediate_size"], vocab=text["vocab_size"], vit_depth=vision["depth"],
-            vit_hidden=vision["hidden_size"], vit_ffn=vision["intermediate_size"],
-            vit_patch_in=vision.get("in_channels", 3) * vision.get("temporal_patch_size", 2) * vision["patch_size"] ** 2,
-            vit_out=vision["out_hidden_size"], merge=vision.get("spatial_merge_size", 2),
+            layers=text["num_hidden_layers"],
+            hidden=text["hidden_size"],
+            heads=text["num_attention_heads"],
+            kv_heads=text.get("num_key_value_heads", text["num_attention_heads"]),
+            head_dim=head_dim,
+            ffn=text["intermediate_size"],
+            vocab=text["vocab_size"],
+            vit_depth=vision["depth"],
+            vit_hidden=vision["hidden_size"],
+            vit_ffn=vision["intermediate_size"],
+            vit_patch_in=vision.get("in_channels", 3)
+            * vision.get("temporal_patch_size", 2)
+            * vision["patch_size"] ** 2,
+            vit_out=vision["out_hidden_size"],
+            merge=vision.get("spatial_merge_size", 2),
             deepstack=len(vision.get("deepstack_visual_indexes") or []),
         )
 
@@ -111,8 +121,15 @@ class SampleStats:
         )
 
 
-def flops_per_sample(arch: ArchShape, stats: SampleStats, lora_rank: int, *, lm_recompute: bool = False,
-                     vit_backward: bool = False, vit_recompute: bool = False) -> dict[str, float]:
+def flops_per_sample(
+    arch: ArchShape,
+    stats: SampleStats,
+    lora_rank: int,
+    *,
+    lm_recompute: bool = False,
+    vit_backward: bool = False,
+    vit_recompute: bool = False,
+) -> dict[str, float]:
     """Returns the FLOPs of one training sample, by part, plus 'model' and 'hardware' totals.
 
     Args:
@@ -133,10 +150,12 @@ def flops_per_sample(arch: ArchShape, stats: SampleStats, lora_rank: int, *, lm_
     head_fwd = 2.0 * arch.hidden * arch.vocab * lab
     lora = 6.0 * arch.lora_params(lora_rank) * t
     image_tokens = stats.patches / arch.merge**2
-    vit_fwd = (2.0 * arch.vit_depth * arch.vit_block_params() * stats.patches
-               + 4.0 * arch.vit_depth * arch.vit_hidden * stats.patches_sq
-               + 2.0 * arch.vit_patch_in * arch.vit_hidden * stats.patches
-               + 2.0 * (1 + arch.deepstack) * arch.merger_params() * image_tokens)
+    vit_fwd = (
+        2.0 * arch.vit_depth * arch.vit_block_params() * stats.patches
+        + 4.0 * arch.vit_depth * arch.vit_hidden * stats.patches_sq
+        + 2.0 * arch.vit_patch_in * arch.vit_hidden * stats.patches
+        + 2.0 * (1 + arch.deepstack) * arch.merger_params() * image_tokens
+    )
     parts = {
         "lm_linear": 2 * lm_lin_fwd,
         "lm_attention": 3 * lm_attn_fwd,

@@ -30,8 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.throughput import ArchShape, SampleStats, flops_per_sample, losses_at, peak_flops_for, steady_state, \
-    utilisation
+from benchmarks.throughput import (
+    ArchShape,
+    SampleStats,
+    flops_per_sample,
+    losses_at,
+    peak_flops_for,
+    steady_state,
+    utilisation,
+)
 
 PROFILE_PLUGIN = str(Path(__file__).with_name("profile_plugin.py"))
 SEED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
@@ -50,32 +57,78 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b16_gc_liger": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True},
     "b4_nogc_liger": {"batch": 4, "gradient_checkpointing": False, "use_liger_kernel": True},
     "b8_nogc_liger": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True},
-    "b16_gc_liger_w8": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
-                        "dataloader_num_workers": 8, "dataloader_prefetch_factor": 4},
-    "b16_gc_liger_fusedadam": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
-                               "optim": "adamw_torch_fused"},
-    "b8_nogc_liger_nodrop": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "lora_dropout": 0.0},
-    "b8_nogc_liger_w8": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
-                         "dataloader_num_workers": 8, "dataloader_prefetch_factor": 4},
+    "b16_gc_liger_w8": {
+        "batch": 16,
+        "vit_gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "dataloader_num_workers": 8,
+        "dataloader_prefetch_factor": 4,
+    },
+    "b16_gc_liger_fusedadam": {
+        "batch": 16,
+        "vit_gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "optim": "adamw_torch_fused",
+    },
+    "b8_nogc_liger_nodrop": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "lora_dropout": 0.0,
+    },
+    "b8_nogc_liger_w8": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "dataloader_num_workers": 8,
+        "dataloader_prefetch_factor": 4,
+    },
     # the same with the caching allocator's expandable segments (less fragmentation: headroom)
-    "b8_nogc_liger_exp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
-                          "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+    "b8_nogc_liger_exp": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    },
     # peft's float32 input casts restored (the train-lora plugin skips them under autocast)
-    "b8_nogc_liger_peftcast": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
-                               "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"}},
-    "b16_gc_liger_peftcast": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
-                              "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"}},
+    "b8_nogc_liger_peftcast": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"},
+    },
+    "b16_gc_liger_peftcast": {
+        "batch": 16,
+        "vit_gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"},
+    },
     "b8_nogc_liger_ddp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "deepspeed": "none"},
     # the seed and the best H100 profile under torch.profiler (a window of micro-steps)
-    "seed_prof": {"batch": 1, "external_plugins": ["PROFILE_PLUGIN"],
-                  "env": {"VLM_LORA_PROFILE_START": "20", "VLM_LORA_PROFILE_STEPS": "8"}},
-    "b8_nogc_liger_prof": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
-                           "external_plugins": ["PROFILE_PLUGIN"],
-                           "env": {"VLM_LORA_PROFILE_START": "4", "VLM_LORA_PROFILE_STEPS": "4"}},
-    "b8_nogc_liger_compile": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True,
-                              "torch_compile": True},
-    "b16_gc_liger_nodrop": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True,
-                            "lora_dropout": 0.0},
+    "seed_prof": {
+        "batch": 1,
+        "external_plugins": ["PROFILE_PLUGIN"],
+        "env": {"VLM_LORA_PROFILE_START": "20", "VLM_LORA_PROFILE_STEPS": "8"},
+    },
+    "b8_nogc_liger_prof": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "external_plugins": ["PROFILE_PLUGIN"],
+        "env": {"VLM_LORA_PROFILE_START": "4", "VLM_LORA_PROFILE_STEPS": "4"},
+    },
+    "b8_nogc_liger_compile": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "torch_compile": True,
+    },
+    "b16_gc_liger_nodrop": {
+        "batch": 16,
+        "vit_gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "lora_dropout": 0.0,
+    },
 }
 
 
@@ -86,18 +139,24 @@ def seed_swift_args() -> dict[str, Any]:
     return dict(load_config(SEED_CONFIG).swift)
 
 
-def profile_args(name: str, overrides: dict[str, Any], samples_per_step: int, gpus: int, steps: int,
-                 base: dict[str, Any]) -> dict[str, Any]:
+def profile_args(
+    name: str, overrides: dict[str, Any], samples_per_step: int, gpus: int, steps: int, base: dict[str, Any]
+) -> dict[str, Any]:
     """The swift arguments of one profile run."""
     batch = int(overrides.get("batch", 1))
     if samples_per_step % (batch * gpus):
-        raise SystemExit(f"profile {name}: {samples_per_step} samples per step do not split into "
-                         f"batch {batch} x {gpus} GPU(s)")
+        raise SystemExit(
+            f"profile {name}: {samples_per_step} samples per step do not split into batch {batch} x {gpus} GPU(s)"
+        )
     args = {**base, **{k: v for k, v in overrides.items() if k not in ("batch", "env")}}
     args.update(
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=samples_per_step // (batch * gpus),
-        max_steps=steps, save_steps=steps, logging_steps=1, save_only_model=True, report_to="none",
+        max_steps=steps,
+        save_steps=steps,
+        logging_steps=1,
+        save_only_model=True,
+        report_to="none",
         eval_strategy="no",
     )
     for key in ("eval_steps", "save_total_limit", "num_train_epochs"):
@@ -137,13 +196,29 @@ def sample_stats(dataset_dir: Path, model_dir: Path, limit: int = 0) -> tuple[Sa
         samples.append((tokens, labels, patches))
     stats = SampleStats.from_samples(samples)
     tokens = sorted(t for t, _, _ in samples)
-    return stats, {"samples": len(samples), "tokens_mean": stats.tokens, "tokens_median": tokens[len(tokens) // 2],
-                   "tokens_min": tokens[0], "tokens_max": tokens[-1], "labels_mean": stats.labels,
-                   "patches_mean": stats.patches}
+    return stats, {
+        "samples": len(samples),
+        "tokens_mean": stats.tokens,
+        "tokens_median": tokens[len(tokens) // 2],
+        "tokens_min": tokens[0],
+        "tokens_max": tokens[-1],
+        "labels_mean": stats.labels,
+        "patches_mean": stats.patches,
+    }
 
 
-def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Path, out: Path, gpus: int,
-                arch: ArchShape, stats: SampleStats, peak: float, samples_per_step: int) -> dict[str, Any]:
+def run_profile(
+    name: str,
+    args: dict[str, Any],
+    model_dir: Path,
+    train_dir: Path,
+    out: Path,
+    gpus: int,
+    arch: ArchShape,
+    stats: SampleStats,
+    peak: float,
+    samples_per_step: int,
+) -> dict[str, Any]:
     """Trains one profile with the train-lora core and measures it."""
     import torch
 
@@ -152,9 +227,14 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
     visible = torch.cuda.device_count()
     torch.cuda.empty_cache()
     start = time.time()
-    row: dict[str, Any] = {"profile": name, "gpus": gpus, "batch": args["per_device_train_batch_size"],
-                           "grad_accum": args["gradient_accumulation_steps"], "samples_per_step": samples_per_step,
-                           "settings": {k: v for k, v in args.items() if k in PROFILE_KEYS}}
+    row: dict[str, Any] = {
+        "profile": name,
+        "gpus": gpus,
+        "batch": args["per_device_train_batch_size"],
+        "grad_accum": args["gradient_accumulation_steps"],
+        "samples_per_step": samples_per_step,
+        "settings": {k: v for k, v in args.items() if k in PROFILE_KEYS},
+    }
     env = dict(PROFILES.get(name, {}).get("env", {}))
     if "external_plugins" in args:
         args["external_plugins"] = [PROFILE_PLUGIN if p == "PROFILE_PLUGIN" else p for p in args["external_plugins"]]
@@ -164,8 +244,16 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
     if env:
         row["env"] = env
     try:
-        result = train_lora(str(model_dir), "qwen3_vl", str(train_dir), "", args, str(out / name / "adapter"),
-                            str(out / name / "work"), expected_gpus=gpus if visible else 0)
+        result = train_lora(
+            str(model_dir),
+            "qwen3_vl",
+            str(train_dir),
+            "",
+            args,
+            str(out / name / "adapter"),
+            str(out / name / "work"),
+            expected_gpus=gpus if visible else 0,
+        )
     except TrainError as exc:
         row.update(error=str(exc)[:300], wall_s=round(time.time() - start, 1))
         return row
@@ -180,16 +268,19 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
     gc_on = bool(args.get("gradient_checkpointing", True))
     vit_gc = args.get("vit_gradient_checkpointing")
     vit_gc = gc_on if vit_gc is None else bool(vit_gc)
-    flops = flops_per_sample(arch, stats, int(args.get("lora_rank", 8)), lm_recompute=gc_on,
-                             vit_backward=vit_gc, vit_recompute=vit_gc)
+    flops = flops_per_sample(
+        arch, stats, int(args.get("lora_rank", 8)), lm_recompute=gc_on, vit_backward=vit_gc, vit_recompute=vit_gc
+    )
     util = utilisation(flops, sps, gpus, peak)
     m = result.metrics
     row.update(
-        strategy=result.strategy, wall_s=round(time.time() - start, 1),
+        strategy=result.strategy,
+        wall_s=round(time.time() - start, 1),
         seconds_per_step=round(steady.get("seconds_per_step", 0.0), 3),
         samples_per_second=round(sps, 3),
         tokens_per_second=round(steady.get("tokens_per_second", 0.0), 1),
-        mfu=round(util["mfu"], 4), hfu=round(util["hfu"], 4),
+        mfu=round(util["mfu"], 4),
+        hfu=round(util["hfu"], 4),
         model_tflops_per_gpu=round(util["model_tflops_per_gpu"], 1),
         peak_memory_gib=m.get("peak_memory_gib"),
         trainer_samples_per_second=m.get("samples_per_second"),
@@ -201,23 +292,39 @@ def run_profile(name: str, args: dict[str, Any], model_dir: Path, train_dir: Pat
     return row
 
 
-PROFILE_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
-                "vit_gradient_checkpointing", "use_liger_kernel", "dataloader_num_workers", "optim", "lora_dropout",
-                "attn_impl", "deepspeed", "torch_compile", "group_by_length", "padding_free")
+PROFILE_KEYS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "vit_gradient_checkpointing",
+    "use_liger_kernel",
+    "dataloader_num_workers",
+    "optim",
+    "lora_dropout",
+    "attn_impl",
+    "deepspeed",
+    "torch_compile",
+    "group_by_length",
+    "padding_free",
+)
 
 
 def print_table(rows: list[dict[str, Any]], baseline: str = "seed") -> None:
     base = next((r for r in rows if r["profile"] == baseline and "error" not in r), None)
-    print(f"\n{'profile':28} {'gpus':>4} {'b x ga':>7} {'s/step':>7} {'samp/s':>7} {'tok/s':>8} {'MFU':>6} "
-          f"{'HFU':>6} {'peak GiB':>8} {'x seed':>6}")
+    print(
+        f"\n{'profile':28} {'gpus':>4} {'b x ga':>7} {'s/step':>7} {'samp/s':>7} {'tok/s':>8} {'MFU':>6} "
+        f"{'HFU':>6} {'peak GiB':>8} {'x seed':>6}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['profile']:28} {r['gpus']:>4} {r['batch']:>3}x{r['grad_accum']:<3} {r['error'][:70]}")
             continue
         ratio = r["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
-        print(f"{r['profile']:28} {r['gpus']:>4} {r['batch']:>3}x{r['grad_accum']:<3} {r['seconds_per_step']:>7.3f} "
-              f"{r['samples_per_second']:>7.2f} {r['tokens_per_second']:>8.0f} {r['mfu']:>6.1%} {r['hfu']:>6.1%} "
-              f"{(r['peak_memory_gib'] or 0):>8.2f} {ratio:>6.2f}")
+        print(
+            f"{r['profile']:28} {r['gpus']:>4} {r['batch']:>3}x{r['grad_accum']:<3} {r['seconds_per_step']:>7.3f} "
+            f"{r['samples_per_second']:>7.2f} {r['tokens_per_second']:>8.0f} {r['mfu']:>6.1%} {r['hfu']:>6.1%} "
+            f"{(r['peak_memory_gib'] or 0):>8.2f} {ratio:>6.2f}"
+        )
 
 
 def main() -> None:
@@ -249,18 +356,33 @@ def main() -> None:
     n_train = args.n_train or args.samples_per_step * max(args.steps, args.seed_steps) + 8
     train_dir = out / f"train-{n_train}"
     if not (train_dir / "data.jsonl").is_file():
-        data = generate_dataset(out / f"raw-{n_train}", n_train=n_train, n_eval=0, image_size=256 if args.tiny else 1024,
-                                seed=0)
-        validate_data([data["train"]], str(train_dir), str(out / "eval-unused"), str(out / "q.jsonl"),
-                      model_dir=str(model_dir), max_length=3000, task="detection", eval_fraction=0.0)
+        data = generate_dataset(
+            out / f"raw-{n_train}", n_train=n_train, n_eval=0, image_size=256 if args.tiny else 1024, seed=0
+        )
+        validate_data(
+            [data["train"]],
+            str(train_dir),
+            str(out / "eval-unused"),
+            str(out / "q.jsonl"),
+            model_dir=str(model_dir),
+            max_length=3000,
+            task="detection",
+            eval_fraction=0.0,
+        )
     arch = ArchShape.from_config(json.loads((model_dir / "config.json").read_text()))
     stats, stats_summary = sample_stats(train_dir, model_dir)
     base = seed_swift_args()
     if not gpus:
         base.update(torch_dtype="float32", gradient_checkpointing=False, dataloader_num_workers=0)
-    header = {"device": device, "gpus": gpus, "torch": torch.__version__, "peak_flops": peak,
-              "build_model_s": round(build_s, 1), "data": stats_summary,
-              "flops_per_sample": flops_per_sample(arch, stats, int(base.get("lora_rank", 8)))}
+    header = {
+        "device": device,
+        "gpus": gpus,
+        "torch": torch.__version__,
+        "peak_flops": peak,
+        "build_model_s": round(build_s, 1),
+        "data": stats_summary,
+        "flops_per_sample": flops_per_sample(arch, stats, int(base.get("lora_rank", 8))),
+    }
     try:
         import swift
         import transformers
@@ -275,8 +397,9 @@ def main() -> None:
             raise SystemExit(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
         steps = args.seed_steps if (args.seed_steps and name.startswith("seed")) else args.steps
         swift_args = profile_args(name, PROFILES[name], args.samples_per_step, max(gpus, 1), steps, base)
-        row = run_profile(name, swift_args, model_dir, train_dir, out, max(gpus, 1), arch, stats, peak,
-                          args.samples_per_step)
+        row = run_profile(
+            name, swift_args, model_dir, train_dir, out, max(gpus, 1), arch, stats, peak, args.samples_per_step
+        )
         rows.append(row)
         print("RESULT " + json.dumps(row, default=str), flush=True)
         (out / "results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))

@@ -78,8 +78,10 @@ def main() -> None:
         t0 = time.perf_counter()
         data = generate(root, args.lines, args.distinct)
         size = sum(p.stat().st_size for p in (root / "pool").iterdir())
-        print(f"generated {args.lines} lines, {args.distinct} distinct PNGs ({size / args.distinct / 1e6:.2f} MB each) "
-              f"in {time.perf_counter() - t0:.1f} s; cpus={os.cpu_count()}")
+        print(
+            f"generated {args.lines} lines, {args.distinct} distinct PNGs ({size / args.distinct / 1e6:.2f} MB each) "
+            f"in {time.perf_counter() - t0:.1f} s; cpus={os.cpu_count()}"
+        )
         out = Path(args.keep) if args.keep else root / "out"
         t0 = time.perf_counter()
         result = validate_data(
@@ -89,8 +91,10 @@ def main() -> None:
         elapsed = time.perf_counter() - t0
         print(result.summary())
         mb_read = args.lines * size / args.distinct / 1e6
-        print(f"validated {args.lines} lines in {elapsed:.1f} s: {args.lines / elapsed:.0f} lines/s, "
-              f"{mb_read / elapsed:.0f} MB/s of image files read and hashed")
+        print(
+            f"validated {args.lines} lines in {elapsed:.1f} s: {args.lines / elapsed:.0f} lines/s, "
+            f"{mb_read / elapsed:.0f} MB/s of image files read and hashed"
+        )
 
 
 if __name__ == "__main__":

@@ -362,9 +362,7 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
     unknown = sorted(set(raw) - set(fields), key=str)  # YAML keys may be non-strings (1, on, yes)
     if unknown:
         key = f"{name}.{unknown[0]}"
-        raise ConfigError(
-            f"{where(key)}: unknown key '{key}'; allowed keys in '{name}': {', '.join(fields)}"
-        )
+        raise ConfigError(f"{where(key)}: unknown key '{key}'; allowed keys in '{name}': {', '.join(fields)}")
     values = {}
     for fname, f in fields.items():
         key = f"{name}.{fname}"
@@ -376,8 +374,7 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
             values[fname] = _check_value(raw[fname], hints[fname])
         except TypeError:
             raise ConfigError(
-                f"{where(key)}: '{key}' must be {_type_name(hints[fname])}, "
-                f"got {json.dumps(raw[fname], default=str)}"
+                f"{where(key)}: '{key}' must be {_type_name(hints[fname])}, got {json.dumps(raw[fname], default=str)}"
             ) from None
     return cls(**values)
 
@@ -416,9 +413,17 @@ def load_config(path: str | Path) -> Config:
         line = lines.get(key) or lines.get(key.split(".")[0])
         return f"{path}:{line}" if line else str(path)
 
-    sections = {"pipeline": PipelineSection, "model": ModelSection, "data": DataSection, "eval": EvalSection,
-                "vertex": VertexSection, "resources": ResourcesSection, "images": ImagesSection,
-                "register": RegisterSection, "schedule": ScheduleSection}
+    sections = {
+        "pipeline": PipelineSection,
+        "model": ModelSection,
+        "data": DataSection,
+        "eval": EvalSection,
+        "vertex": VertexSection,
+        "resources": ResourcesSection,
+        "images": ImagesSection,
+        "register": RegisterSection,
+        "schedule": ScheduleSection,
+    }
     unknown = sorted(map(str, set(raw) - set(sections) - {"swift"}))  # YAML keys may be non-strings
     if unknown:
         raise ConfigError(
@@ -456,8 +461,11 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("pipeline.name", _valid_name(cfg.pipeline.name), "lowercase letters, digits and '-', starting with a letter"),
         ("model.source", bool(cfg.model.source.strip()), "a model folder or URI"),
         ("model.cache", bool(cfg.model.cache.strip()), "a folder or gs:// URI"),
-        ("model.token_from", _valid_token_ref(cfg.model.token_from),
-         "'' or 'env:VAR' or 'projects/P/secrets/S[/versions/V]' (a reference, never the token itself)"),
+        (
+            "model.token_from",
+            _valid_token_ref(cfg.model.token_from),
+            "'' or 'env:VAR' or 'projects/P/secrets/S[/versions/V]' (a reference, never the token itself)",
+        ),
         ("data.train", bool(cfg.data.train.strip()), "a JSONL path or URI"),
     ]
     for key, ok, expected in checks:
@@ -470,11 +478,14 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     if problem:
         raise ConfigError(f"{where('eval.reference')}: 'eval.reference' {e.reference!r}: {problem}")
     if e.reference == CHAMPION and not cfg.register.alias:
-        raise ConfigError(f"{where('eval.reference')}: 'eval.reference' is 'champion' but 'register.alias' is empty; "
-                          "set register.alias (the alias that marks the champion, e.g. champion)")
+        raise ConfigError(
+            f"{where('eval.reference')}: 'eval.reference' is 'champion' but 'register.alias' is empty; "
+            "set register.alias (the alias that marks the champion, e.g. champion)"
+        )
     if "tuner_type" in cfg.swift and cfg.swift["tuner_type"] != "lora":
-        raise ConfigError(f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' "
-                          "(this pipeline trains LoRA adapters)")
+        raise ConfigError(
+            f"{where('swift.tuner_type')}: 'swift.tuner_type' must be 'lora' (this pipeline trains LoRA adapters)"
+        )
     _check_vertex(cfg, where)
 
 
@@ -489,30 +500,54 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("resources.scheduling", r.scheduling in shapes.SCHEDULING, "one of " + ", ".join(shapes.SCHEDULING)),
         ("resources.max_wait_s", r.max_wait_s > 0, "a positive number of seconds"),
         ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
-        ("resources.reservation", r.reservation in ("", "any") or _is_reservation(r.reservation),
-         "'', 'any' or 'projects/P/zones/Z/reservations/R'"),
-        ("resources.eval_accelerator_type", r.eval_accelerator_type in shapes.GPU_REGIONS,
-         "one of " + ", ".join(shapes.ACCELERATOR_TYPES)),
+        (
+            "resources.reservation",
+            r.reservation in ("", "any") or _is_reservation(r.reservation),
+            "'', 'any' or 'projects/P/zones/Z/reservations/R'",
+        ),
+        (
+            "resources.eval_accelerator_type",
+            r.eval_accelerator_type in shapes.GPU_REGIONS,
+            "one of " + ", ".join(shapes.ACCELERATOR_TYPES),
+        ),
         ("resources.eval_cpu", r.eval_cpu > 0, "a positive integer"),
         ("resources.eval_memory_gb", r.eval_memory_gb > 0, "a positive integer"),
         ("resources.light_cpu", r.light_cpu > 0, "a positive integer"),
         ("resources.light_memory_gb", r.light_memory_gb > 0, "a positive integer"),
         ("vertex.region", _is_region(v.region), "a Vertex region such as 'us-central1'"),
-        ("vertex.labels", all(_is_label(k, 1) and _is_label(str(x), 0) for k, x in v.labels.items()),
-         "a mapping of lowercase labels (letters, digits, '_' and '-', at most 63 characters)"),
-        ("vertex.service_account", v.service_account == "" or v.service_account.endswith(".gserviceaccount.com"),
-         "'' or a service account e-mail NAME@PROJECT.iam.gserviceaccount.com"),
-        ("vertex.template_repo", v.template_repo == "" or v.template_repo.startswith(("https://", "http://")),
-         "'' or https://REGION-kfp.pkg.dev/PROJECT/REPO"),
-        ("vertex.tensorboard", v.tensorboard == "" or "/tensorboards/" in v.tensorboard,
-         "'' or projects/P/locations/R/tensorboards/ID"),
+        (
+            "vertex.labels",
+            all(_is_label(k, 1) and _is_label(str(x), 0) for k, x in v.labels.items()),
+            "a mapping of lowercase labels (letters, digits, '_' and '-', at most 63 characters)",
+        ),
+        (
+            "vertex.service_account",
+            v.service_account == "" or v.service_account.endswith(".gserviceaccount.com"),
+            "'' or a service account e-mail NAME@PROJECT.iam.gserviceaccount.com",
+        ),
+        (
+            "vertex.template_repo",
+            v.template_repo == "" or v.template_repo.startswith(("https://", "http://")),
+            "'' or https://REGION-kfp.pkg.dev/PROJECT/REPO",
+        ),
+        (
+            "vertex.tensorboard",
+            v.tensorboard == "" or "/tensorboards/" in v.tensorboard,
+            "'' or projects/P/locations/R/tensorboards/ID",
+        ),
         ("schedule.max_concurrent_runs", s.max_concurrent_runs >= 1, "a positive integer"),
-        ("register.model_id", cfg.register.model_id == "" or _is_model_id(cfg.register.model_id),
-         "'' (the pipeline name) or a Vertex model ID: up to 63 of a-z, 0-9, '_' and '-', "
-         "not starting with a digit or '-'"),
-        ("register.alias", cfg.register.alias == "" or _is_alias(cfg.register.alias),
-         "'' or a version alias: a lowercase letter, then letters, digits and '-', ending in a lowercase letter "
-         "or digit (not a number, so it cannot be taken for a version ID)"),
+        (
+            "register.model_id",
+            cfg.register.model_id == "" or _is_model_id(cfg.register.model_id),
+            "'' (the pipeline name) or a Vertex model ID: up to 63 of a-z, 0-9, '_' and '-', "
+            "not starting with a digit or '-'",
+        ),
+        (
+            "register.alias",
+            cfg.register.alias == "" or _is_alias(cfg.register.alias),
+            "'' or a version alias: a lowercase letter, then letters, digits and '-', ending in a lowercase letter "
+            "or digit (not a number, so it cannot be taken for a version ID)",
+        ),
     ]
     for key, ok, expected in checks:
         if not ok:
@@ -525,11 +560,14 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         key = "resources.accelerator_count" if n1_count else "resources.machine_type"
         raise ConfigError(f"{where(key)}: {problem}")
     if r.machine_type in shapes.PREEMPTIBLE_ONLY and r.scheduling == "standard":
-        raise ConfigError(f"{where('resources.scheduling')}: {r.machine_type} runs only with "
-                          "scheduling spot or flex_start")
+        raise ConfigError(
+            f"{where('resources.scheduling')}: {r.machine_type} runs only with scheduling spot or flex_start"
+        )
     if v.region_check:
-        gpus = (("resources.accelerator_type", r.accelerator_type),
-                ("resources.eval_accelerator_type", r.eval_accelerator_type))
+        gpus = (
+            ("resources.accelerator_type", r.accelerator_type),
+            ("resources.eval_accelerator_type", r.eval_accelerator_type),
+        )
         for key, gpu in gpus:
             problem = shapes.check_region(gpu, v.region)
             if problem:
@@ -541,8 +579,27 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
 
 
 _CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
-_CRON_NAMES = {"jan": 1, "feb": 2, "mar": 3, "apr": 4, "may": 5, "jun": 6, "jul": 7, "aug": 8, "sep": 9, "oct": 10,
-               "nov": 11, "dec": 12, "sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+_CRON_NAMES = {
+    "jan": 1,
+    "feb": 2,
+    "mar": 3,
+    "apr": 4,
+    "may": 5,
+    "jun": 6,
+    "jul": 7,
+    "aug": 8,
+    "sep": 9,
+    "oct": 10,
+    "nov": 11,
+    "dec": 12,
+    "sun": 0,
+    "mon": 1,
+    "tue": 2,
+    "wed": 3,
+    "thu": 4,
+    "fri": 5,
+    "sat": 6,
+}
 
 
 def cron_problem(cron: str) -> str | None:
@@ -572,14 +629,21 @@ def cron_problem(cron: str) -> str | None:
 
 
 def _is_model_id(text: str) -> bool:
-    return 1 <= len(text) <= 63 and text[0] not in "0123456789-" and all(
-        c.isascii() and (c.islower() or c.isdigit() or c in "_-") for c in text)
+    return (
+        1 <= len(text) <= 63
+        and text[0] not in "0123456789-"
+        and all(c.isascii() and (c.islower() or c.isdigit() or c in "_-") for c in text)
+    )
 
 
 def _is_alias(text: str) -> bool:
-    return (2 <= len(text) <= 128 and text[0].islower() and text[0].isascii()
-            and (text[-1].islower() or text[-1].isdigit())
-            and all(c.isascii() and (c.isalnum() or c == "-") for c in text))
+    return (
+        2 <= len(text) <= 128
+        and text[0].islower()
+        and text[0].isascii()
+        and (text[-1].islower() or text[-1].isdigit())
+        and all(c.isascii() and (c.isalnum() or c == "-") for c in text)
+    )
 
 
 def _is_reservation(name: str) -> bool:
@@ -602,4 +666,3 @@ def _valid_token_ref(ref: str) -> bool:
 
 def _valid_name(name: str) -> bool:
     return bool(name) and name[0].isalpha() and all(c.islower() or c.isdigit() or c == "-" for c in name)
-

@@ -245,27 +245,59 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
             Whether the tuned model passed the gate.
         """
         champion, reference_args = _reference_task(plan)  # first, beside staging (fail fast)
-        stage = _light(stage_model(
-            source=model_source, cache=model_cache, revision=model_revision,
-            token_from=model_token_from, allow=model_allow, ignore=model_ignore,
-        ), "stage-model", plan)
-        data = _light(validate_data(
-            train_data=data_train, eval_data=data_eval, eval_fraction=data_eval_fraction,
-            max_invalid_fraction=data_max_invalid_fraction, split_seed=data_split_seed,
-            base_model=stage.outputs["model"], swift_args=swift_args, task=data_task,
-        ), "validate-data", plan)
+        stage = _light(
+            stage_model(
+                source=model_source,
+                cache=model_cache,
+                revision=model_revision,
+                token_from=model_token_from,
+                allow=model_allow,
+                ignore=model_ignore,
+            ),
+            "stage-model",
+            plan,
+        )
+        data = _light(
+            validate_data(
+                train_data=data_train,
+                eval_data=data_eval,
+                eval_fraction=data_eval_fraction,
+                max_invalid_fraction=data_max_invalid_fraction,
+                split_seed=data_split_seed,
+                base_model=stage.outputs["model"],
+                swift_args=swift_args,
+                task=data_task,
+            ),
+            "validate-data",
+            plan,
+        )
         train = _train_task(plan, stage, data, swift_args, champion)
-        merge = _gpu(merge_export(
-            base_model=stage.outputs["model"], adapter=train.outputs["adapter"],
-            run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,  # lineage in the merged model's card
-        ), "merge-export", plan)
-        evaluation = _gpu(evaluate(
-            base_model=stage.outputs["model"], tuned_model=merge.outputs["merged_model"],
-            eval_dataset=data.outputs["eval_dataset"], max_new_tokens=eval_max_new_tokens,
-            batch_size=eval_batch_size, max_samples=eval_max_samples, iou_threshold=eval_iou_threshold,
-            gate_metric=eval_metric, gate_min_value=eval_min_value, gate_min_margin=eval_min_margin,
-            **reference_args,
-        ), "evaluate", plan)
+        merge = _gpu(
+            merge_export(
+                base_model=stage.outputs["model"],
+                adapter=train.outputs["adapter"],
+                run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,  # lineage in the merged model's card
+            ),
+            "merge-export",
+            plan,
+        )
+        evaluation = _gpu(
+            evaluate(
+                base_model=stage.outputs["model"],
+                tuned_model=merge.outputs["merged_model"],
+                eval_dataset=data.outputs["eval_dataset"],
+                max_new_tokens=eval_max_new_tokens,
+                batch_size=eval_batch_size,
+                max_samples=eval_max_samples,
+                iou_threshold=eval_iou_threshold,
+                gate_metric=eval_metric,
+                gate_min_value=eval_min_value,
+                gate_min_margin=eval_min_margin,
+                **reference_args,
+            ),
+            "evaluate",
+            plan,
+        )
         _register_task(plan, merge, evaluation, champion)
         return evaluation.outputs["passed"]
 
@@ -302,10 +334,14 @@ def _reference_task(plan: _Plan) -> tuple[Any, dict[str, Any]]:
     if plan.reference != CHAMPION:
         return None, ({"reference_uri": plan.reference_uri} if plan.reference_uri else {})
     cfg = plan.cfg
-    champion = _light(find_champion(
-        model_id=cfg.register.model_id or cfg.pipeline.name,
-        alias=cfg.register.alias,
-    ), CHAMPION_TASK, plan)
+    champion = _light(
+        find_champion(
+            model_id=cfg.register.model_id or cfg.pipeline.name,
+            alias=cfg.register.alias,
+        ),
+        CHAMPION_TASK,
+        plan,
+    )
     champion.set_caching_options(False)  # the registry's champion changes between runs
     return champion, {"reference_uri": champion.outputs["uri"], "reference_version": champion.outputs["version_id"]}
 
@@ -340,18 +376,25 @@ def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any) -> N
         return
     cfg, reg = plan.cfg, plan.cfg.register
     with dsl.If(evaluation.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 (KFP condition)
-        _light(plan.register_op(
-            merged_model=merge.outputs["merged_model"],
-            eval_metrics=evaluation.outputs["metrics"],
-            model_id=reg.model_id or cfg.pipeline.name,
-            display_name=reg.display_name or cfg.pipeline.name,
-            serving_image=reg.serving_image,
-            alias=reg.alias,
-            labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
-            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-            **({"check_champion": True, "champion_version": champion.outputs["version_id"]}
-               if champion is not None else {}),
-        ), REGISTER_TASK, plan)
+        _light(
+            plan.register_op(
+                merged_model=merge.outputs["merged_model"],
+                eval_metrics=evaluation.outputs["metrics"],
+                model_id=reg.model_id or cfg.pipeline.name,
+                display_name=reg.display_name or cfg.pipeline.name,
+                serving_image=reg.serving_image,
+                alias=reg.alias,
+                labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
+                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                **(
+                    {"check_champion": True, "champion_version": champion.outputs["version_id"]}
+                    if champion is not None
+                    else {}
+                ),
+            ),
+            REGISTER_TASK,
+            plan,
+        )
 
 
 def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
@@ -371,8 +414,13 @@ def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
     """
     reg = cfg.register
     try:
-        return plan_reference(cfg.eval.reference, vertex=target == "vertex", model_id=reg.model_id,
-                              serving_image=reg.serving_image, alias=reg.alias)
+        return plan_reference(
+            cfg.eval.reference,
+            vertex=target == "vertex",
+            model_id=reg.model_id,
+            serving_image=reg.serving_image,
+            alias=reg.alias,
+        )
     except ValueError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
 
@@ -404,8 +452,10 @@ def _exec_python(component: Any) -> Any:
             command[i] = part.replace(_EXECUTOR, f"exec env {_EXECUTOR}")
             container.command = command
             return out
-    raise RuntimeError("the KFP component command no longer contains "
-                       f"{_EXECUTOR!r}; update pipelines.pipeline._exec_python for this kfp version")
+    raise RuntimeError(
+        "the KFP component command no longer contains "
+        f"{_EXECUTOR!r}; update pipelines.pipeline._exec_python for this kfp version"
+    )
 
 
 def _training_job(cfg: Config, image: str) -> Any:

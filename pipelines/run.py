@@ -85,8 +85,9 @@ def resolve_demo_inputs(cfg: Config) -> Config:
             marker.write_text(json.dumps(paths))
         paths = json.loads(marker.read_text())
         mapping = {DEMO_DATA_TRAIN: paths["train"], DEMO_DATA_EVAL: paths["eval"]}
-        data = dataclasses.replace(data, train=mapping.get(data.train, data.train),
-                                   eval=mapping.get(data.eval, data.eval))
+        data = dataclasses.replace(
+            data, train=mapping.get(data.train, data.train), eval=mapping.get(data.eval, data.eval)
+        )
     return dataclasses.replace(cfg, model=model, data=data)
 
 
@@ -97,8 +98,9 @@ def preflight_local(cfg: Config) -> None:
         RunError: The model folder or a data file is missing, or the root is remote.
     """
     if "://" in cfg.pipeline.root:
-        raise RunError(f"{cfg.path}: pipeline.root {cfg.pipeline.root!r} is remote; "
-                       "a local run needs a local folder (use --root)")
+        raise RunError(
+            f"{cfg.path}: pipeline.root {cfg.pipeline.root!r} is remote; a local run needs a local folder (use --root)"
+        )
     if "://" not in cfg.model.source and not Path(cfg.model.source).expanduser().is_dir():
         raise RunError(f"{cfg.path}: model.source: model folder not found: {cfg.model.source}")
     for key, value in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
@@ -241,15 +243,23 @@ def submit_vertex(
     out = out or sys.stdout
     preflight(cfg, credentials)
     v = cfg.vertex
-    init_vertex(v.project, v.region, credentials=credentials, api_endpoint=api_endpoint,
-                service_account=v.service_account or None, encryption_key=v.encryption_key or None)
+    init_vertex(
+        v.project,
+        v.region,
+        credentials=credentials,
+        api_endpoint=api_endpoint,
+        service_account=v.service_account or None,
+        encryption_key=v.encryption_key or None,
+    )
     with tempfile.TemporaryDirectory(prefix="vlm-lora-") as tmp:
         template = str(Path(tmp) / "pipeline.yaml")
         compiler.Compiler().compile(build_pipeline(cfg, "vertex"), package_path=template)
-        job = pipeline_job(cfg, template, pipeline_arguments(cfg), enable_caching=enable_caching,
-                           credentials=credentials)
-        job.submit(service_account=v.service_account or None, network=v.network or None,
-                   experiment=v.experiment or None)
+        job = pipeline_job(
+            cfg, template, pipeline_arguments(cfg), enable_caching=enable_caching, credentials=credentials
+        )
+        job.submit(
+            service_account=v.service_account or None, network=v.network or None, experiment=v.experiment or None
+        )
     link = console_link(job.resource_name)
     print(f"submitted {job.resource_name}\nconsole: {link}", file=out, flush=True)
     state = job._gca_resource.state.name
@@ -300,8 +310,9 @@ def format_summary(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="run the whole DAG here under kfp.local")
-    parser.add_argument("--config", default=None,
-                        help="config YAML (default with --local: configs/local/tiny_cpu.yaml)")
+    parser.add_argument(
+        "--config", default=None, help="config YAML (default with --local: configs/local/tiny_cpu.yaml)"
+    )
     parser.add_argument("--root", default=None, help="pipeline root: folder (--local) or gs:// (default: the config's)")
     parser.add_argument("--no-cache", action="store_true", help="run every task even if its inputs did not change")
     parser.add_argument("--wait", action="store_true", help="Vertex: print the job's state until it ends")

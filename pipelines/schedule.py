@@ -79,11 +79,21 @@ def create_schedule(cfg: Config, *, credentials: Any = None, api_endpoint: str |
         template = str(Path(tmp) / "pipeline.yaml")
         compiler.Compiler().compile(build_pipeline(cfg, "vertex"), package_path=template)
         job = pipeline_job(cfg, template, pipeline_arguments(cfg), credentials=credentials)
-        schedule = aiplatform.PipelineJobSchedule(pipeline_job=job, display_name=f"{cfg.pipeline.name}-schedule",
-                                                  credentials=credentials, project=v.project, location=v.region)
-        schedule.create(cron=cron, max_concurrent_run_count=s.max_concurrent_runs,
-                        start_time=s.start_time or None, end_time=s.end_time or None,
-                        service_account=v.service_account or None, network=v.network or None)
+        schedule = aiplatform.PipelineJobSchedule(
+            pipeline_job=job,
+            display_name=f"{cfg.pipeline.name}-schedule",
+            credentials=credentials,
+            project=v.project,
+            location=v.region,
+        )
+        schedule.create(
+            cron=cron,
+            max_concurrent_run_count=s.max_concurrent_runs,
+            start_time=s.start_time or None,
+            end_time=s.end_time or None,
+            service_account=v.service_account or None,
+            network=v.network or None,
+        )
     return schedule
 
 
@@ -92,12 +102,14 @@ def list_schedules(cfg: Config, *, credentials: Any = None, api_endpoint: str | 
     from google.cloud import aiplatform
 
     init_vertex(cfg.vertex.project, cfg.vertex.region, credentials=credentials, api_endpoint=api_endpoint)
-    return aiplatform.PipelineJobSchedule.list(project=cfg.vertex.project, location=cfg.vertex.region,
-                                               credentials=credentials)
+    return aiplatform.PipelineJobSchedule.list(
+        project=cfg.vertex.project, location=cfg.vertex.region, credentials=credentials
+    )
 
 
-def change_schedule(cfg: Config, action: str, name: str, *, credentials: Any = None,
-                    api_endpoint: str | None = None) -> str:
+def change_schedule(
+    cfg: Config, action: str, name: str, *, credentials: Any = None, api_endpoint: str | None = None
+) -> str:
     """Pauses, resumes or deletes a schedule.
 
     Args:
@@ -113,8 +125,9 @@ def change_schedule(cfg: Config, action: str, name: str, *, credentials: Any = N
     from google.cloud import aiplatform
 
     init_vertex(cfg.vertex.project, cfg.vertex.region, credentials=credentials, api_endpoint=api_endpoint)
-    schedule = aiplatform.PipelineJobSchedule.get(_schedule_name(cfg, name), project=cfg.vertex.project,
-                                                  location=cfg.vertex.region, credentials=credentials)
+    schedule = aiplatform.PipelineJobSchedule.get(
+        _schedule_name(cfg, name), project=cfg.vertex.project, location=cfg.vertex.region, credentials=credentials
+    )
     getattr(schedule, action)()
     return schedule.resource_name if action != "delete" else _schedule_name(cfg, name)
 
@@ -133,16 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
-        overrides = {k: v for k, v in (("cron", args.cron), ("time_zone", args.time_zone),
-                                       ("max_concurrent_runs", args.max_concurrent),
-                                       ("start_time", args.start), ("end_time", args.end)) if v is not None}
+        overrides = {
+            k: v
+            for k, v in (
+                ("cron", args.cron),
+                ("time_zone", args.time_zone),
+                ("max_concurrent_runs", args.max_concurrent),
+                ("start_time", args.start),
+                ("end_time", args.end),
+            )
+            if v is not None
+        }
         cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, **overrides))
         if args.project:
             cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
         if args.action == "create":
             schedule = create_schedule(cfg)
-            print(f"created {schedule.resource_name} ({schedule.cron})\n"
-                  f"console: {console_link(schedule.resource_name)}")
+            print(
+                f"created {schedule.resource_name} ({schedule.cron})\nconsole: {console_link(schedule.resource_name)}"
+            )
         elif args.action == "list":
             if not cfg.vertex.project:
                 raise VertexError(f"{cfg.path}: vertex.project is not set (or pass --project)")

@@ -62,36 +62,97 @@ CPU_FAMILIES = ("n1-", "n2-", "n2d-", "e2-", "c2-", "c3-", "m1-")
 
 # Regions that offer each GPU for Vertex AI custom training (snapshot, see SNAPSHOT).
 GPU_REGIONS: dict[str, frozenset[str]] = {
-    "NVIDIA_TESLA_A100": frozenset({
-        "us-central1", "us-east1", "us-west1", "us-west3", "us-west4", "europe-west4",
-        "asia-northeast1", "asia-northeast3", "asia-southeast1", "me-west1",
-    }),
+    "NVIDIA_TESLA_A100": frozenset(
+        {
+            "us-central1",
+            "us-east1",
+            "us-west1",
+            "us-west3",
+            "us-west4",
+            "europe-west4",
+            "asia-northeast1",
+            "asia-northeast3",
+            "asia-southeast1",
+            "me-west1",
+        }
+    ),
     "NVIDIA_A100_80GB": frozenset({"us-central1", "us-east4", "us-east5", "europe-west4", "asia-southeast1"}),
-    "NVIDIA_H100_80GB": frozenset({
-        "us-central1", "us-east4", "us-east5", "us-west1", "us-west4", "europe-west4",
-        "asia-northeast1", "asia-southeast1",
-    }),
+    "NVIDIA_H100_80GB": frozenset(
+        {
+            "us-central1",
+            "us-east4",
+            "us-east5",
+            "us-west1",
+            "us-west4",
+            "europe-west4",
+            "asia-northeast1",
+            "asia-southeast1",
+        }
+    ),
     "NVIDIA_H100_MEGA_80GB": frozenset({"us-central1", "us-east4", "us-east5", "europe-west4", "asia-northeast1"}),
     "NVIDIA_H200_141GB": frozenset({"us-central1", "us-east4", "us-east5", "europe-west1", "asia-south1"}),
     "NVIDIA_B200": frozenset({"us-central1", "us-east4", "europe-west4"}),
-    "NVIDIA_L4": frozenset({
-        "us-central1", "us-east1", "us-east4", "us-west1", "us-west4", "europe-west1", "europe-west2",
-        "europe-west3", "europe-west4", "asia-east1", "asia-northeast1", "asia-northeast3",
-        "asia-south1", "asia-southeast1",
-    }),
-    "NVIDIA_TESLA_T4": frozenset({
-        "us-central1", "us-east1", "us-east4", "us-west1", "us-west2", "us-west4",
-        "northamerica-northeast1", "southamerica-east1", "europe-west1", "europe-west2",
-        "europe-west3", "europe-west4", "asia-east1", "asia-northeast1", "asia-northeast3",
-        "asia-south1", "asia-southeast1", "australia-southeast1",
-    }),
+    "NVIDIA_L4": frozenset(
+        {
+            "us-central1",
+            "us-east1",
+            "us-east4",
+            "us-west1",
+            "us-west4",
+            "europe-west1",
+            "europe-west2",
+            "europe-west3",
+            "europe-west4",
+            "asia-east1",
+            "asia-northeast1",
+            "asia-northeast3",
+            "asia-south1",
+            "asia-southeast1",
+        }
+    ),
+    "NVIDIA_TESLA_T4": frozenset(
+        {
+            "us-central1",
+            "us-east1",
+            "us-east4",
+            "us-west1",
+            "us-west2",
+            "us-west4",
+            "northamerica-northeast1",
+            "southamerica-east1",
+            "europe-west1",
+            "europe-west2",
+            "europe-west3",
+            "europe-west4",
+            "asia-east1",
+            "asia-northeast1",
+            "asia-northeast3",
+            "asia-south1",
+            "asia-southeast1",
+            "australia-southeast1",
+        }
+    ),
     "NVIDIA_TESLA_V100": frozenset({"us-central1", "us-east1", "us-west1", "europe-west4", "asia-east1"}),
-    "NVIDIA_TESLA_P100": frozenset({
-        "us-central1", "us-east1", "us-west1", "europe-west1", "europe-west4", "asia-east1",
-    }),
-    "NVIDIA_TESLA_P4": frozenset({
-        "us-central1", "us-east4", "us-west2", "northamerica-northeast1", "europe-west4", "asia-southeast1",
-    }),
+    "NVIDIA_TESLA_P100": frozenset(
+        {
+            "us-central1",
+            "us-east1",
+            "us-west1",
+            "europe-west1",
+            "europe-west4",
+            "asia-east1",
+        }
+    ),
+    "NVIDIA_TESLA_P4": frozenset(
+        {
+            "us-central1",
+            "us-east4",
+            "us-west2",
+            "northamerica-northeast1",
+            "europe-west4",
+            "asia-southeast1",
+        }
+    ),
 }
 ACCELERATOR_TYPES = tuple(sorted(GPU_REGIONS))
 
@@ -112,8 +173,10 @@ def check_machine(machine_type: str, accelerator_type: str, accelerator_count: i
     if machine_type in FIXED_GPU_MACHINES:
         gpu, count = FIXED_GPU_MACHINES[machine_type]
         if accelerator_type != gpu or accelerator_count != count:
-            return (f"{machine_type} comes with exactly {count} x {gpu}, got {accelerator_count} x "
-                    f"{accelerator_type or 'no accelerator'}")
+            return (
+                f"{machine_type} comes with exactly {count} x {gpu}, got {accelerator_count} x "
+                f"{accelerator_type or 'no accelerator'}"
+            )
         return None
     if accelerator_type and accelerator_type not in GPU_REGIONS:
         return f"unknown accelerator type {accelerator_type!r}; known: {', '.join(ACCELERATOR_TYPES)}"
@@ -122,18 +185,24 @@ def check_machine(machine_type: str, accelerator_type: str, accelerator_count: i
             return None if accelerator_count == 0 else "accelerator_count must be 0 without accelerator_type"
         allowed = N1_GPU_COUNTS.get(accelerator_type)
         if allowed is None:
-            return (f"{accelerator_type} does not attach to N1 machines; "
-                    f"use its machine family ({_family_of(accelerator_type)})")
+            return (
+                f"{accelerator_type} does not attach to N1 machines; "
+                f"use its machine family ({_family_of(accelerator_type)})"
+            )
         if accelerator_count not in allowed:
-            return (f"{accelerator_type} on {machine_type} allows accelerator_count "
-                    f"{'/'.join(map(str, allowed))}, got {accelerator_count}")
+            return (
+                f"{accelerator_type} on {machine_type} allows accelerator_count "
+                f"{'/'.join(map(str, allowed))}, got {accelerator_count}"
+            )
         return None
     if machine_type.startswith(CPU_FAMILIES):
         if accelerator_type or accelerator_count:
             return f"{machine_type} takes no GPU; use an a2-/a3-/g2- machine type or n1- with T4/V100/P100/P4"
         return None
-    return (f"unknown machine type {machine_type!r}; known GPU machine types: "
-            f"{', '.join(FIXED_GPU_MACHINES)}, or n1-*/n2-*/e2-* with attachable GPUs")
+    return (
+        f"unknown machine type {machine_type!r}; known GPU machine types: "
+        f"{', '.join(FIXED_GPU_MACHINES)}, or n1-*/n2-*/e2-* with attachable GPUs"
+    )
 
 
 def _family_of(accelerator_type: str) -> str:
@@ -147,9 +216,11 @@ def check_region(accelerator_type: str, region: str) -> str | None:
     regions = GPU_REGIONS.get(accelerator_type, frozenset())
     if region in regions:
         return None
-    return (f"{accelerator_type} is not offered for Vertex training in {region!r} (known regions: "
-            f"{', '.join(sorted(regions))}; table in pipelines/shapes.py is a {SNAPSHOT}; "
-            "set vertex.region_check: false if Vertex has added it since)")
+    return (
+        f"{accelerator_type} is not offered for Vertex training in {region!r} (known regions: "
+        f"{', '.join(sorted(regions))}; table in pipelines/shapes.py is a {SNAPSHOT}; "
+        "set vertex.region_check: false if Vertex has added it since)"
+    )
 
 
 @dataclass(frozen=True)
@@ -162,8 +233,9 @@ class WorkerPool:
     replica_count: int
 
 
-def expected_worker_pools(machine_type: str, accelerator_type: str, accelerator_count: int,
-                          replica_count: int) -> list[WorkerPool]:
+def expected_worker_pools(
+    machine_type: str, accelerator_type: str, accelerator_count: int, replica_count: int
+) -> list[WorkerPool]:
     """Returns the worker pools Vertex runs for a shape: the chief, then the other replicas."""
     pools = [WorkerPool(machine_type, accelerator_type, accelerator_count, 1)]
     if replica_count > 1:

@@ -27,8 +27,9 @@ def default_tags() -> list[str]:
     return ["latest", "v" + PROJECT_VERSION.replace(".", "-")]
 
 
-def upload_template(cfg: Config, repo: str = "", tags: list[str] | None = None, *, auth: Any = None,
-                    config_file: str | None = None) -> tuple[str, str]:
+def upload_template(
+    cfg: Config, repo: str = "", tags: list[str] | None = None, *, auth: Any = None, config_file: str | None = None
+) -> tuple[str, str]:
     """Compiles the config for Vertex and uploads it to a KFP repository.
 
     Args:
@@ -51,8 +52,10 @@ def upload_template(cfg: Config, repo: str = "", tags: list[str] | None = None, 
 
     repo = repo or cfg.vertex.template_repo
     if not repo:
-        raise VertexError(f"{cfg.path}: vertex.template_repo is not set; set https://REGION-kfp.pkg.dev/PROJECT/REPO "
-                          "(docs/setup.md creates the repository) or pass --repo")
+        raise VertexError(
+            f"{cfg.path}: vertex.template_repo is not set; set https://REGION-kfp.pkg.dev/PROJECT/REPO "
+            "(docs/setup.md creates the repository) or pass --repo"
+        )
     if "YOUR_PROJECT" in repo:
         raise VertexError(f"{cfg.path}: vertex.template_repo still holds the placeholder {repo!r}")
     tags = default_tags() if tags is None else tags
@@ -70,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.upload", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/qwen3_vl_4b/lora_seed.yaml", help="config YAML")
     parser.add_argument("--repo", default="", help="KFP repository URL (default: the config's vertex.template_repo)")
-    parser.add_argument("--tag", action="append", default=None,
-                        help="version tag (repeatable; default latest, v<version>)")
+    parser.add_argument(
+        "--tag", action="append", default=None, help="version tag (repeatable; default latest, v<version>)"
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)

@@ -29,16 +29,25 @@ def console_link(resource_name: str) -> str:
     fields = dict(zip(parts[::2], parts[1::2]))
     project, region = fields.get("projects", ""), fields.get("locations", "")
     if "pipelineJobs" in fields:
-        return (f"https://console.cloud.google.com/vertex-ai/locations/{region}/pipelines/runs/"
-                f"{fields['pipelineJobs']}?project={project}")
+        return (
+            f"https://console.cloud.google.com/vertex-ai/locations/{region}/pipelines/runs/"
+            f"{fields['pipelineJobs']}?project={project}"
+        )
     if "schedules" in fields:
         return f"https://console.cloud.google.com/vertex-ai/pipelines/schedules?project={project}"
     return f"https://console.cloud.google.com/vertex-ai?project={project}"
 
 
-def init_vertex(project: str, region: str, *, credentials: Any = None, api_endpoint: str | None = None,
-                staging_bucket: str | None = None, service_account: str | None = None,
-                encryption_key: str | None = None) -> None:
+def init_vertex(
+    project: str,
+    region: str,
+    *,
+    credentials: Any = None,
+    api_endpoint: str | None = None,
+    staging_bucket: str | None = None,
+    service_account: str | None = None,
+    encryption_key: str | None = None,
+) -> None:
     """Points `google.cloud.aiplatform` at a project and region.
 
     Args:
@@ -70,7 +79,7 @@ def init_vertex(project: str, region: str, *, credentials: Any = None, api_endpo
 
 def bucket_of(uri: str) -> str:
     """Returns the bucket name of a `gs://bucket/...` URI ("" if it is not one)."""
-    return uri[len("gs://"):].split("/", 1)[0] if uri.startswith("gs://") else ""
+    return uri[len("gs://") :].split("/", 1)[0] if uri.startswith("gs://") else ""
 
 
 def check_bucket(uri: str, project: str, key: str, credentials: Any = None) -> None:
@@ -97,8 +106,10 @@ def check_bucket(uri: str, project: str, key: str, credentials: Any = None) -> N
     except exceptions.Forbidden:
         raise VertexError(f"{key}: no permission to read bucket gs://{bucket} (see docs/setup.md)") from None
     if not exists:
-        raise VertexError(f"{key}: bucket gs://{bucket} does not exist; create it first (docs/setup.md) "
-                          "or point the config at an existing bucket")
+        raise VertexError(
+            f"{key}: bucket gs://{bucket} does not exist; create it first (docs/setup.md) "
+            "or point the config at an existing bucket"
+        )
 
 
 PLACEHOLDER_MARKERS = ("YOUR_PROJECT", "YOUR_BUCKET")
@@ -119,8 +130,9 @@ def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) 
     where = cfg.path or "config"
     project, root = cfg.vertex.project, cfg.pipeline.root
     if not project or project in PLACEHOLDER_MARKERS:
-        raise VertexError(f"{where}: vertex.project is not set; set it to your Google Cloud project ID "
-                          "(or pass --project)")
+        raise VertexError(
+            f"{where}: vertex.project is not set; set it to your Google Cloud project ID (or pass --project)"
+        )
     if not root.startswith("gs://"):
         raise VertexError(f"{where}: pipeline.root {root!r} must be gs://bucket/prefix on Vertex")
     for key, value in (("pipeline.root", root), ("model.cache", cfg.model.cache), ("data.train", cfg.data.train)):
@@ -134,6 +146,7 @@ def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) 
 
 def run_labels(cfg: Config) -> dict[str, str]:
     """Returns the labels of a run: the config's `vertex.labels` plus the pipeline and config names."""
+
     def clean(text: str) -> str:
         return "".join(c if c.isalnum() or c in "_-" else "-" for c in text.lower())[:63]
 
@@ -144,8 +157,15 @@ def run_labels(cfg: Config) -> dict[str, str]:
     return labels
 
 
-def pipeline_job(cfg: Config, template_path: str, parameter_values: dict[str, Any], *,
-                 enable_caching: bool | None = None, credentials: Any = None, job_id: str | None = None) -> Any:
+def pipeline_job(
+    cfg: Config,
+    template_path: str,
+    parameter_values: dict[str, Any],
+    *,
+    enable_caching: bool | None = None,
+    credentials: Any = None,
+    job_id: str | None = None,
+) -> Any:
     """Returns an `aiplatform.PipelineJob` for a config (not yet submitted).
 
     Args:

@@ -98,8 +98,10 @@ class HubRepo:
         self.add_commit("main", files)
 
     def add_commit(self, ref: str, files: dict[str, bytes]) -> str:
-        sha = hashlib.sha1(json.dumps(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items())).encode()
-                           + str(len(self.commits)).encode()).hexdigest()
+        sha = hashlib.sha1(
+            json.dumps(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items())).encode()
+            + str(len(self.commits)).encode()
+        ).hexdigest()
         self.commits[sha] = dict(files)
         self.refs[ref] = sha
         return sha
@@ -112,7 +114,7 @@ class HubRepo:
 
 class _HubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_HubServer"
+    server: _HubServer
 
     def log_message(self, *args):  # keep test output quiet
         pass
@@ -127,8 +129,12 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _error(self, code: int, error_code: str, head: bool):
-        self._send(code, json.dumps({"error": error_code}).encode(),
-                   {"X-Error-Code": error_code, "Content-Type": "application/json"}, head)
+        self._send(
+            code,
+            json.dumps({"error": error_code}).encode(),
+            {"X-Error-Code": error_code, "Content-Type": "application/json"},
+            head,
+        )
 
     def _repo(self, repo_id: str):
         return self.server.repos.get(repo_id)
@@ -152,8 +158,14 @@ class _HubHandler(BaseHTTPRequestHandler):
                 if name.endswith(".safetensors"):
                     item["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
                 siblings.append(item)
-            body = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
-                    "gated": "manual" if repo.gated else False, "siblings": siblings}
+            body = {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": sha,
+                "private": False,
+                "gated": "manual" if repo.gated else False,
+                "siblings": siblings,
+            }
             return self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head)
         if len(parts) >= 5 and parts[2] == "resolve":
             repo_id, rev, rel = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
@@ -173,8 +185,9 @@ class _HubHandler(BaseHTTPRequestHandler):
             if data is None:
                 return self._error(404, "EntryNotFound", head)
             etag = hashlib.sha256(data).hexdigest() if rel.endswith(".safetensors") else hashlib.sha1(data).hexdigest()
-            return self._send(200, data, {"X-Repo-Commit": sha, "ETag": f'"{etag}"',
-                                          "Content-Type": "application/octet-stream"}, head)
+            return self._send(
+                200, data, {"X-Repo-Commit": sha, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"}, head
+            )
         return self._error(404, "NotFound", head)
 
     def do_GET(self):

@@ -52,7 +52,9 @@ def violations(rel_path: str, source: str) -> list[str]:
         where = f"{rel_path}:{line}"
         owner = _owner(module)
         if owner and owner not in SHARED and owner != own and own not in SHARED | {None}:
-            found.append(f"{where}: component {own!r} imports {module} (another component); move shared code to components/common/")
+            found.append(
+                f"{where}: component {own!r} imports {module} (another component); move shared code to components/common/"
+            )
         elif owner and own in SHARED | {None} and owner not in SHARED:
             found.append(f"{where}: shared module imports the component module {module}")
         if owner and owner != own:
@@ -75,10 +77,16 @@ def test_components_keep_the_import_rules():
 @pytest.mark.parametrize(
     ("rel_path", "source", "expected"),
     [
-        ("components/validate_data/core.py", "from components.evaluate.metrics import parse_findings\n",
-         "another component"),
-        ("components/merge_export/core.py", "def f():\n    from components.train_lora.core import to_cli\n",
-         "another component"),
+        (
+            "components/validate_data/core.py",
+            "from components.evaluate.metrics import parse_findings\n",
+            "another component",
+        ),
+        (
+            "components/merge_export/core.py",
+            "def f():\n    from components.train_lora.core import to_cli\n",
+            "another component",
+        ),
         ("components/evaluate/core.py", "from components.common.answers import _FENCE_RE\n", "private _FENCE_RE"),
         ("components/evaluate/core.py", "import components.train_lora._launch\n", "another component"),
         ("components/common/swift.py", "from components.train_lora import core\n", "shared module imports"),

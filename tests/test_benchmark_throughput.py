@@ -4,7 +4,13 @@ import pytest
 
 from benchmarks.qwen3_vl_4b import QWEN3_VL_4B_CONFIG
 from benchmarks.throughput import (
-    ArchShape, SampleStats, flops_per_sample, losses_at, peak_flops_for, steady_state, utilisation,
+    ArchShape,
+    SampleStats,
+    flops_per_sample,
+    losses_at,
+    peak_flops_for,
+    steady_state,
+    utilisation,
 )
 
 ARCH = ArchShape.from_config(QWEN3_VL_4B_CONFIG)
@@ -28,10 +34,16 @@ def test_flops_of_one_seed_sample_by_hand():
     assert f["lm_linear"] == pytest.approx(2 * lm_fwd)
     assert f["lm_attention"] == pytest.approx(3 * 2 * 36 * 32 * 128 * 1221**2)
     assert f["lm_head"] == pytest.approx(2 * 2 * 2560 * 151936 * 150)
-    vit = 2 * 24 * ARCH.vit_block_params() * 4096 + 4 * 24 * 1024 * 4096**2 + 2 * 1536 * 1024 * 4096 \
+    vit = (
+        2 * 24 * ARCH.vit_block_params() * 4096
+        + 4 * 24 * 1024 * 4096**2
+        + 2 * 1536 * 1024 * 4096
         + 2 * 4 * (4096 * 4096 + 4096 * 2560) * 1024
+    )
     assert f["vit_forward"] == pytest.approx(vit)
-    assert f["model"] == pytest.approx(sum(f[k] for k in ("lm_linear", "lm_attention", "lm_head", "lora", "vit_forward")))
+    assert f["model"] == pytest.approx(
+        sum(f[k] for k in ("lm_linear", "lm_attention", "lm_head", "lora", "vit_forward"))
+    )
     assert f["hardware"] == f["model"]
     assert 23e12 < f["model"] < 25e12  # ~23.7 TFLOP per sample
     g = flops_per_sample(ARCH, stats, 8, lm_recompute=True, vit_backward=True, vit_recompute=True)
@@ -52,8 +64,14 @@ def test_steady_state_skips_the_warm_up_steps():
     log = []
     for step in range(1, 11):
         elapsed = 10 + 0.5 * (step - 1)
-        log.append({"loss": 1.0, "step": step, "train_speed(s/it)": round(elapsed / step, 6),
-                    "num_input_tokens_seen": 1000 * step})
+        log.append(
+            {
+                "loss": 1.0,
+                "step": step,
+                "train_speed(s/it)": round(elapsed / step, 6),
+                "num_input_tokens_seen": 1000 * step,
+            }
+        )
     log.append({"train_runtime": 14.5, "step": 10})
     s = steady_state(log, skip_steps=2)
     assert s["seconds_per_step"] == pytest.approx(0.5, abs=1e-4)
@@ -85,5 +103,8 @@ def test_profile_kernel_categories():
     assert category("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
     assert category("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda") == "dtype_copy"
     assert category("void at::native::fused_dropout_kernel_vec<float, float>") == "dropout"
-    assert category("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add") == "elementwise_reduce"
+    assert (
+        category("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add")
+        == "elementwise_reduce"
+    )
     assert category("_triton_rope") == "triton_other"

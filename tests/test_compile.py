@@ -38,7 +38,9 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
     assert params["model_source"].default_value.string_value == cfg.model.source
     assert params["data_train"].default_value.string_value == cfg.data.train
     swift = json_format.MessageToDict(params["swift_args"].default_value)
-    assert swift == {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in cfg.swift.items()}
+    assert swift == {
+        k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in cfg.swift.items()
+    }
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -46,7 +48,8 @@ def test_every_config_compiles_for_the_local_target(config, tmp_path):
     spec = _spec(compile_pipeline(config, str(tmp_path / "p.yaml"), target="local"))
     assert set(spec.root.dag.tasks) == set(TASK_ORDER)
     assert "train-lora" in spec.root.dag.tasks and not spec.deployment_spec.fields["executors"].struct_value.fields[
-        "exec-train-lora"].struct_value.fields.get("customJob")
+        "exec-train-lora"
+    ].struct_value.fields.get("customJob")
     assert not spec.default_pipeline_root
 
 
@@ -116,6 +119,6 @@ def test_pipeline_signature_and_parameter_table_agree(target, tmp_path):
 
 def test_readme_names_every_run_time_parameter():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    table = readme[readme.index("## Config reference"):readme.index("Seed default (")]
+    table = readme[readme.index("## Config reference") : readme.index("Seed default (")]
     for name, path in RUN_PARAMETERS:
         assert f"`{name}`" in table, (name, path)

@@ -193,7 +193,11 @@ def test_missing_required_section(tmp_path, section):
 
 @pytest.mark.parametrize(
     "drop_line, key",
-    [("  name: tiny-run\n", "pipeline.name"), ("  cache: /cache/models\n", "model.cache"), ("  train: data/train.jsonl\n", "data.train")],
+    [
+        ("  name: tiny-run\n", "pipeline.name"),
+        ("  cache: /cache/models\n", "model.cache"),
+        ("  train: data/train.jsonl\n", "data.train"),
+    ],
 )
 def test_missing_required_key_names_key_and_section_line(tmp_path, drop_line, key):
     assert drop_line in MINIMAL
@@ -388,10 +392,19 @@ def test_champion_reference_needs_an_alias(tmp_path):
     assert msg.startswith(f"{path}:{line_of(text, 'reference:')}:") and "'register.alias' is empty" in msg
 
 
-@pytest.mark.parametrize("key, value", [
-    ("model_id", "9-drawings"), ("model_id", "Qwen-Drawings"), ("model_id", "a" * 64), ("model_id", "-x"),
-    ("alias", "Champion"), ("alias", "42"), ("alias", "best-"), ("alias", "c"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("model_id", "9-drawings"),
+        ("model_id", "Qwen-Drawings"),
+        ("model_id", "a" * 64),
+        ("model_id", "-x"),
+        ("alias", "Champion"),
+        ("alias", "42"),
+        ("alias", "best-"),
+        ("alias", "c"),
+    ],
+)
 def test_bad_register_ids_name_file_and_line(tmp_path, key, value):
     text = MINIMAL + f"register:\n  {key}: '{value}'\n"
     path = write(tmp_path, text)
@@ -399,8 +412,10 @@ def test_bad_register_ids_name_file_and_line(tmp_path, key, value):
     assert msg.startswith(f"{path}:{line_of(text, key + ':')}: 'register.{key}' must be"), msg
 
 
-@pytest.mark.parametrize("key, value", [("model_id", "qwen3_vl-drawings"), ("alias", "champion"),
-                                        ("alias", "prod-v2"), ("alias", "bestModel1")])
+@pytest.mark.parametrize(
+    "key, value",
+    [("model_id", "qwen3_vl-drawings"), ("alias", "champion"), ("alias", "prod-v2"), ("alias", "bestModel1")],
+)
 def test_good_register_ids(tmp_path, key, value):
     cfg = load_config(write(tmp_path, MINIMAL + f"register:\n  {key}: {value}\n"))
     assert getattr(cfg.register, key) == value

@@ -33,11 +33,7 @@ def findings_of(row: dict) -> list[dict]:
 
 
 def all_rows(dataset: dict) -> list[tuple[Path, dict]]:
-    return [
-        (Path(dataset[split]).parent, row)
-        for split in ("train", "eval")
-        for row in read_rows(dataset[split])
-    ]
+    return [(Path(dataset[split]).parent, row) for split in ("train", "eval") for row in read_rows(dataset[split])]
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:

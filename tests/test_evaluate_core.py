@@ -58,8 +58,9 @@ def test_empty_eval_set_is_a_named_error(tmp_path):
 def test_tuned_beats_reference_and_passes_gate(tmp_path):
     ds = _dataset(tmp_path)
     gen, calls = _fake({"tuned": GOLD, "base": ["no idea", "```json\n[oops\n```"]})
-    result = evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5,
-                      "f1", 0.5, 0.1, generate_fn=gen)
+    result = evaluate(
+        "tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5, "f1", 0.5, 0.1, generate_fn=gen
+    )
     assert result.passed and result.reason.startswith("PASS")
     assert result.tuned["f1"] == 1.0 and result.tuned["json_valid_rate"] == 1.0
     assert result.reference["f1"] == 0.0 and result.reference["json_valid_rate"] == 0.0
@@ -72,10 +73,11 @@ def test_tuned_beats_reference_and_passes_gate(tmp_path):
 
 def test_gate_fails_when_threshold_unreachable(tmp_path):
     ds = _dataset(tmp_path)
-    half = [GOLD[0], '```json\n[]\n```']
+    half = [GOLD[0], "```json\n[]\n```"]
     gen, _ = _fake({"tuned": half, "base": half})
-    result = evaluate("tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5,
-                      "f1", 0.0, 0.01, generate_fn=gen)
+    result = evaluate(
+        "tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5, "f1", 0.0, 0.01, generate_fn=gen
+    )
     assert not result.passed and result.reason.startswith("FAIL")
     assert result.tuned["recall"] == pytest.approx(1 / 3)
 
@@ -156,8 +158,9 @@ def test_tuned_model_that_is_already_the_champion_is_not_promoted(tmp_path):
     """A cached merge that an earlier run registered: generated once, and the gate fails."""
     ds = _dataset(tmp_path)
     gen, calls = _fake({"model": GOLD})
-    result = evaluate("model", "model", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5,
-                      "f1", 0.0, 0.0, generate_fn=gen)
+    result = evaluate(
+        "model", "model", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5, "f1", 0.0, 0.0, generate_fn=gen
+    )
     assert len(calls) == 1
     assert result.tuned == result.reference and result.tuned["f1"] == 1.0
     assert not result.passed and "is the reference model itself" in result.reason
@@ -166,8 +169,15 @@ def test_tuned_model_that_is_already_the_champion_is_not_promoted(tmp_path):
 def test_report_names_the_reference(tmp_path):
     from components.evaluate._report import render_report
 
-    page = render_report({"f1": 0.9}, {"f1": 0.8}, [], passed=True, reason="PASS",
-                         reference_name="champion@3", reference_detail="gs://b/run-7/merged")
+    page = render_report(
+        {"f1": 0.9},
+        {"f1": 0.8},
+        [],
+        passed=True,
+        reason="PASS",
+        reference_name="champion@3",
+        reference_detail="gs://b/run-7/merged",
+    )
     assert "<th>champion@3</th>" in page
     assert "Reference model: <b>champion@3</b> (<code>gs://b/run-7/merged</code>)" in page
     assert "Reference model:" not in render_report({"f1": 0.9}, {"f1": 0.8}, [])

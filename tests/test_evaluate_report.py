@@ -45,10 +45,28 @@ def _sample(tmp_path, line, tuned_text, name="img.png"):
     }
 
 
-TUNED = {"n": 3, "f1": 0.6667, "precision": 0.5, "recall": 1.0, "json_valid_rate": 0.6667, "exact_match_rate": 0.3333,
-         "samples_per_second": 2.5, "generated_tokens_per_second": 346.5, "generate_seconds": 1.2}
-BASE = {"n": 3, "f1": 0.0, "precision": 0.0, "recall": 0.0, "json_valid_rate": 0.0, "exact_match_rate": 0.0,
-        "samples_per_second": 0.8, "generated_tokens_per_second": 127.2, "generate_seconds": 3.75}
+TUNED = {
+    "n": 3,
+    "f1": 0.6667,
+    "precision": 0.5,
+    "recall": 1.0,
+    "json_valid_rate": 0.6667,
+    "exact_match_rate": 0.3333,
+    "samples_per_second": 2.5,
+    "generated_tokens_per_second": 346.5,
+    "generate_seconds": 1.2,
+}
+BASE = {
+    "n": 3,
+    "f1": 0.0,
+    "precision": 0.0,
+    "recall": 0.0,
+    "json_valid_rate": 0.0,
+    "exact_match_rate": 0.0,
+    "samples_per_second": 0.8,
+    "generated_tokens_per_second": 127.2,
+    "generate_seconds": 3.75,
+}
 
 
 class _Collector(HTMLParser):
@@ -92,7 +110,7 @@ def test_report_is_self_contained_with_table_and_drawn_worst_samples(tmp_path):
     # metric table: reference, tuned, delta
     cells = parser.cells
     row = cells.index("F1")
-    assert cells[row:row + 4] == ["F1", "0.0000", "0.6667", "+0.6667"]
+    assert cells[row : row + 4] == ["F1", "0.0000", "0.6667", "+0.6667"]
     assert "346.5" in cells and "127.2" in cells and "samples/s" in cells and "generated tokens/s" in cells
     assert "PASSED" in page
     # worst two: the invalid one first, then the wrong box; the perfect one is not shown
@@ -127,8 +145,11 @@ def test_missing_image_still_draws(tmp_path):
 
 
 def test_worst_samples_order_and_sample_f1(tmp_path):
-    samples = [_sample(tmp_path, 1, _answer([GOLD_BOX])), _sample(tmp_path, 2, _answer([GOLD_BOX, PRED_BOX])),
-               _sample(tmp_path, 3, "nope")]
+    samples = [
+        _sample(tmp_path, 1, _answer([GOLD_BOX])),
+        _sample(tmp_path, 2, _answer([GOLD_BOX, PRED_BOX])),
+        _sample(tmp_path, 3, "nope"),
+    ]
     assert [s["line"] for s in worst_samples(samples, 3)] == [3, 2, 1]
     assert sample_f1(samples[0]["tuned_score"]) == 1.0
     assert sample_f1(samples[1]["tuned_score"]) == 2 / 3

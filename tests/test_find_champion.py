@@ -42,8 +42,15 @@ def test_model_name():
 
 
 def test_champion_present_gives_its_uri_and_version():
-    fetch, calls = _fetch({f"{MODEL}@champion": {"version_id": "3", "artifact_uri": "gs://b/root/run-7/merged/",
-                                                 "version_aliases": ["champion"]}})
+    fetch, calls = _fetch(
+        {
+            f"{MODEL}@champion": {
+                "version_id": "3",
+                "artifact_uri": "gs://b/root/run-7/merged/",
+                "version_aliases": ["champion"],
+            }
+        }
+    )
     champion = _find(fetch)
     assert champion.uri == "gs://b/root/run-7/merged"
     assert champion.version_id == "3"
@@ -69,11 +76,14 @@ def test_parent_without_the_alias_falls_back_to_the_base():
     assert calls == [f"{MODEL}@best", MODEL]
 
 
-@pytest.mark.parametrize("error, hint", [
-    (exceptions.PermissionDenied("caller lacks aiplatform.models.get"), "roles/aiplatform.user"),
-    (exceptions.ServiceUnavailable("backend down"), "retry the run"),
-    (exceptions.InternalServerError("boom"), "check the project, region"),
-])
+@pytest.mark.parametrize(
+    "error, hint",
+    [
+        (exceptions.PermissionDenied("caller lacks aiplatform.models.get"), "roles/aiplatform.user"),
+        (exceptions.ServiceUnavailable("backend down"), "retry the run"),
+        (exceptions.InternalServerError("boom"), "check the project, region"),
+    ],
+)
 def test_api_error_is_a_named_error_with_a_hint(error, hint):
     fetch, _ = _fetch({f"{MODEL}@champion": error})
     with pytest.raises(ChampionLookupError) as info:
@@ -107,8 +117,9 @@ def test_empty_model_id_or_alias_is_named(field):
 
 
 def _register(merged: str, run: str, expected_champion: str | None = None):
-    req = build_upload_request(merged, "qwen-drawings", "Qwen drawings", "img:1", run,
-                               {"tuned_f1": 0.8, "reference": "base"})
+    req = build_upload_request(
+        merged, "qwen-drawings", "Qwen drawings", "img:1", run, {"tuned_f1": 0.8, "reference": "base"}
+    )
     return register_model(req, "test-project", "us-central1", CRED, expected_champion=expected_champion)
 
 
@@ -135,9 +146,17 @@ def test_real_client_finds_the_champion_by_alias(api):
 def test_real_client_api_error_becomes_a_named_error(api):
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
     api.errors[f"{MODEL}@champion"] = (403, "PERMISSION_DENIED")
-    with pytest.raises(ChampionLookupError, match="@champion in the Model Registry: (Forbidden|PermissionDenied): 403.*roles/aiplatform.user"):
-        find_champion("test-project", "us-central1", "qwen-drawings", "champion",
-                      vertex_fetch("test-project", "us-central1", CRED))
+    with pytest.raises(
+        ChampionLookupError,
+        match="@champion in the Model Registry: (Forbidden|PermissionDenied): 403.*roles/aiplatform.user",
+    ):
+        find_champion(
+            "test-project",
+            "us-central1",
+            "qwen-drawings",
+            "champion",
+            vertex_fetch("test-project", "us-central1", CRED),
+        )
 
 
 def test_register_refuses_when_the_champion_moved_during_the_run(api):

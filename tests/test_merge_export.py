@@ -242,7 +242,10 @@ def test_adapter_weight_shapes_must_fit_base(tiny_base, adapter_and_merged, tmp_
     save_file(tensors, str(path))
     with pytest.raises(AdapterBaseMismatch, match="does not fit the staged model"):
         check_adapter_base(other, tiny_base)
-    renamed = {k.replace("language_model", "text_model"): v for k, v in load_file(str(adapter / "adapter_model.safetensors")).items()}
+    renamed = {
+        k.replace("language_model", "text_model"): v
+        for k, v in load_file(str(adapter / "adapter_model.safetensors")).items()
+    }
     save_file(renamed, str(path))
     with pytest.raises(AdapterBaseMismatch, match="none of its 8 LoRA modules exists"):
         check_adapter_base(other, tiny_base)
@@ -265,8 +268,12 @@ def test_build_export_command():
 
 def test_model_card_names_lineage_and_metrics():
     lineage = {
-        "base_model": {"source": "hf://Qwen/Qwen3-VL-4B-Instruct", "revision": "abc123", "architecture": ARCH,
-                       "model_type": "qwen3_vl"},
+        "base_model": {
+            "source": "hf://Qwen/Qwen3-VL-4B-Instruct",
+            "revision": "abc123",
+            "architecture": ARCH,
+            "model_type": "qwen3_vl",
+        },
         "adapter": "gs://b/run/adapter",
         "run_id": "run-42",
         "versions": {"transformers": "5.19.0", "peft": "0.20.0", "ms_swift": "4.6.0"},
@@ -274,8 +281,15 @@ def test_model_card_names_lineage_and_metrics():
     }
     card = model_card(lineage, {"train_loss": 0.25})
     assert card.startswith("---\nbase_model: hf://Qwen/Qwen3-VL-4B-Instruct\n")
-    for text in ("`abc123`", "gs://b/run/adapter", "run-42", "| peft | 0.20.0 |", "| ms_swift | 4.6.0 |",
-                 "| train_loss | 0.25 |", "1.2e-05"):
+    for text in (
+        "`abc123`",
+        "gs://b/run/adapter",
+        "run-42",
+        "| peft | 0.20.0 |",
+        "| ms_swift | 4.6.0 |",
+        "| train_loss | 0.25 |",
+        "1.2e-05",
+    ):
         assert text in card
 
 
@@ -283,13 +297,30 @@ LOG_HISTORY = [
     {"loss": 2.5, "global_step/max_steps": "5/20", "train_speed(s/it)": 1.2},
     {"loss": 0.75, "global_step/max_steps": "20/20", "num_input_tokens_seen": 40000},
     {"eval_loss": 0.9, "global_step/max_steps": "20/20"},
-    {"train_runtime": 100.0, "train_samples_per_second": 3.5, "train_loss": 1.25, "global_step/max_steps": "20/20",
-     "num_input_tokens_seen": 40000},
+    {
+        "train_runtime": 100.0,
+        "train_samples_per_second": 3.5,
+        "train_loss": 1.25,
+        "global_step/max_steps": "20/20",
+        "num_input_tokens_seen": 40000,
+    },
 ]
-ARGS = {"lora_rank": 8, "lora_alpha": 32.0, "lora_dropout": 0.05, "target_modules": ["all-linear"],
-        "learning_rate": 1e-4, "num_train_epochs": 2.0, "max_steps": -1, "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 4, "global_world_size": 8, "max_length": 3000, "torch_dtype": "bfloat16",
-        "seed": 42, "output_dir": "/tmp/x"}
+ARGS = {
+    "lora_rank": 8,
+    "lora_alpha": 32.0,
+    "lora_dropout": 0.05,
+    "target_modules": ["all-linear"],
+    "learning_rate": 1e-4,
+    "num_train_epochs": 2.0,
+    "max_steps": -1,
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 4,
+    "global_world_size": 8,
+    "max_length": 3000,
+    "torch_dtype": "bfloat16",
+    "seed": 42,
+    "output_dir": "/tmp/x",
+}
 
 
 def _card_row(card: str, label: str) -> str:
@@ -334,8 +365,14 @@ def test_training_summary_without_files_says_not_recorded(tmp_path):
     assert summary == {"metrics": {}, "hyperparameters": {}, "missing": ["log_history.json", "args.json"]}
     card = model_card({"base_model": {}, "training": summary})
     assert "no readable log_history.json or args.json" in card
-    for label in ("train loss (last logged step)", "eval loss (last evaluation)", "train tokens/s", "LoRA rank",
-                  "learning rate", "effective batch size"):
+    for label in (
+        "train loss (last logged step)",
+        "eval loss (last evaluation)",
+        "train tokens/s",
+        "LoRA rank",
+        "learning rate",
+        "effective batch size",
+    ):
         assert _card_row(card, label).endswith("| not recorded |"), label
 
 
@@ -366,8 +403,14 @@ def test_library_versions():
 @pytest.mark.pipeline
 def test_swift_export_merge_verifies_and_detects_tampering(tiny_base, adapter_and_merged, tmp_path, monkeypatch):
     adapter, _ = adapter_and_merged
-    result = core.merge_export(str(adapter), str(tiny_base), str(tmp_path / "out"), str(tmp_path / "work"),
-                               run_id="run-7", metrics={"train_loss": 1.5})
+    result = core.merge_export(
+        str(adapter),
+        str(tiny_base),
+        str(tmp_path / "out"),
+        str(tmp_path / "work"),
+        run_id="run-7",
+        metrics={"train_loss": 1.5},
+    )
     meta = result.metadata
     assert meta["logits_max_abs_diff"] <= meta["logits_tolerance"]
     assert meta["peft"] and meta["ms_swift"] and meta["transformers"] and meta["run_id"] == "run-7"
@@ -377,7 +420,10 @@ def test_swift_export_merge_verifies_and_detects_tampering(tiny_base, adapter_an
     card = (tmp_path / "out" / "README.md").read_text()
     assert "run-7" in card and "| train_loss | 1.5 |" in card
     # the peft-made adapter has no log_history.json / args.json: the card says so instead of failing
-    assert lineage["training"]["missing"] == ["log_history.json", "args.json"] and "| LoRA rank (`lora_rank`) | not recorded |" in card
+    assert (
+        lineage["training"]["missing"] == ["log_history.json", "args.json"]
+        and "| LoRA rank (`lora_rank`) | not recorded |" in card
+    )
 
     real_run = core.run_command
 

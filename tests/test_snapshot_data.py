@@ -150,8 +150,10 @@ def test_gs_prefix_and_glob_listing(gcs_client, gcs_bucket):
 
     res = resolve_sources(f"gs://{gcs_bucket}/drawings/")
     uris = [e["uri"] for e in res.snapshot["train"]]
-    assert uris == [f"gs://{gcs_bucket}/drawings/{n}" for n in ("2026-01/part-0.jsonl", "2026-01/part-1.jsonl",
-                                                                   "2026-02/part-0.jsonl")]
+    assert uris == [
+        f"gs://{gcs_bucket}/drawings/{n}"
+        for n in ("2026-01/part-0.jsonl", "2026-01/part-1.jsonl", "2026-02/part-0.jsonl")
+    ]
     assert res.skipped == 1
     entry = res.snapshot["train"][0]
     assert entry["size"] == len(ROW) and entry["generation"] and entry["crc32c"] == snap.crc32c_b64(ROW)
@@ -216,12 +218,16 @@ def test_the_task_says_up_to_date_only_when_the_champion_saw_this_data_with_thes
 
     champion = tmp_path / "champion"
     champion.mkdir()
-    (champion / LINEAGE_FILE).write_text(json.dumps({"snapshot": json.loads(first.snapshot_json),
-                                                     "training_key": first.training_key}))
+    (champion / LINEAGE_FILE).write_text(
+        json.dumps({"snapshot": json.loads(first.snapshot_json), "training_key": first.training_key})
+    )
     again = snapshot_data(train=str(tmp_path / "d"), training=settings, champion_dir=str(champion))
     assert again.up_to_date and "no new data since snapshot " + first.fingerprint in again.summary
-    other_lr = snapshot_data(train=str(tmp_path / "d"), training={**settings, "swift_args": {"learning_rate": 2e-4}},
-                             champion_dir=str(champion))
+    other_lr = snapshot_data(
+        train=str(tmp_path / "d"),
+        training={**settings, "swift_args": {"learning_rate": 2e-4}},
+        champion_dir=str(champion),
+    )
     assert not other_lr.up_to_date and other_lr.fingerprint == first.fingerprint
     _write(tmp_path / "d" / "b.jsonl")
     new_data = snapshot_data(train=str(tmp_path / "d"), training=settings, champion_dir=str(champion))

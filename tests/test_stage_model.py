@@ -379,7 +379,12 @@ def test_file_shorter_than_header_length_field(model):
 
 @pytest.mark.parametrize(
     "header",
-    [[1, 2, 3], {"w": 5}, {"w": {"dtype": "F32", "shape": [2]}}, {"w": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}],
+    [
+        [1, 2, 3],
+        {"w": 5},
+        {"w": {"dtype": "F32", "shape": [2]}},
+        {"w": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}},
+    ],
 )
 def test_json_header_of_wrong_shape(model, header):
     path = model / "model.safetensors"

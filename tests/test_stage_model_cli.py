@@ -43,8 +43,16 @@ def test_cli_as_a_module_against_the_fake_hub(hub_server, tmp_path):
     hub_server.repos["org/tiny"] = HubRepo({p.name: p.read_bytes() for p in model.iterdir()})
     env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}  # this test is online (fake hub)
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "components.stage_model", "hf://org/tiny", "--cache", str(tmp_path / "c"),
-           "--revision", "main"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "components.stage_model",
+        "hf://org/tiny",
+        "--cache",
+        str(tmp_path / "c"),
+        "--revision",
+        "main",
+    ]
     first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     commit = hub_server.repos["org/tiny"].refs["main"]
@@ -52,7 +60,8 @@ def test_cli_as_a_module_against_the_fake_hub(hub_server, tmp_path):
     assert "cache_hit=false" in first.stdout
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0 and "cache_hit=true bytes_copied=0" in second.stdout
-    bad = subprocess.run(cmd[:3] + ["hf://org/nope"] + cmd[4:], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        cmd[:3] + ["hf://org/nope"] + cmd[4:], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 1 and bad.stderr.strip().startswith("stage-model: error: model source hf://org/nope")
     assert "repo not found" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

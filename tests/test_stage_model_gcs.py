@@ -25,7 +25,9 @@ def objects(client, bucket: str, prefix: str = "") -> dict[str, bytes]:
 def upload_folder(client, folder: Path, bucket: str, prefix: str) -> None:
     for path in folder.rglob("*"):
         if path.is_file():
-            client.bucket(bucket).blob(f"{prefix}/{path.relative_to(folder).as_posix()}").upload_from_filename(str(path))
+            client.bucket(bucket).blob(f"{prefix}/{path.relative_to(folder).as_posix()}").upload_from_filename(
+                str(path)
+            )
 
 
 def test_fuse_path_mapping():
@@ -44,7 +46,7 @@ def test_stage_local_folder_into_gcs_then_hit(model, gcs_client, gcs_bucket):
     assert first.entry.startswith(f"gs://{gcs_bucket}/models/local/tiny-qwen3-vl/sha256-")
     total = sum(p.stat().st_size for p in model.iterdir())
     assert first.bytes_copied == total == first.manifest["total_bytes"]
-    prefix = first.entry[len(f"gs://{gcs_bucket}/"):]
+    prefix = first.entry[len(f"gs://{gcs_bucket}/") :]
     stored = objects(gcs_client, gcs_bucket, prefix + "/")
     for path in model.iterdir():
         assert stored[f"{prefix}/{path.name}"] == path.read_bytes()
@@ -56,7 +58,7 @@ def test_stage_local_folder_into_gcs_then_hit(model, gcs_client, gcs_bucket):
     assert verify_entry(first.entry) == (True, "ok")
     # no lock or temporary objects are left behind
     assert sorted(objects(gcs_client, gcs_bucket)) == sorted(stored)
-    assert core.result_summary(first)["fuse_path"] == "/gcs/" + first.entry[len("gs://"):]
+    assert core.result_summary(first)["fuse_path"] == "/gcs/" + first.entry[len("gs://") :]
 
     second = stage_model(str(model), cache)
     assert second.cache_hit is True and second.bytes_copied == 0
@@ -84,7 +86,7 @@ def test_stage_from_gcs_source(model, gcs_client, gcs_bucket, tmp_path):
 def test_truncated_object_is_detected_and_repaired(model, gcs_client, gcs_bucket):
     cache = f"gs://{gcs_bucket}/models"
     entry = stage_model(str(model), cache).entry
-    prefix = entry[len(f"gs://{gcs_bucket}/"):]
+    prefix = entry[len(f"gs://{gcs_bucket}/") :]
     good = (model / "model.safetensors").read_bytes()
     gcs_client.bucket(gcs_bucket).blob(f"{prefix}/model.safetensors").upload_from_string(good[:-10])
     valid, reason = verify_entry(entry)
@@ -97,7 +99,7 @@ def test_truncated_object_is_detected_and_repaired(model, gcs_client, gcs_bucket
 
 def test_same_size_corruption_is_detected_by_crc32c(model, gcs_client, gcs_bucket):
     entry = stage_model(str(model), f"gs://{gcs_bucket}/m").entry
-    name = entry[len(f"gs://{gcs_bucket}/"):] + "/tokenizer.json"
+    name = entry[len(f"gs://{gcs_bucket}/") :] + "/tokenizer.json"
     data = bytearray(gcs_client.bucket(gcs_bucket).blob(name).download_as_bytes())
     data[-2] ^= 1
     gcs_client.bucket(gcs_bucket).blob(name).upload_from_string(bytes(data))
@@ -109,7 +111,7 @@ def test_same_size_corruption_is_detected_by_crc32c(model, gcs_client, gcs_bucke
 def test_missing_manifest_is_repaired_without_copying(model, gcs_client, gcs_bucket):
     cache = f"gs://{gcs_bucket}/models"
     entry = stage_model(str(model), cache).entry
-    prefix = entry[len(f"gs://{gcs_bucket}/"):]
+    prefix = entry[len(f"gs://{gcs_bucket}/") :]
     gcs_client.bucket(gcs_bucket).blob(f"{prefix}/{MANIFEST}").delete()
     assert verify_entry(entry) == (False, "no manifest (incomplete entry)")
     again = stage_model(str(model), cache)
@@ -141,7 +143,7 @@ def test_two_concurrent_stagers_leave_one_valid_entry(model, gcs_client, gcs_buc
     assert verify_entry(entry) == (True, "ok")
     # one entry, its files equal to the source, no lock and no stray objects
     names = sorted(objects(gcs_client, gcs_bucket))
-    prefix = entry[len(f"gs://{gcs_bucket}/"):]
+    prefix = entry[len(f"gs://{gcs_bucket}/") :]
     assert names == sorted([f"{prefix}/{MANIFEST}"] + [f"{prefix}/{p.name}" for p in model.iterdir()])
     for path in model.iterdir():
         assert gcs_client.bucket(gcs_bucket).blob(f"{prefix}/{path.name}").download_as_bytes() == path.read_bytes()
@@ -151,7 +153,7 @@ def test_waiting_stager_returns_the_other_ones_entry(model, gcs_client, gcs_buck
     """A live lock makes the second stager wait, then report a cache hit with 0 bytes copied."""
     cache = f"gs://{gcs_bucket}/models"
     entry = stage_model(str(model), cache).entry
-    prefix = entry[len(f"gs://{gcs_bucket}/"):]
+    prefix = entry[len(f"gs://{gcs_bucket}/") :]
     bucket = gcs_client.bucket(gcs_bucket)
     manifest = bucket.blob(f"{prefix}/{MANIFEST}").download_as_bytes()
     bucket.blob(f"{prefix}/{MANIFEST}").delete()

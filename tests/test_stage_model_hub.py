@@ -135,7 +135,11 @@ def test_hf_revision_by_branch_and_commit(hub, tmp_path, repo_files):
 def test_hf_allow_and_ignore_patterns(hub, tmp_path):
     result = stage_model("hf://org/tiny", str(tmp_path / "c"), ignore=["*.bin", "original/*"])
     assert sorted(result.manifest["files"]) == [
-        "README.md", "config.json", "model.safetensors", "preprocessor_config.json", "tokenizer.json",
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+        "tokenizer.json",
         "tokenizer_config.json",
     ]
     downloads = [r[1] for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]]

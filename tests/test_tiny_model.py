@@ -6,7 +6,6 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 import torch
 import transformers
 
@@ -94,9 +93,7 @@ def test_processor_image_tokens(model_dir: Path):
     from PIL import Image
 
     proc = transformers.AutoProcessor.from_pretrained(model_dir)
-    messages = [
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find the title_block."}]}
-    ]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find the title_block."}]}]
     text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text.startswith("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>")
     assert text.endswith("<|im_start|>assistant\n")

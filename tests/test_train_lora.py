@@ -22,20 +22,40 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_to_cli_formats_bools_lists_and_numbers():
     assert to_cli({"a": True, "b": False, "c": [1, "x"], "d": 1e-4, "e": {"k": 1}}) == [
-        "--a", "true", "--b", "false", "--c", "1", "x", "--d", "0.0001", "--e", '{"k": 1}',
+        "--a",
+        "true",
+        "--b",
+        "false",
+        "--c",
+        "1",
+        "x",
+        "--d",
+        "0.0001",
+        "--e",
+        '{"k": 1}',
     ]
 
 
 def test_to_cli_turns_whole_floats_from_kfp_structs_into_ints():
     assert to_cli({"gradient_accumulation_steps": 1.0, "lr": 0.5, "ids": [2.0, 3.5]}) == [
-        "--gradient_accumulation_steps", "1", "--lr", "0.5", "--ids", "2", "3.5",
+        "--gradient_accumulation_steps",
+        "1",
+        "--lr",
+        "0.5",
+        "--ids",
+        "2",
+        "3.5",
     ]
 
 
 def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
     cmd = build_sft_command(
         {"lora_rank": 8, "learning_rate": 1e-4, "gradient_checkpointing": True, "target_modules": ["q_proj", "v_proj"]},
-        "/m", "qwen3_vl", "/w/train.jsonl", "/w/eval.jsonl", "/w/out",
+        "/m",
+        "qwen3_vl",
+        "/w/train.jsonl",
+        "/w/eval.jsonl",
+        "/w/out",
     )
     assert cmd[:2] == ["swift", "sft"]
     args = cmd[2:]
@@ -53,8 +73,14 @@ def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
 
 
 def test_token_counting_can_be_turned_off_and_user_plugins_are_kept():
-    cmd = build_sft_command({"include_num_input_tokens_seen": False, "external_plugins": "/my/plugin.py"},
-                            "/m", "qwen3_vl", "/t.jsonl", "", "/o")
+    cmd = build_sft_command(
+        {"include_num_input_tokens_seen": False, "external_plugins": "/my/plugin.py"},
+        "/m",
+        "qwen3_vl",
+        "/t.jsonl",
+        "",
+        "/o",
+    )
     assert cmd[cmd.index("--include_num_input_tokens_seen") + 1] == "false"
     assert cmd.count("--include_num_input_tokens_seen") == 1
     i = cmd.index("--external_plugins")
@@ -76,8 +102,10 @@ def test_plugin_counts_tokens_without_padding():
         accelerator=SimpleNamespace(gather=lambda t: t),
         model=SimpleNamespace(main_input_name="input_ids"),
     )
-    batch = {"input_ids": torch.zeros(2, 5, dtype=torch.long),
-             "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])}
+    batch = {
+        "input_ids": torch.zeros(2, 5, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]),
+    }
     Trainer._track_num_input_tokens(fake, batch)
     assert fake.state.num_input_tokens_seen == 7  # not 10: padding excluded
     fake.args.include_num_input_tokens_seen = "no"
@@ -134,7 +162,10 @@ def _dataset(tmp_path: Path) -> Path:
     (ds / "images").mkdir(parents=True)
     (ds / "images" / "a.png").write_bytes(b"png")
     rows = [
-        {"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "[]"}], "images": ["images/a.png"]},
+        {
+            "messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "[]"}],
+            "images": ["images/a.png"],
+        },
         {"messages": [{"role": "user", "content": "text only"}, {"role": "assistant", "content": "ok"}]},
     ]
     (ds / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -180,8 +211,13 @@ def test_summarize_log():
     ]
     m = summarize_log(log)
     assert m == {
-        "first_loss": 3.0, "final_loss": 1.5, "eval_loss": 1.7, "train_loss": 2.2,
-        "train_runtime_s": 12.5, "samples_per_second": 8.0, "steps": 10.0,
+        "first_loss": 3.0,
+        "final_loss": 1.5,
+        "eval_loss": 1.7,
+        "train_loss": 2.2,
+        "train_runtime_s": 12.5,
+        "samples_per_second": 8.0,
+        "steps": 10.0,
     }
 
 
@@ -190,8 +226,13 @@ def test_summarize_ms_swift_logging_jsonl(tmp_path):
     lines = [
         {"loss": 3.0, "memory(GiB)": 20.5, "global_step/max_steps": "5/10", "train_speed(s/it)": 0.9},
         {"eval_loss": 2.5, "memory(GiB)": 31.25, "global_step/max_steps": "10/10"},
-        {"train_runtime": 9.0, "train_samples_per_second": 1.1, "train_loss": 2.7,
-         "global_step/max_steps": "10/10", "train_speed(s/it)": 0.8},
+        {
+            "train_runtime": 9.0,
+            "train_samples_per_second": 1.1,
+            "train_loss": 2.7,
+            "global_step/max_steps": "10/10",
+            "train_speed(s/it)": 0.8,
+        },
         {"model_parameter_info": "PeftModel: 4B"},
     ]
     (tmp_path / "logging.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
@@ -217,8 +258,11 @@ def test_tensorboard_args_follow_vertex_and_yield_to_the_config():
 
 
 def test_loss_curve_html_plots_both_series():
-    log = [{"loss": 3.0, "global_step/max_steps": "5/20"}, {"loss": 1.0, "global_step/max_steps": "20/20"},
-           {"eval_loss": 2.0, "global_step/max_steps": "20/20"}]
+    log = [
+        {"loss": 3.0, "global_step/max_steps": "5/20"},
+        {"loss": 1.0, "global_step/max_steps": "20/20"},
+        {"eval_loss": 2.0, "global_step/max_steps": "20/20"},
+    ]
     page = core.loss_curve_html(log)
     import re
 
@@ -264,6 +308,8 @@ def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
         assert layer._cast_input_dtype(x, torch.float32) is x  # autocast casts at the matmul anyway
         fast = layer(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        slow = layer.base_layer(x) + layer.lora_B["default"](layer.lora_A["default"](x.float())) * layer.scaling["default"]
+        slow = (
+            layer.base_layer(x) + layer.lora_B["default"](layer.lora_A["default"](x.float())) * layer.scaling["default"]
+        )
     assert fast.dtype == torch.bfloat16
     assert torch.allclose(fast.float(), slow.float(), atol=1e-2, rtol=1e-2)

@@ -61,8 +61,14 @@ def test_per_rank_files_are_recognised():
     assert ck.is_per_rank_file("global_step4/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt")
     assert ck.is_per_rank_file("global_step4/zero_pp_rank_2_mp_rank_00_model_states.pt")  # ZeRO-3
     assert ck.is_per_rank_file("rng_state_5.pth")
-    for shared in ("global_step4/mp_rank_00_model_states.pt", "trainer_state.json", "latest", "rng_state.pth",
-                   "adapter_model.safetensors", "scheduler.pt"):
+    for shared in (
+        "global_step4/mp_rank_00_model_states.pt",
+        "trainer_state.json",
+        "latest",
+        "rng_state.pth",
+        "adapter_model.safetensors",
+        "scheduler.pt",
+    ):
         assert not ck.is_per_rank_file(shared), shared
 
 
@@ -84,7 +90,10 @@ def test_chief_completes_only_after_the_workers_marker(nodes):
     part = json.loads(ck.node_marker(dest, 1).read_text())
     assert part["node_rank"] == 1 and set(part["files"]) == {
         "global_step2/bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt",
-        "global_step2/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt", "rng_state_2.pth", "rng_state_3.pth"}
+        "global_step2/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt",
+        "rng_state_2.pth",
+        "rng_state_3.pth",
+    }
     # the worker's own trainer_state.json did not clobber the chief's
     assert json.loads((dest / "trainer_state.json").read_text()) == {"global_step": 2}
     assert not (dest / ck.MARKER).exists()  # only the chief writes COMPLETE.json

@@ -21,7 +21,7 @@ from components.train_lora import core
 
 ROOT = Path(__file__).resolve().parent.parent
 
-FAKE_SWIFT = '''#!{python}
+FAKE_SWIFT = """#!{python}
 import json, os, subprocess, sys, time
 out = sys.argv[sys.argv.index("--output_dir") + 1]
 for step in (2, 4):
@@ -41,7 +41,7 @@ with open(os.path.join(out, "..", "pids.tmp"), "w") as f:
 os.rename(os.path.join(out, "..", "pids.tmp"), os.path.join(out, "..", "pids"))
 print("fake swift: checkpoint-2 saved, training on", flush=True)
 time.sleep(120)
-'''
+"""
 
 RUNNER = """
 import json, sys
@@ -70,18 +70,37 @@ def _start(tmp_path: Path, checkpoint_dir: str | None) -> tuple[subprocess.Popen
     (model / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
     ds = tmp_path / "ds"
     ds.mkdir()
-    (ds / "data.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                                            {"role": "assistant", "content": "ok"}]}) + "\n")
+    (ds / "data.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}) + "\n"
+    )
     fake = tmp_path / "swift"
     fake.write_text(FAKE_SWIFT.format(python=sys.executable))
     fake.chmod(0o755)
     work = tmp_path / "work"
-    kw = dict(model_dir=str(model), model_type="qwen3_vl", train_dir=str(ds), eval_dir="", swift_args={},
-              adapter_out=str(tmp_path / "adapter"), work_dir=str(work), checkpoint_dir=checkpoint_dir,
-              gpus=[0, 0], environ={}, checkpoint_interval_s=60.0, term_wait_s=5.0, fake_swift=str(fake))
+    kw = dict(
+        model_dir=str(model),
+        model_type="qwen3_vl",
+        train_dir=str(ds),
+        eval_dir="",
+        swift_args={},
+        adapter_out=str(tmp_path / "adapter"),
+        work_dir=str(work),
+        checkpoint_dir=checkpoint_dir,
+        gpus=[0, 0],
+        environ={},
+        checkpoint_interval_s=60.0,
+        term_wait_s=5.0,
+        fake_swift=str(fake),
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, json.dumps(kw)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, json.dumps(kw)],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     pids = work / "pids"
     deadline = time.monotonic() + 60
     while not pids.is_file():

@@ -17,13 +17,18 @@ GIB = 1024**3
 
 
 def _spec(kind, index, workers=("w0:2222", "w1:2222")):
-    return {"CLUSTER_SPEC": json.dumps({
-        "cluster": {"workerpool0": ["chief-host:2222"], "workerpool1": list(workers)},
-        "task": {"type": kind, "index": index},
-    })}
+    return {
+        "CLUSTER_SPEC": json.dumps(
+            {
+                "cluster": {"workerpool0": ["chief-host:2222"], "workerpool1": list(workers)},
+                "task": {"type": kind, "index": index},
+            }
+        )
+    }
 
 
 # --- launch plan -------------------------------------------------------------------------
+
 
 def test_single_node_cpu_and_one_gpu_run_without_torchrun():
     for gpus in (0, 1):
@@ -37,8 +42,14 @@ def test_single_node_multi_gpu_sets_only_nproc_per_node():
 
 
 def test_vertex_single_replica_cluster_spec_is_a_single_node():
-    env = {"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["cmle-training-workerpool0-x-0:2222"]},
-                                       "task": {"type": "workerpool0", "index": 0}})}
+    env = {
+        "CLUSTER_SPEC": json.dumps(
+            {
+                "cluster": {"workerpool0": ["cmle-training-workerpool0-x-0:2222"]},
+                "task": {"type": "workerpool0", "index": 0},
+            }
+        )
+    }
     plan = la.launch_plan(env, 2)
     assert plan.nnodes == 1 and plan.env == {"NPROC_PER_NODE": "2"} and plan.is_chief
 
@@ -46,8 +57,13 @@ def test_vertex_single_replica_cluster_spec_is_a_single_node():
 def test_chief_of_three_nodes():
     plan = la.launch_plan(_spec("workerpool0", 0), 8)
     assert plan.is_chief and plan.node_rank == 0 and plan.nnodes == 3
-    assert plan.env == {"NNODES": "3", "NODE_RANK": "0", "MASTER_ADDR": "chief-host",
-                        "MASTER_PORT": "2222", "NPROC_PER_NODE": "8"}
+    assert plan.env == {
+        "NNODES": "3",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "chief-host",
+        "MASTER_PORT": "2222",
+        "NPROC_PER_NODE": "8",
+    }
     assert plan.world_size == 24
 
 
@@ -59,16 +75,21 @@ def test_workers_rank_after_the_chief(index):
     assert plan.env["NNODES"] == "3"
 
 
-@pytest.mark.parametrize("text, match", [
-    ("{not json", "not JSON"),
-    ('{"cluster": {}}', "expected"),
-    ('{"cluster": {"workerpool0": []}, "task": {"type": "workerpool0", "index": 0}}', "exactly one chief"),
-    ('{"cluster": {"workerpool0": ["h:1"]}, "task": {"type": "workerpool2", "index": 0}}', "task.type"),
-    ('{"cluster": {"workerpool0": ["h:1"], "workerpool1": ["w:1"]}, "task": {"type": "workerpool1", "index": 3}}',
-     r"workerpool1\[3\]"),
-    ('{"cluster": {"workerpool0": ["h:1"]}, "task": {"type": "workerpool0", "index": -1}}', "non-negative"),
-    ('{"cluster": {"workerpool0": ["nohostport"]}, "task": {"type": "workerpool0", "index": 0}}', "host:port"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{not json", "not JSON"),
+        ('{"cluster": {}}', "expected"),
+        ('{"cluster": {"workerpool0": []}, "task": {"type": "workerpool0", "index": 0}}', "exactly one chief"),
+        ('{"cluster": {"workerpool0": ["h:1"]}, "task": {"type": "workerpool2", "index": 0}}', "task.type"),
+        (
+            '{"cluster": {"workerpool0": ["h:1"], "workerpool1": ["w:1"]}, "task": {"type": "workerpool1", "index": 3}}',
+            r"workerpool1\[3\]",
+        ),
+        ('{"cluster": {"workerpool0": ["h:1"]}, "task": {"type": "workerpool0", "index": -1}}', "non-negative"),
+        ('{"cluster": {"workerpool0": ["nohostport"]}, "task": {"type": "workerpool0", "index": 0}}', "host:port"),
+    ],
+)
 def test_malformed_cluster_spec_is_a_named_error(text, match):
     with pytest.raises(la.ClusterSpecError, match=match) as info:
         la.launch_plan({"CLUSTER_SPEC": text}, 1)
@@ -91,6 +112,7 @@ def test_nccl_timeout_only_for_distributed_runs_and_config_wins():
 
 
 # --- strategy ----------------------------------------------------------------------------
+
 
 def test_strategy_single_gpu_uses_no_deepspeed():
     assert la.choose_strategy(8 * GIB, 1, 80 * GIB, {}).name == "single"
@@ -132,16 +154,23 @@ def test_model_weight_bytes_scales_by_dtype(tmp_path):
 
 # --- preflight ---------------------------------------------------------------------------
 
+
 def _model(tmp_path, max_pos=4096):
     m = tmp_path / "model"
     m.mkdir()
     (m / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": max_pos}}))
-    header = json.dumps({n: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]} for n in (
-        "model.language_model.layers.0.self_attn.q_proj.weight",
-        "model.language_model.layers.0.self_attn.v_proj.weight",
-        "model.visual.blocks.0.attn.qkv.weight",
-        "lm_head.weight",
-    )} | {"__metadata__": {"format": "pt"}}).encode()
+    header = json.dumps(
+        {
+            n: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+            for n in (
+                "model.language_model.layers.0.self_attn.q_proj.weight",
+                "model.language_model.layers.0.self_attn.v_proj.weight",
+                "model.visual.blocks.0.attn.qkv.weight",
+                "lm_head.weight",
+            )
+        }
+        | {"__metadata__": {"format": "pt"}}
+    ).encode()
     (m / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
     return m
 
@@ -174,21 +203,60 @@ def test_train_lora_fails_before_any_work(tmp_path):
     m = _model(tmp_path, 1024)
     ds = tmp_path / "missing-dataset"
     with pytest.raises(pf.PreflightError, match="max_length"):
-        core.train_lora(str(m), "qwen3_vl", str(ds), "", {"max_length": 4096}, str(tmp_path / "a"), str(tmp_path / "w"),
-                        gpus=(0, 0), environ={})
+        core.train_lora(
+            str(m),
+            "qwen3_vl",
+            str(ds),
+            "",
+            {"max_length": 4096},
+            str(tmp_path / "a"),
+            str(tmp_path / "w"),
+            gpus=(0, 0),
+            environ={},
+        )
     with pytest.raises(la.GPUCountError):
-        core.train_lora(str(m), "qwen3_vl", str(ds), "", {}, str(tmp_path / "a"), str(tmp_path / "w"),
-                        gpus=(1, 80 * GIB), expected_gpus=2, environ={})
+        core.train_lora(
+            str(m),
+            "qwen3_vl",
+            str(ds),
+            "",
+            {},
+            str(tmp_path / "a"),
+            str(tmp_path / "w"),
+            gpus=(1, 80 * GIB),
+            expected_gpus=2,
+            environ={},
+        )
     with pytest.raises(la.ClusterSpecError):
-        core.train_lora(str(m), "qwen3_vl", str(ds), "", {}, str(tmp_path / "a"), str(tmp_path / "w"),
-                        gpus=(1, 80 * GIB), environ={"CLUSTER_SPEC": "nope"})
+        core.train_lora(
+            str(m),
+            "qwen3_vl",
+            str(ds),
+            "",
+            {},
+            str(tmp_path / "a"),
+            str(tmp_path / "w"),
+            gpus=(1, 80 * GIB),
+            environ={"CLUSTER_SPEC": "nope"},
+        )
     (tmp_path / "ro").write_text("file, not a folder")
     with pytest.raises(pf.PreflightError, match="checkpoint_dir"):
-        core.train_lora(str(m), "qwen3_vl", str(ds), "", {}, str(tmp_path / "a"), str(tmp_path / "w"),
-                        gpus=(0, 0), environ={}, checkpoint_dir=str(tmp_path / "ro" / "ck"))
+        core.train_lora(
+            str(m),
+            "qwen3_vl",
+            str(ds),
+            "",
+            {},
+            str(tmp_path / "a"),
+            str(tmp_path / "w"),
+            gpus=(0, 0),
+            environ={},
+            checkpoint_dir=str(tmp_path / "ro" / "ck"),
+        )
 
 
 # --- durable checkpoints -----------------------------------------------------------------
+
 
 def _local_ckpt(root: Path, step: int, payload: bytes = b"weights") -> Path:
     d = root / f"checkpoint-{step}"
@@ -206,7 +274,11 @@ def test_copy_verifies_and_writes_the_marker_last(tmp_path):
     assert dest == tmp_path / "durable" / "checkpoint-4"
     marker = json.loads((dest / ck.MARKER).read_text())
     assert marker["step"] == 4 and set(marker["files"]) == {
-        "adapter_model.safetensors", "optimizer.pt", "sub/x.json", "trainer_state.json"}
+        "adapter_model.safetensors",
+        "optimizer.pt",
+        "sub/x.json",
+        "trainer_state.json",
+    }
     assert marker["files"]["optimizer.pt"]["sha256"] == ck.sha256_file(src / "optimizer.pt")
     assert ck.verify_checkpoint(dest)
     # second copy is a no-op
@@ -298,8 +370,15 @@ def test_checkpoint_sync_copies_in_the_background(tmp_path):
 
 
 def test_build_command_with_strategy_and_resume_keeps_user_args():
-    cmd = core.build_sft_command({"deepspeed": "zero2", "ddp_timeout": 600}, "/m", "qwen3_vl", "/t", "", "/o",
-                                 resume_from="/gcs/b/ck/checkpoint-4")
+    cmd = core.build_sft_command(
+        {"deepspeed": "zero2", "ddp_timeout": 600},
+        "/m",
+        "qwen3_vl",
+        "/t",
+        "",
+        "/o",
+        resume_from="/gcs/b/ck/checkpoint-4",
+    )
     args = cmd[2:]
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--deepspeed"] == "zero2" and pairs["--ddp_timeout"] == "600"

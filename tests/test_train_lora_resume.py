@@ -18,10 +18,23 @@ from components.train_lora import _checkpoints as ck
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8
 SWIFT_ARGS = {
-    "lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear", "freeze_vit": True,
-    "learning_rate": 1e-3, "max_steps": MAX_STEPS, "per_device_train_batch_size": 1, "max_length": 512,
-    "torch_dtype": "float32", "save_steps": 2, "eval_steps": 1000, "save_only_model": True,
-    "logging_steps": 1, "dataloader_num_workers": 0, "report_to": "none", "seed": 42, "save_total_limit": 10,
+    "lora_rank": 8,
+    "lora_alpha": 16,
+    "target_modules": "all-linear",
+    "freeze_vit": True,
+    "learning_rate": 1e-3,
+    "max_steps": MAX_STEPS,
+    "per_device_train_batch_size": 1,
+    "max_length": 512,
+    "torch_dtype": "float32",
+    "save_steps": 2,
+    "eval_steps": 1000,
+    "save_only_model": True,
+    "logging_steps": 1,
+    "dataloader_num_workers": 0,
+    "report_to": "none",
+    "seed": 42,
+    "save_total_limit": 10,
 }
 
 
@@ -38,11 +51,21 @@ def test_killed_training_resumes_from_the_durable_checkpoint(tmp_path):
 
     model = ensure_tiny_model()
     raw = generate_dataset(tmp_path / "raw", n_train=8, n_eval=2, image_size=128)
-    validate_data([raw["train"]], str(tmp_path / "train"), str(tmp_path / "eval"), str(tmp_path / "q.jsonl"),
-                  eval_files=[raw["eval"]])
+    validate_data(
+        [raw["train"]],
+        str(tmp_path / "train"),
+        str(tmp_path / "eval"),
+        str(tmp_path / "q.jsonl"),
+        eval_files=[raw["eval"]],
+    )
     durable = tmp_path / "durable"
-    call = dict(model_dir=str(model), model_type="qwen3_vl", train_dir=str(tmp_path / "train"), eval_dir="",
-                swift_args=SWIFT_ARGS)
+    call = dict(
+        model_dir=str(model),
+        model_type="qwen3_vl",
+        train_dir=str(tmp_path / "train"),
+        eval_dir="",
+        swift_args=SWIFT_ARGS,
+    )
 
     # 1) first attempt in its own process group, killed once a verified durable checkpoint exists
     script = (
@@ -51,12 +74,22 @@ def test_killed_training_resumes_from_the_durable_checkpoint(tmp_path):
         "kw = json.loads(sys.argv[1])\n"
         "train_lora(**kw, checkpoint_interval_s=0.5)\n"
     )
-    kw = {**call, "adapter_out": str(tmp_path / "adapter1"), "work_dir": str(tmp_path / "work1"),
-          "checkpoint_dir": str(durable)}
+    kw = {
+        **call,
+        "adapter_out": str(tmp_path / "adapter1"),
+        "work_dir": str(tmp_path / "work1"),
+        "checkpoint_dir": str(durable),
+    }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log = open(tmp_path / "attempt1.log", "w")
-    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(kw)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(kw)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 150
     try:
         while ck.newest_complete_checkpoint(durable) is None:
@@ -77,8 +110,9 @@ def test_killed_training_resumes_from_the_durable_checkpoint(tmp_path):
     (durable / f"checkpoint-{MAX_STEPS + 100}" / "adapter_model.safetensors").write_bytes(b"partial")
 
     # 2) restart on the same checkpoint_dir with a fresh work dir (a new Vertex attempt)
-    result = train_lora(**call, adapter_out=str(tmp_path / "adapter2"), work_dir=str(tmp_path / "work2"),
-                        checkpoint_dir=str(durable))
+    result = train_lora(
+        **call, adapter_out=str(tmp_path / "adapter2"), work_dir=str(tmp_path / "work2"), checkpoint_dir=str(durable)
+    )
     resumed = ck.checkpoint_step(result.resumed_from)
     assert resumed is not None and resumed >= killed_at and resumed >= 2
     steps = [_step(e) for e in result.log_history if "loss" in e and "global_step/max_steps" in e]

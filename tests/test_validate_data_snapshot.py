@@ -8,7 +8,7 @@ import pytest
 
 from components.common import snapshot as snap
 from components.snapshot_data.core import resolve_sources
-from components.validate_data.core import DataError, snapshot_files, validate_data
+from components.validate_data.core import DataError, snapshot_files
 from tests.test_validate_data import Run, line, png, row, write_lines
 
 

@@ -126,7 +126,9 @@ def test_url_that_never_answers_times_out(tmp_path, run, silent_port):
 
 def test_url_that_trickles_is_cut_at_the_timeout(tmp_path, run, web):
     url, _ = web
-    path = write_lines(tmp_path / "train.jsonl", [line(row(f"q{i}")) for i in range(4)] + [line(row("slow", [f"{url}/slow"]))])
+    path = write_lines(
+        tmp_path / "train.jsonl", [line(row(f"q{i}")) for i in range(4)] + [line(row("slow", [f"{url}/slow"]))]
+    )
     start = time.monotonic()
     result = run([path], max_invalid_fraction=0.5, fetch_timeout=1.0)
     assert time.monotonic() - start < 10
@@ -207,7 +209,10 @@ def test_gs_jsonl_resolves_relative_images_against_its_folder(run, gcs, monkeypa
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
     result = run(["gs://data/set/train.jsonl"], max_invalid_fraction=0.5, fetch_timeout=10)
     issues = [(i.file, i.line, i.code) for i in result.issues]
-    assert issues == [("gs://data/set/train.jsonl", 5, "E_IMAGE_PATH"), ("gs://data/set/train.jsonl", 6, "E_IMAGE_MISSING")]
+    assert issues == [
+        ("gs://data/set/train.jsonl", 5, "E_IMAGE_PATH"),
+        ("gs://data/set/train.jsonl", 6, "E_IMAGE_MISSING"),
+    ]
     assert result.counts["n_valid"] == 4 and result.counts["n_images"] >= 2
     train, evals = run.rows()
     assert all((run.train / r["images"][0]).is_file() for r in train)
@@ -261,7 +266,9 @@ def test_cli_runs_the_core_and_fails_on_policy(tmp_path):
     bad = write_lines(folder / "bad.jsonl", [line(r) for r in rows] + ["{oops", line(row("q", ["../../etc/passwd"]))])
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "components.validate_data"]
-    ok = subprocess.run(cmd + [str(good), "--out", str(out), "--task", "detection"], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        cmd + [str(good), "--out", str(out), "--task", "detection"], capture_output=True, text=True, timeout=120
+    )
     assert ok.returncode == 0, ok.stderr
     assert "6 lines: 6 valid" in ok.stdout
     assert len(read_jsonl(out / "train" / "data.jsonl")) + len(read_jsonl(out / "eval" / "data.jsonl")) == 6
@@ -274,10 +281,15 @@ def test_cli_runs_the_core_and_fails_on_policy(tmp_path):
     assert [json.loads(x)["line"] for x in (out / "quarantine.jsonl").read_text().splitlines()] == [7, 8]
 
     tolerated = subprocess.run(
-        cmd + [str(bad), "--out", str(out), "--max-invalid-fraction", "0.25"], capture_output=True, text=True, timeout=120
+        cmd + [str(bad), "--out", str(out), "--max-invalid-fraction", "0.25"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert tolerated.returncode == 0, tolerated.stderr
     assert "2 quarantined" in tolerated.stdout and "E_IMAGE_PATH: 1" in tolerated.stdout
 
-    missing = subprocess.run(cmd + [str(folder / "nope.jsonl"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        cmd + [str(folder / "nope.jsonl"), "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert missing.returncode == 1 and "not found" in missing.stderr

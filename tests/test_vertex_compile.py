@@ -44,10 +44,19 @@ def test_training_custom_job_matches_the_profile(name, tmp_path):
     raw, _ = _compiled(str(SEED.parent / name), tmp_path)
     machine, gpu, count, nodes = PROFILES[name]
     pools = _worker_pools(raw)
-    got = [(p["machine_spec"]["machine_type"], p["machine_spec"]["accelerator_type"],
-            int(p["machine_spec"]["accelerator_count"]), int(p["replica_count"])) for p in pools]
-    want = [(w.machine_type, w.accelerator_type, w.accelerator_count, w.replica_count)
-            for w in expected_worker_pools(machine, gpu, count, nodes)]
+    got = [
+        (
+            p["machine_spec"]["machine_type"],
+            p["machine_spec"]["accelerator_type"],
+            int(p["machine_spec"]["accelerator_count"]),
+            int(p["replica_count"]),
+        )
+        for p in pools
+    ]
+    want = [
+        (w.machine_type, w.accelerator_type, w.accelerator_count, w.replica_count)
+        for w in expected_worker_pools(machine, gpu, count, nodes)
+    ]
     assert got == want
     assert sum(int(p["replica_count"]) for p in pools) == nodes
     # the training image runs the real train_lora component inside the job
@@ -73,15 +82,19 @@ def test_custom_job_settings_come_from_the_config(tmp_path):
 
 
 def test_reservation_affinity_reaches_the_worker_pool(tmp_path):
-    text = SEED.read_text().replace("  scheduling: standard\n",
-                                    "  scheduling: standard\n  reservation: projects/p/zones/us-central1-a/reservations/r1\n")
+    text = SEED.read_text().replace(
+        "  scheduling: standard\n",
+        "  scheduling: standard\n  reservation: projects/p/zones/us-central1-a/reservations/r1\n",
+    )
     cfg = tmp_path / "res.yaml"
     cfg.write_text(text)
     raw, _ = _compiled(str(cfg), tmp_path)
     affinity = _worker_pools(raw)[0]["machine_spec"]["reservation_affinity"]
-    assert affinity == {"reservation_affinity_type": "SPECIFIC_RESERVATION",
-                        "key": "compute.googleapis.com/reservation-name",
-                        "values": ["projects/p/zones/us-central1-a/reservations/r1"]}
+    assert affinity == {
+        "reservation_affinity_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["projects/p/zones/us-central1-a/reservations/r1"],
+    }
 
 
 def test_gpu_and_light_tasks_get_their_machines(tmp_path):
@@ -89,7 +102,9 @@ def test_gpu_and_light_tasks_get_their_machines(tmp_path):
     executors = raw["deploymentSpec"]["executors"]
     for name in ("exec-merge-export", "exec-evaluate"):
         res = executors[name]["container"]["resources"]
-        assert res["accelerator"]["resourceType"] == "NVIDIA_TESLA_A100" and int(res["accelerator"]["resourceCount"]) == 1
+        assert (
+            res["accelerator"]["resourceType"] == "NVIDIA_TESLA_A100" and int(res["accelerator"]["resourceCount"]) == 1
+        )
         assert res["resourceCpuLimit"] == "12" and res["resourceMemoryLimit"] == "85G"
     for name in ("exec-stage-model", "exec-validate-data", "exec-register"):
         res = executors[name]["container"]["resources"]
@@ -102,9 +117,13 @@ def test_register_runs_only_when_the_gate_passes(tmp_path):
     raw, _ = _compiled(str(SEED), tmp_path)
     condition = raw["root"]["dag"]["tasks"]["condition-1"]
     assert condition["triggerPolicy"]["condition"] == (
-        "inputs.parameter_values['pipelinechannel--evaluate-passed'] == true")
+        "inputs.parameter_values['pipelinechannel--evaluate-passed'] == true"
+    )
     inner = raw["components"][condition["componentRef"]["name"]]["dag"]["tasks"]["register"]
-    assert inner["inputs"]["artifacts"]["merged_model"]["componentInputArtifact"] == "pipelinechannel--merge-export-merged_model"
+    assert (
+        inner["inputs"]["artifacts"]["merged_model"]["componentInputArtifact"]
+        == "pipelinechannel--merge-export-merged_model"
+    )
     assert inner["inputs"]["parameters"]["model_id"]["runtimeValue"]["constant"] == "qwen3-vl-4b-drawings"
     assert inner["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"].endswith("/serve:0.1.0")
 
@@ -121,11 +140,19 @@ def test_config_images_override_the_defaults(tmp_path):
 def test_parameters_have_console_descriptions(tmp_path):
     raw, _ = _compiled(str(SEED), tmp_path)
     params = raw["root"]["inputDefinitions"]["parameters"]
-    assert all(p.get("description") for p in params.values()), [k for k, p in params.items() if not p.get("description")]
+    assert all(p.get("description") for p in params.values()), [
+        k for k, p in params.items() if not p.get("description")
+    ]
 
 
-SECRET_PATTERNS = [r"hf_[A-Za-z0-9]{30,}", r"-----BEGIN [A-Z ]*PRIVATE KEY", r"AIza[0-9A-Za-z_\-]{35}",
-                   r"\"private_key\"", r"ya29\.[0-9A-Za-z_\-]+", r"gh[pousr]_[A-Za-z0-9]{36}"]
+SECRET_PATTERNS = [
+    r"hf_[A-Za-z0-9]{30,}",
+    r"-----BEGIN [A-Z ]*PRIVATE KEY",
+    r"AIza[0-9A-Za-z_\-]{35}",
+    r"\"private_key\"",
+    r"ya29\.[0-9A-Za-z_\-]+",
+    r"gh[pousr]_[A-Za-z0-9]{36}",
+]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -171,8 +198,10 @@ def test_accelerator_count_the_machine_does_not_take(tmp_path, count):
 
 
 def test_n1_accelerator_count_lists_allowed_counts(tmp_path):
-    text = ("machine_type: n1-standard-16\n  accelerator_type: NVIDIA_TESLA_T4\n  accelerator_count: 3")
-    msg = _bad(tmp_path, "machine_type: a2-highgpu-1g\n  accelerator_type: NVIDIA_TESLA_A100\n  accelerator_count: 1", text)
+    text = "machine_type: n1-standard-16\n  accelerator_type: NVIDIA_TESLA_T4\n  accelerator_count: 3"
+    msg = _bad(
+        tmp_path, "machine_type: a2-highgpu-1g\n  accelerator_type: NVIDIA_TESLA_A100\n  accelerator_count: 1", text
+    )
     assert "allows accelerator_count 1/2/4, got 3" in msg
 
 
@@ -184,16 +213,21 @@ def test_region_without_that_gpu(tmp_path):
 
 def test_region_check_can_be_turned_off(tmp_path):
     path = tmp_path / "ok.yaml"
-    path.write_text(SEED.read_text().replace("  region: us-central1", "  region: southamerica-east1\n  region_check: false"))
+    path.write_text(
+        SEED.read_text().replace("  region: us-central1", "  region: southamerica-east1\n  region_check: false")
+    )
     assert load_config(path).vertex.region == "southamerica-east1"
 
 
-@pytest.mark.parametrize("cron, fragment", [
-    ("0 3 * *", "must have 5 fields"),
-    ("61 3 * * 1", "minute field '61'"),
-    ("0 3 * * funday", "day of week field"),
-    ("*/0 * * * *", "step '0'"),
-])
+@pytest.mark.parametrize(
+    "cron, fragment",
+    [
+        ("0 3 * *", "must have 5 fields"),
+        ("61 3 * * 1", "minute field '61'"),
+        ("0 3 * * funday", "day of week field"),
+        ("*/0 * * * *", "step '0'"),
+    ],
+)
 def test_cron_syntax_error(tmp_path, cron, fragment):
     msg = _bad(tmp_path, 'cron: "0 3 * * 1"', f'cron: "{cron}"')
     assert "'schedule.cron'" in msg and fragment in msg
@@ -201,9 +235,13 @@ def test_cron_syntax_error(tmp_path, cron, fragment):
 
 def test_unknown_scheduling_and_preemptible_only_shape(tmp_path):
     assert "'resources.scheduling' must be one of standard, spot, flex_start" in _bad(
-        tmp_path, "scheduling: standard", "scheduling: cheap")
-    msg = _bad(tmp_path, "machine_type: a2-highgpu-1g\n  accelerator_type: NVIDIA_TESLA_A100",
-               "machine_type: a3-highgpu-1g\n  accelerator_type: NVIDIA_H100_80GB")
+        tmp_path, "scheduling: standard", "scheduling: cheap"
+    )
+    msg = _bad(
+        tmp_path,
+        "machine_type: a2-highgpu-1g\n  accelerator_type: NVIDIA_TESLA_A100",
+        "machine_type: a3-highgpu-1g\n  accelerator_type: NVIDIA_H100_80GB",
+    )
     assert "runs only with scheduling spot or flex_start" in msg
 
 
@@ -225,7 +263,7 @@ def test_training_gets_durable_checkpoints_under_the_pipeline_root(tmp_path):
     raw, _ = _compiled("configs/qwen3_vl_4b/lora_h100_x8.yaml", tmp_path)
     cfg = load_config(ROOT / "configs/qwen3_vl_4b/lora_h100_x8.yaml")
     params = raw["root"]["dag"]["tasks"]["train-lora"]["inputs"]["parameters"]
-    root = cfg.pipeline.root[len("gs://"):].rstrip("/")
+    root = cfg.pipeline.root[len("gs://") :].rstrip("/")
     assert params["checkpoint_root"]["runtimeValue"]["constant"] == f"/gcs/{root}/checkpoints"
     assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     assert params["accelerator_count"]["runtimeValue"]["constant"] == cfg.resources.accelerator_count
@@ -258,8 +296,10 @@ def test_champion_is_looked_up_before_evaluate_and_checked_by_register(tmp_path)
     assert "find-champion" in evaluate["dependentTasks"]
     ev = evaluate["inputs"]["parameters"]
     assert ev["reference_uri"]["taskOutputParameter"] == {"producerTask": "find-champion", "outputParameterKey": "uri"}
-    assert ev["reference_version"]["taskOutputParameter"] == {"producerTask": "find-champion",
-                                                              "outputParameterKey": "version_id"}
+    assert ev["reference_version"]["taskOutputParameter"] == {
+        "producerTask": "find-champion",
+        "outputParameterKey": "version_id",
+    }
     condition = tasks["condition-1"]
     reg = raw["components"][condition["componentRef"]["name"]]["dag"]["tasks"]["register"]["inputs"]["parameters"]
     assert reg["check_champion"]["runtimeValue"]["constant"] is True
@@ -281,7 +321,13 @@ def test_reference_base_has_no_lookup(tmp_path):
 
 def test_auto_without_a_registry_model_compares_with_the_base(tmp_path):
     raw, _ = _compiled(str(_with_eval_reference(tmp_path, None, model_id="", serving_image="")), tmp_path)
-    assert set(raw["root"]["dag"]["tasks"]) == {"stage-model", "validate-data", "train-lora", "merge-export", "evaluate"}
+    assert set(raw["root"]["dag"]["tasks"]) == {
+        "stage-model",
+        "validate-data",
+        "train-lora",
+        "merge-export",
+        "evaluate",
+    }
 
 
 def test_reference_gs_folder_is_passed_to_evaluate(tmp_path):

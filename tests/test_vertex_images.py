@@ -12,8 +12,25 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 DOCKERFILES = sorted(IMAGES.glob("Dockerfile.*"))
-INSTRUCTIONS = {"FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "LABEL", "USER", "EXPOSE",
-                "ENTRYPOINT", "CMD", "SHELL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD"}
+INSTRUCTIONS = {
+    "FROM",
+    "RUN",
+    "COPY",
+    "ADD",
+    "ENV",
+    "ARG",
+    "WORKDIR",
+    "LABEL",
+    "USER",
+    "EXPOSE",
+    "ENTRYPOINT",
+    "CMD",
+    "SHELL",
+    "VOLUME",
+    "HEALTHCHECK",
+    "STOPSIGNAL",
+    "ONBUILD",
+}
 
 
 def parse_dockerfile(path: Path) -> list[tuple[str, str]]:
@@ -40,7 +57,7 @@ def pip_requirements(run: str) -> list[str]:
     for command in re.split(r"&&|;|\|\|", run):
         words = shlex.split(command.replace("${", "{"))
         if "pip" in words and "install" in words:
-            args = words[words.index("install") + 1:]
+            args = words[words.index("install") + 1 :]
             skip = False
             for word in args:
                 if skip:
@@ -77,16 +94,20 @@ def test_every_package_is_pinned_and_the_project_installs_from_the_lock(path):
         assert re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][0-9A-Za-z.+\-]*", req), f"{path.name}: {req!r} is not pinned"
     project_installs = [run for run in runs if re.search(r"pip install -c requirements\.lock \.", run)]
     assert project_installs, "the project must install with -c requirements.lock (the lock CI uses)"
-    lock = dict(line.split("==", 1) for line in (ROOT / "requirements.lock").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
+    lock = dict(
+        line.split("==", 1)
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     for req in reqs:  # pins also in the lock must agree with it
         name, version = req.split("==")
         if name.lower() in {k.lower() for k in lock}:
             assert {k.lower(): v for k, v in lock.items()}[name.lower()].split(" ")[0].strip() == version, req
     copies = " ".join(arg for ins, arg in parse_dockerfile(path) if ins in ("COPY", "ADD"))
     assert "requirements.lock" in copies
-    assert not re.search(r"safetensors|\.bin\b|models?/|huggingface-cli download|snapshot_download", copies + " ".join(runs)), \
-        "no model weights in images"
+    assert not re.search(
+        r"safetensors|\.bin\b|models?/|huggingface-cli download|snapshot_download", copies + " ".join(runs)
+    ), "no model weights in images"
 
 
 def test_cloudbuild_builds_both_images_with_the_tags_components_images_uses():
@@ -108,7 +129,13 @@ def test_readme_says_how_to_build_with_cloud_build():
 
 def test_setup_doc_names_each_role_and_the_secret():
     text = (ROOT / "docs" / "setup.md").read_text()
-    for role in ("roles/aiplatform.user", "roles/storage.objectUser", "roles/artifactregistry.reader",
-                 "roles/secretmanager.secretAccessor", "roles/iam.serviceAccountUser", "roles/artifactregistry.writer"):
+    for role in (
+        "roles/aiplatform.user",
+        "roles/storage.objectUser",
+        "roles/artifactregistry.reader",
+        "roles/secretmanager.secretAccessor",
+        "roles/iam.serviceAccountUser",
+        "roles/artifactregistry.writer",
+    ):
         assert text.count(role) >= 2, role  # granted in the script and explained in the table
     assert "gcloud secrets create hf-token" in text and "gcloud iam service-accounts create" in text

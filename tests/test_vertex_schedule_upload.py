@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import yaml
+from google.auth.credentials import AnonymousCredentials
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
-from google.auth.credentials import AnonymousCredentials
 from kfp.registry import ApiAuth
 
 from components.register.core import RegisterError, build_upload_request, label_value, register_model
@@ -22,9 +22,18 @@ CRED = AnonymousCredentials()
 
 
 def test_schedule_create_sends_cron_time_zone_and_the_job(api, tmp_path):
-    cfg = load_config(write_config(tmp_path, schedule={"cron": "30 2 * * 1-5", "time_zone": "Europe/Berlin",
-                                                      "max_concurrent_runs": 2, "start_time": "2026-01-01T00:00:00Z",
-                                                      "end_time": "2026-12-31T00:00:00Z"}))
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            schedule={
+                "cron": "30 2 * * 1-5",
+                "time_zone": "Europe/Berlin",
+                "max_concurrent_runs": 2,
+                "start_time": "2026-01-01T00:00:00Z",
+                "end_time": "2026-12-31T00:00:00Z",
+            },
+        )
+    )
     schedule = create_schedule(cfg, credentials=CRED, api_endpoint=api.url)
     [create] = api.calls("POST", f"{PARENT}/schedules")
     body = create.body
@@ -53,11 +62,14 @@ def test_schedule_list_pause_resume_delete(api, tmp_path):
     assert api.calls("DELETE", name) and name not in api.resources
 
 
-@pytest.mark.parametrize("cron, zone, fragment", [
-    ("0 3 * *", "UTC", "must have 5 fields"),
-    ("0 25 * * *", "UTC", "hour field"),
-    ("0 3 * * 1", "Mars/Olympus", "not an IANA time zone"),
-])
+@pytest.mark.parametrize(
+    "cron, zone, fragment",
+    [
+        ("0 3 * *", "UTC", "must have 5 fields"),
+        ("0 25 * * *", "UTC", "hour field"),
+        ("0 3 * * 1", "Mars/Olympus", "not an IANA time zone"),
+    ],
+)
 def test_bad_schedule_stops_before_any_request(api, tmp_path, cron, zone, fragment):
     cfg = load_config(write_config(tmp_path))
     cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, cron=cron, time_zone=zone))
@@ -86,8 +98,13 @@ def test_upload_posts_the_template_with_tags(api, tmp_path):
     spec = yaml.safe_load(content.split(b"\r\n\r\n", 1)[1])  # the compiled template itself
     json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())
     assert spec["pipelineInfo"]["name"] == "qwen3-vl-4b-lora-seed"
-    assert spec["root"]["inputDefinitions"]["parameters"]["model_source"]["defaultValue"] == "hf://Qwen/Qwen3-VL-4B-Instruct"
-    pool = spec["components"]["comp-train-lora"]["inputDefinitions"]["parameters"]["worker_pool_specs"]["defaultValue"][0]
+    assert (
+        spec["root"]["inputDefinitions"]["parameters"]["model_source"]["defaultValue"]
+        == "hf://Qwen/Qwen3-VL-4B-Instruct"
+    )
+    pool = spec["components"]["comp-train-lora"]["inputDefinitions"]["parameters"]["worker_pool_specs"]["defaultValue"][
+        0
+    ]
     assert pool["machine_spec"]["machine_type"] == "a2-highgpu-1g"
     assert package == "qwen3-vl-4b-lora-seed" and version.startswith("sha256:")
 
@@ -107,11 +124,24 @@ METRICS = {"tuned_f1": 0.8125, "base_f1": 0.5, "passed": 1.0, "tuned_precision":
 
 
 def test_build_upload_request_is_pure_and_complete():
-    req = build_upload_request("gs://b/root/merged/", "qwen-drawings", "Qwen drawings", "img:1",
-                               "Job-Name-123", METRICS, "champion", {"team": "Vision"})
+    req = build_upload_request(
+        "gs://b/root/merged/",
+        "qwen-drawings",
+        "Qwen drawings",
+        "img:1",
+        "Job-Name-123",
+        METRICS,
+        "champion",
+        {"team": "Vision"},
+    )
     assert req["artifact_uri"] == "gs://b/root/merged" and req["model_id"] == "qwen-drawings"
-    assert req["labels"] == {"team": "vision", "run_id": "job-name-123", "tuned_f1": "0_8125",
-                             "base_f1": "0_5000", "passed": "1_0000"}
+    assert req["labels"] == {
+        "team": "vision",
+        "run_id": "job-name-123",
+        "tuned_f1": "0_8125",
+        "base_f1": "0_5000",
+        "passed": "1_0000",
+    }
     assert req["version_aliases"] == ["champion"] and req["is_default_version"] is True
     assert '"tuned_precision": 0.9' in req["version_description"]
     assert label_value("A.B/c" * 30) == label_value("A.B/c" * 30)[:63]
@@ -130,12 +160,19 @@ def test_register_creates_the_parent_then_adds_versions(api):
     model = up1.body["model"]
     assert model["artifactUri"] == "gs://test-bucket/merged"
     assert model["containerSpec"]["imageUri"] == "img:1"
-    assert model["versionAliases"] == ["default", "champion"] or model["versionAliases"] == ["champion", "default"] \
+    assert (
+        model["versionAliases"] == ["default", "champion"]
+        or model["versionAliases"] == ["champion", "default"]
         or model["versionAliases"] == ["champion"]
+    )
     assert model["labels"]["run_id"] == "run-1" and model["labels"]["tuned_f1"] == "0_8125"
     assert first.created_parent and first.resource_name == f"{PARENT}/models/qwen-drawings"
-    second = register_model(build_upload_request("gs://test-bucket/merged2", "qwen-drawings", "", "img:1", "run-2",
-                                                 METRICS), "test-project", "us-central1", CRED)
+    second = register_model(
+        build_upload_request("gs://test-bucket/merged2", "qwen-drawings", "", "img:1", "run-2", METRICS),
+        "test-project",
+        "us-central1",
+        CRED,
+    )
     up2 = api.calls("POST", "models:upload")[1]
     assert up2.body["parentModel"] == f"{PARENT}/models/qwen-drawings" and "modelId" not in up2.body
     assert not second.created_parent and second.version_id == "2"

@@ -29,9 +29,14 @@ def write_config(tmp_path: Path, **sections) -> Path:
     raw["pipeline"]["root"] = "gs://test-bucket/root"
     raw["model"]["cache"] = "gs://test-bucket/models"
     raw["data"]["train"] = "gs://test-bucket/data/train.jsonl"
-    raw["vertex"] = {**raw.get("vertex", {}), "project": "test-project", "region": "us-central1",
-                     "service_account": "vlm-lora@test-project.iam.gserviceaccount.com",
-                     "experiment": "vlm-lora-exp", "labels": {"team": "vision"}}
+    raw["vertex"] = {
+        **raw.get("vertex", {}),
+        "project": "test-project",
+        "region": "us-central1",
+        "service_account": "vlm-lora@test-project.iam.gserviceaccount.com",
+        "experiment": "vlm-lora-exp",
+        "labels": {"team": "vision"},
+    }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     path = tmp_path / "cfg.yaml"
@@ -57,8 +62,9 @@ def api(monkeypatch):
 
 def _submit(cfg_path: Path, fake, **kwargs):
     out = io.StringIO()
-    result = submit_vertex(load_config(cfg_path), credentials=AnonymousCredentials(), api_endpoint=fake.url,
-                           poll_s=0, out=out, **kwargs)
+    result = submit_vertex(
+        load_config(cfg_path), credentials=AnonymousCredentials(), api_endpoint=fake.url, poll_s=0, out=out, **kwargs
+    )
     return result, out.getvalue()
 
 
@@ -90,7 +96,9 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
     # the experiment was looked up / created before the job
     assert api.calls("POST", f"{PARENT}/metadataStores/default/contexts")[0].query["contextId"] == ["vlm-lora-exp"]
     [link] = api.calls("POST", "contexts/vlm-lora-exp:addContextChildren")  # run joins the experiment
-    assert link.body["childContexts"] == [f"{PARENT}/metadataStores/default/contexts/{result['name'].rsplit('/', 1)[1]}"]
+    assert link.body["childContexts"] == [
+        f"{PARENT}/metadataStores/default/contexts/{result['name'].rsplit('/', 1)[1]}"
+    ]
     assert result["name"].startswith(f"{PARENT}/pipelineJobs/qwen3-vl-4b-lora-seed-")
     assert "console.cloud.google.com/vertex-ai/locations/us-central1/pipelines/runs/" in printed
     assert result["link"] in printed
@@ -99,7 +107,9 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
 def test_run_no_cache_switch_reaches_the_request(api, tmp_path):
     _submit(write_config(tmp_path), api, enable_caching=False)
     [create] = api.calls("POST", f"{PARENT}/pipelineJobs")
-    assert not any(t["cachingOptions"].get("enableCache") for t in create.body["pipelineSpec"]["root"]["dag"]["tasks"].values())
+    assert not any(
+        t["cachingOptions"].get("enableCache") for t in create.body["pipelineSpec"]["root"]["dag"]["tasks"].values()
+    )
 
 
 def test_run_wait_streams_states_until_success(api, tmp_path):

@@ -94,10 +94,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- Cloud Storage: bucket metadata only ---------------------------------------
     def _storage(self, path: str) -> None:
-        bucket = path[len("/storage/v1/b/"):].split("/")[0]
+        bucket = path[len("/storage/v1/b/") :].split("/")[0]
         if bucket in self.fake.buckets:
-            return self._send(200, {"kind": "storage#bucket", "name": bucket, "id": bucket,
-                                    "projectNumber": PROJECT_NUMBER, "location": "US-CENTRAL1"})
+            return self._send(
+                200,
+                {
+                    "kind": "storage#bucket",
+                    "name": bucket,
+                    "id": bucket,
+                    "projectNumber": PROJECT_NUMBER,
+                    "location": "US-CENTRAL1",
+                },
+            )
         return self._not_found(f"bucket {bucket}")
 
     # --- Artifact Registry KFP repository: multipart upload ------------------------
@@ -131,9 +139,17 @@ class _Handler(BaseHTTPRequestHandler):
                 res[f"{name}@{alias}"] = item
             res[name] = item
             res[f"{name}@{version}"] = item
-            return self._send(200, self._done_operation(parent, {
-                "@type": "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse",
-                "model": name, "modelVersionId": version}))
+            return self._send(
+                200,
+                self._done_operation(
+                    parent,
+                    {
+                        "@type": "type.googleapis.com/google.cloud.aiplatform.v1.UploadModelResponse",
+                        "model": name,
+                        "modelVersionId": version,
+                    },
+                ),
+            )
         if self.command == "POST" and ":" in path.rsplit("/", 1)[-1]:  # custom methods: name:pause, ...
             name, verb = path.rsplit(":", 1)
             if name in res and verb in ("pause", "resume"):
@@ -146,8 +162,10 @@ class _Handler(BaseHTTPRequestHandler):
             if path.endswith("/pipelineJobs"):
                 item["state"] = "PIPELINE_STATE_PENDING"
                 store = path.rsplit("/", 1)[0] + "/metadataStores/default/contexts"
-                item["jobDetail"] = {"pipelineContext": {"name": f"{store}/{body.get('displayName', 'p')}"},
-                                     "pipelineRunContext": {"name": f"{store}/{new_id}"}}
+                item["jobDetail"] = {
+                    "pipelineContext": {"name": f"{store}/{body.get('displayName', 'p')}"},
+                    "pipelineRunContext": {"name": f"{store}/{new_id}"},
+                }
                 res[f"{store}/{new_id}"] = {"name": f"{store}/{new_id}", "schemaTitle": "system.PipelineRun"}
             if path.endswith("/schedules"):
                 item["state"] = "ACTIVE"

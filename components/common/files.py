@@ -91,8 +91,9 @@ def write_json_atomic(path: str | Path, data: Any, tmp_dir: str | Path | None = 
     write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True), tmp_dir=tmp_dir)
 
 
-def copy_verified(src: str | Path, dst: str | Path, sha256: str, size: int | None = None, *,
-                  atomic: bool = False) -> int:
+def copy_verified(
+    src: str | Path, dst: str | Path, sha256: str, size: int | None = None, *, atomic: bool = False
+) -> int:
     """Copies a file, then reads the copy back and checks it holds the expected bytes.
 
     Args:

@@ -53,8 +53,7 @@ def reference_problem(reference: str) -> str | None:
     return None
 
 
-def plan_reference(reference: str, *, vertex: bool, model_id: str, serving_image: str,
-                   alias: str) -> tuple[str, str]:
+def plan_reference(reference: str, *, vertex: bool, model_id: str, serving_image: str, alias: str) -> tuple[str, str]:
     """Decides, when the pipeline is built, what evaluate compares the tuned model with.
 
     Args:
@@ -84,8 +83,10 @@ def plan_reference(reference: str, *, vertex: bool, model_id: str, serving_image
     if reference.startswith(("gs://", "/gcs/")):
         return FOLDER, reference.rstrip("/")
     if vertex:
-        raise ValueError(f"'eval.reference' {reference!r} is a local folder, which Vertex tasks cannot read; "
-                         "upload it and give its gs:// URI")
+        raise ValueError(
+            f"'eval.reference' {reference!r} is a local folder, which Vertex tasks cannot read; "
+            "upload it and give its gs:// URI"
+        )
     return FOLDER, str(Path(reference).expanduser().resolve())
 
 

@@ -83,7 +83,9 @@ def parse(text: str, where: str = "snapshot") -> dict[str, Any]:
     if not data["train"]:
         raise SnapshotError(f"{where}: no training files")
     if data.get("fingerprint") != fingerprint_of(data["train"], data["eval"]):
-        raise SnapshotError(f"{where}: fingerprint does not match its entries; it was edited after snapshot-data wrote it")
+        raise SnapshotError(
+            f"{where}: fingerprint does not match its entries; it was edited after snapshot-data wrote it"
+        )
     return data
 
 
@@ -117,7 +119,13 @@ class Change:
 
 
 def _content_key(entry: dict[str, Any]) -> tuple:
-    return (entry.get("generation"), entry.get("sha256"), entry.get("size"), entry.get("crc32c"), canonical(entry.get("assets")))
+    return (
+        entry.get("generation"),
+        entry.get("sha256"),
+        entry.get("size"),
+        entry.get("crc32c"),
+        canonical(entry.get("assets")),
+    )
 
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> Change:
@@ -190,17 +198,21 @@ def _read_gs(entry: dict[str, Any], timeout: float) -> bytes:
     try:
         blob = storage.client().bucket(bucket).get_blob(name, timeout=timeout)
         if blob is None:
-            raise SnapshotError(f"{uri}: deleted since the data snapshot was taken (generation {generation}); "
-                                "run the pipeline again")
+            raise SnapshotError(
+                f"{uri}: deleted since the data snapshot was taken (generation {generation}); run the pipeline again"
+            )
         if int(blob.generation) != generation:
-            raise SnapshotError(f"{uri}: overwritten since the data snapshot was taken (generation {generation}, "
-                                f"now {blob.generation}); write new data to new object names and run the pipeline again")
+            raise SnapshotError(
+                f"{uri}: overwritten since the data snapshot was taken (generation {generation}, "
+                f"now {blob.generation}); write new data to new object names and run the pipeline again"
+            )
         return blob.download_as_bytes(if_generation_match=generation, timeout=timeout)
     except SnapshotError:
         raise
     except gexc.PreconditionFailed:
-        raise SnapshotError(f"{uri}: overwritten while it was being read (generation {generation}); "
-                            "run the pipeline again") from None
+        raise SnapshotError(
+            f"{uri}: overwritten while it was being read (generation {generation}); run the pipeline again"
+        ) from None
     except gexc.NotFound:
         raise SnapshotError(f"{uri}: deleted since the data snapshot was taken; run the pipeline again") from None
     except gexc.GoogleAPIError as exc:

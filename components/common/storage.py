@@ -52,6 +52,7 @@ def client():
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         from google.auth.credentials import AnonymousCredentials
 
-        return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "emulator"),
-                              credentials=AnonymousCredentials())
+        return storage.Client(
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "emulator"), credentials=AnonymousCredentials()
+        )
     return storage.Client()

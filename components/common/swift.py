@@ -141,8 +141,12 @@ class SigtermForwarder:
             print(f"{self.log_name}: swift's processes did not exit after SIGTERM; killed", flush=True)
 
 
-def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
-                guard: SigtermForwarder | None = None) -> tuple[int, str]:
+def run_command(
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+    guard: SigtermForwarder | None = None,
+) -> tuple[int, str]:
     """Runs a command in its own process group, streaming its output.
 
     Args:
@@ -157,7 +161,12 @@ def run_command(cmd: list[str], env: dict[str, str] | None = None, log_path: Pat
     """
     tail = ""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True, bufsize=1,
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        text=True,
+        bufsize=1,
         start_new_session=True,
     )
     try:

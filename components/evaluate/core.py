@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # The reference model is decided in one shared place; evaluate's component resolves it through this module.
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
@@ -87,6 +88,7 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
 
 def same_model(a: str, b: str) -> bool:
     """Whether two model locations (paths, gs:// URIs or /gcs/ paths) name the same folder."""
+
     def norm(x: str) -> str:
         return str(Path(to_fuse_path(x.rstrip("/"))).expanduser().absolute()) if x else ""
 
@@ -237,8 +239,13 @@ def evaluate(
         )
     passed, reason = gate(tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin)
     if itself:
-        passed, reason = False, (f"FAIL: the tuned model {tuned_dir} is the reference model itself "
-                                 "(e.g. a cached merge already registered as the champion); nothing new to promote")
+        passed, reason = (
+            False,
+            (
+                f"FAIL: the tuned model {tuned_dir} is the reference model itself "
+                "(e.g. a cached merge already registered as the champion); nothing new to promote"
+            ),
+        )
     samples = []
     Path(predictions_out).parent.mkdir(parents=True, exist_ok=True)
     with open(predictions_out, "w", encoding="utf-8") as f:

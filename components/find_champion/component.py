@@ -29,7 +29,8 @@ def find_champion(
     """
     from collections import namedtuple
 
-    from components.find_champion.core import ChampionLookupError, find_champion as lookup, vertex_fetch
+    from components.find_champion.core import ChampionLookupError, vertex_fetch
+    from components.find_champion.core import find_champion as lookup
 
     try:
         champion = lookup(project, location, model_id, alias, vertex_fetch(project, location))
@@ -37,4 +38,5 @@ def find_champion(
         raise SystemExit(f"find-champion: {exc}") from None
     print(f"find-champion: {champion.message}", flush=True)
     return namedtuple("Outputs", ["uri", "version_id", "resource_name"])(
-        champion.uri, champion.version_id, champion.resource_name)
+        champion.uri, champion.version_id, champion.resource_name
+    )

@@ -18,22 +18,23 @@ The registry is reached through a `fetch` function (`vertex_fetch` builds the re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 # resource name -> {"resource_name", "version_id", "artifact_uri", "version_aliases"}, or None
 # when the registry answers NOT_FOUND; any other failure raises.
-FetchFn = Callable[[str], Optional[dict[str, Any]]]
+FetchFn = Callable[[str], dict[str, Any] | None]
 
 # Hints for API errors, by exception class name (google.api_core.exceptions and google.auth).
 _HINTS = {
     "PermissionDenied": "the pipeline's service account needs roles/aiplatform.user (aiplatform.models.get) "
-                        "in the project",
+    "in the project",
     "Forbidden": "the pipeline's service account needs roles/aiplatform.user (aiplatform.models.get) in the project",
     "Unauthenticated": "no valid credentials; run with a service account or `gcloud auth application-default login`",
     "Unauthorized": "no valid credentials; run with a service account or `gcloud auth application-default login`",
     "DefaultCredentialsError": "no Application Default Credentials; run with a service account or "
-                               "`gcloud auth application-default login`",
+    "`gcloud auth application-default login`",
     "InvalidArgument": "check register.model_id and register.alias in the config",
     "BadRequest": "check register.model_id and register.alias in the config",
     "ServiceUnavailable": "the Vertex AI API is unreachable; retry the run",
@@ -68,7 +69,7 @@ def model_name(project: str, location: str, model_id: str, alias: str = "") -> s
     return f"{name}@{alias}" if alias else name
 
 
-def _ask(fetch: FetchFn, name: str) -> Optional[dict[str, Any]]:
+def _ask(fetch: FetchFn, name: str) -> dict[str, Any] | None:
     try:
         return fetch(name)
     except ChampionLookupError:
@@ -99,8 +100,12 @@ def find_champion(project: str, location: str, model_id: str, alias: str, fetch:
         ChampionLookupError: An argument is empty, the registry call failed (permission,
             network, ...), or the champion has no gs:// artifact URI to evaluate.
     """
-    for key, value in (("project", project), ("location", location), ("register.model_id", model_id),
-                       ("register.alias", alias)):
+    for key, value in (
+        ("project", project),
+        ("location", location),
+        ("register.model_id", model_id),
+        ("register.alias", alias),
+    ):
         if not value:
             raise ChampionLookupError(f"{key} is empty; the champion cannot be looked up without it")
     name = model_name(project, location, model_id, alias)
@@ -132,7 +137,7 @@ def vertex_fetch(project: str, location: str, credentials: Any = None) -> FetchF
         credentials: google-auth credentials. Default: Application Default Credentials.
     """
 
-    def fetch(name: str) -> Optional[dict[str, Any]]:
+    def fetch(name: str) -> dict[str, Any] | None:
         from google.api_core import exceptions
         from google.cloud import aiplatform
 

@@ -25,12 +25,20 @@ def merge_export(
     """
     import tempfile
 
-    from components.merge_export.core import MergeError, merge_export as merge
+    from components.merge_export.core import MergeError
+    from components.merge_export.core import merge_export as merge
 
     try:
-        result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"),
-                       run_id=run_id)
+        result = merge(
+            adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"), run_id=run_id
+        )
     except MergeError as exc:  # AdapterBaseMismatch and MergeVerificationError included
         raise SystemExit(f"merge-export: {type(exc).__name__}: {exc}") from None
-    merged_model.metadata.update({**result.metadata, "base_model": base_model.uri, "adapter": adapter.uri,
-                                  "model_type": base_model.metadata.get("model_type", "")})
+    merged_model.metadata.update(
+        {
+            **result.metadata,
+            "base_model": base_model.uri,
+            "adapter": adapter.uri,
+            "model_type": base_model.metadata.get("model_type", ""),
+        }
+    )

@@ -128,7 +128,9 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def build_export_command(adapter_dir: str, base_model_dir: str, output_dir: str, extra: dict[str, Any] | None = None) -> list[str]:
+def build_export_command(
+    adapter_dir: str, base_model_dir: str, output_dir: str, extra: dict[str, Any] | None = None
+) -> list[str]:
     """Builds the `swift export --merge_lora true` command line (pure).
 
     Args:
@@ -337,7 +339,9 @@ def _free(model: Any) -> None:
 
 def _stored_dtype(model_dir: Path) -> str:
     config = _read_json(model_dir / "config.json")
-    dtype = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype") or "float32"
+    dtype = (
+        config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype") or "float32"
+    )
     return str(dtype).removeprefix("torch.")
 
 
@@ -484,8 +488,9 @@ def _ulp(x: Any, bits: int) -> Any:
     return torch.ldexp(torch.ones_like(x), exponent - 1 - bits).clamp_min(2.0**-126)
 
 
-def compare_weights(base_model_dir: str | Path, adapter_dir: str | Path, merged_dir: str | Path,
-                    min_fraction: float = 0.999) -> dict[str, Any]:
+def compare_weights(
+    base_model_dir: str | Path, adapter_dir: str | Path, merged_dir: str | Path, min_fraction: float = 0.999
+) -> dict[str, Any]:
     """Checks the merged weights tensor by tensor against base weights + adapter update.
 
     Args:
@@ -516,15 +521,19 @@ def compare_weights(base_model_dir: str | Path, adapter_dir: str | Path, merged_
     modules, scale = _lora_modules(Path(adapter_dir))
     missing = sorted(set(base.index) - set(merged.index))
     if missing:
-        raise MergeVerificationError(f"{merged_dir}: merged model lacks {len(missing)} tensor(s) of the base model, "
-                                     f"e.g. {', '.join(missing[:3])}; the merge is wrong")
+        raise MergeVerificationError(
+            f"{merged_dir}: merged model lacks {len(missing)} tensor(s) of the base model, "
+            f"e.g. {', '.join(missing[:3])}; the merge is wrong"
+        )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     adapted: dict[str, tuple[Any, Any]] = {}
     for path, pair in modules.items():
         key = f"{path}.weight"
         if key not in base.index:
-            raise MergeVerificationError(f"{adapter_dir}: adapter module {path} has no weight {key} in the base "
-                                         "model's safetensors; the adapter does not match this base")
+            raise MergeVerificationError(
+                f"{adapter_dir}: adapter module {path} has no weight {key} in the base "
+                "model's safetensors; the adapter does not match this base"
+            )
         adapted[key] = pair
     worst, worst_key, changed, total = 1.0, "", 0, 0
     for key, (lora_a, lora_b) in adapted.items():
@@ -534,8 +543,9 @@ def compare_weights(base_model_dir: str | Path, adapter_dir: str | Path, merged_
         w = base.get(key).to(device, torch.float32)
         delta = scale * (lora_b.to(device, torch.float32) @ lora_a.to(device, torch.float32))
         if delta.shape != w.shape:
-            raise MergeVerificationError(f"{adapter_dir}: update of {key} has shape {tuple(delta.shape)}, "
-                                         f"the base weight {tuple(w.shape)}")
+            raise MergeVerificationError(
+                f"{adapter_dir}: update of {key} has shape {tuple(delta.shape)}, the base weight {tuple(w.shape)}"
+            )
         got = stored.to(device, torch.float32)
         # a merge rounds once (W + update) or, like peft on a bf16 base, rounds the update to
         # the weight dtype first and then the sum; either is accepted, to `steps` rounding steps
@@ -551,7 +561,8 @@ def compare_weights(base_model_dir: str | Path, adapter_dir: str | Path, merged_
     if worst < min_fraction:
         raise MergeVerificationError(
             f"{merged_dir}: merged weight {worst_key} is base + adapter update for only {worst:.2%} of its elements "
-            f"(need {min_fraction:.1%} within {steps} {dtype_name} rounding step(s)); the merge is wrong")
+            f"(need {min_fraction:.1%} within {steps} {dtype_name} rounding step(s)); the merge is wrong"
+        )
     differing = []
     for key in base.index:
         if key in adapted:
@@ -562,7 +573,8 @@ def compare_weights(base_model_dir: str | Path, adapter_dir: str | Path, merged_
     if differing:
         raise MergeVerificationError(
             f"{merged_dir}: {len(differing)} tensor(s) that the adapter does not touch differ from the base model, "
-            f"e.g. {', '.join(differing[:3])}; the merge is wrong")
+            f"e.g. {', '.join(differing[:3])}; the merge is wrong"
+        )
     return {
         "weights_checked": len(base.index),
         "adapted_weights": len(adapted),
@@ -634,8 +646,10 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     for key, label in HYPERPARAMETERS:
         lines.append(f"| {label} (`{key}`) | {_fmt(hyper[key]) if key in hyper else NOT_RECORDED} |")
     effective = hyper.get("effective_batch_size")
-    lines.append("| effective batch size (batch × accumulation × processes) | "
-                 f"{effective if effective is not None else NOT_RECORDED} |")
+    lines.append(
+        "| effective batch size (batch × accumulation × processes) | "
+        f"{effective if effective is not None else NOT_RECORDED} |"
+    )
     return lines
 
 
@@ -734,18 +748,27 @@ def merge_export(
         raise MergeError(f"swift export exited with code {code}; last line: {last[0]}")
     facts = verify_merged(tmp_out)
     check: dict[str, Any] = compare_weights(base_model_dir, adapter, tmp_out)
-    print(f"merge-export: {check['adapted_weights']} adapted weights are base + update (worst "
-          f"{check['adapted_within_step_min_fraction']:.4%} within one rounding step), the other "
-          f"{check['weights_checked'] - check['adapted_weights']} tensors match the base", flush=True)
+    print(
+        f"merge-export: {check['adapted_weights']} adapted weights are base + update (worst "
+        f"{check['adapted_within_step_min_fraction']:.4%} within one rounding step), the other "
+        f"{check['weights_checked'] - check['adapted_weights']} tensors match the base",
+        flush=True,
+    )
     if verify_logits:
         start_check = time.time()
         check.update(compare_logits(base_model_dir, adapter, tmp_out))
         check["verify_seconds"] = round(time.time() - start_check, 2)
-        relation = "<=" if check["logits_within_tolerance"] else "> (rounding of the merged weights; accepted: " \
+        relation = (
+            "<="
+            if check["logits_within_tolerance"]
+            else "> (rounding of the merged weights; accepted: "
             "the weights check passed and the merged model is closer to base + adapter than the base is)"
-        print(f"merge-export: logits vs base + adapter: max |diff| {check['logits_max_abs_diff']:.3g} {relation} "
-              f"tolerance {check['logits_tolerance']:.3g} (adapter effect {check['adapter_effect_max_abs']:.3g})",
-              flush=True)
+        )
+        print(
+            f"merge-export: logits vs base + adapter: max |diff| {check['logits_max_abs_diff']:.3g} {relation} "
+            f"tolerance {check['logits_tolerance']:.3g} (adapter effect {check['adapter_effect_max_abs']:.3g})",
+            flush=True,
+        )
     out = Path(merged_out)
     out.mkdir(parents=True, exist_ok=True)
     for path in tmp_out.iterdir():
@@ -754,7 +777,11 @@ def merge_export(
             shutil.copytree(path, dst, dirs_exist_ok=True)
         else:
             shutil.copyfile(path, dst)
-    base_ref = {"model_dir": str(base_model_dir), **{k: v for k, v in staged.items() if v not in (None, "")}, **recorded}
+    base_ref = {
+        "model_dir": str(base_model_dir),
+        **{k: v for k, v in staged.items() if v not in (None, "")},
+        **recorded,
+    }
     versions = library_versions()
     lineage = {
         "base_model": base_ref,

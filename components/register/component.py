@@ -44,12 +44,22 @@ def register(
     from components.register.core import RegisterError, build_upload_request, register_model
 
     try:
-        request = build_upload_request(merged_model.uri, model_id, display_name, serving_image, run_name,
-                                       dict(eval_metrics.metadata), alias, labels)
-        result = register_model(request, project, location,
-                                expected_champion=champion_version if check_champion else None)
+        request = build_upload_request(
+            merged_model.uri,
+            model_id,
+            display_name,
+            serving_image,
+            run_name,
+            dict(eval_metrics.metadata),
+            alias,
+            labels,
+        )
+        result = register_model(
+            request, project, location, expected_champion=champion_version if check_champion else None
+        )
     except RegisterError as exc:
         raise SystemExit(f"register: {exc}") from None
     registered_model.uri = f"https://{location}-aiplatform.googleapis.com/v1/{result.resource_name}@{result.version_id}"
-    registered_model.metadata.update({"resourceName": result.resource_name, "version_id": result.version_id,
-                                      "created_parent": result.created_parent})
+    registered_model.metadata.update(
+        {"resourceName": result.resource_name, "version_id": result.version_id, "created_parent": result.created_parent}
+    )

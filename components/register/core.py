@@ -149,8 +149,11 @@ def register_model(
         current = ""
         if existing is not None:
             try:
-                current = str(aiplatform.Model(f"{parent}@{aliases[0]}", project=project, location=location,
-                                               credentials=credentials).version_id)
+                current = str(
+                    aiplatform.Model(
+                        f"{parent}@{aliases[0]}", project=project, location=location, credentials=credentials
+                    ).version_id
+                )
             except exceptions.NotFound:
                 current = ""
         if current != expected_champion:

@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revision", default=None, help="branch, tag or commit (hf://, ms://)")
     parser.add_argument("--allow", action="append", default=None, help="only stage files matching this glob")
     parser.add_argument("--ignore", action="append", default=None, help="skip files matching this glob")
-    parser.add_argument("--token-from", default=None,
-                        help="hub token source: env:VAR or projects/P/secrets/S[/versions/V] (never the token)")
+    parser.add_argument(
+        "--token-from",
+        default=None,
+        help="hub token source: env:VAR or projects/P/secrets/S[/versions/V] (never the token)",
+    )
     parser.add_argument("--workers", type=int, default=8, help="files copied in parallel (default 8)")
     parser.add_argument("--json", action="store_true", help="print the result summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -33,22 +36,33 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("stage_model").setLevel(logging.INFO)  # ours only: no HTTP request lines
 
     try:
-        result = stage_model(args.source, args.cache, args.allow, args.ignore, revision=args.revision,
-                             token_from=args.token_from, workers=args.workers, progress=not args.quiet)
+        result = stage_model(
+            args.source,
+            args.cache,
+            args.allow,
+            args.ignore,
+            revision=args.revision,
+            token_from=args.token_from,
+            workers=args.workers,
+            progress=not args.quiet,
+        )
     except StageError as exc:
         print(f"stage-model: error: {exc}", file=sys.stderr)
         return 1
     valid, reason = verify_entry(result.entry)
     if not valid:
-        print(f"stage-model: error: cache entry {result.entry} does not verify ({reason}); stage again",
-              file=sys.stderr)
+        print(
+            f"stage-model: error: cache entry {result.entry} does not verify ({reason}); stage again", file=sys.stderr
+        )
         return 1
     if args.json:
         print(json.dumps(result_summary(result), indent=2, sort_keys=True))
     else:
         print(result.entry)
-        print(f"cache_hit={str(result.cache_hit).lower()} bytes_copied={result.bytes_copied} "
-              f"revision={result.manifest.get('revision', '')}")
+        print(
+            f"cache_hit={str(result.cache_hit).lower()} bytes_copied={result.bytes_copied} "
+            f"revision={result.manifest.get('revision', '')}"
+        )
     return 0
 
 

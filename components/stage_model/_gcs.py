@@ -101,8 +101,11 @@ class GcsEntry:
         blob = self.bucket.blob(self._name("manifest.json"))
         match = 0 if replace_generation is None else replace_generation
         try:
-            blob.upload_from_string(json.dumps(manifest, indent=2, sort_keys=True),
-                                    content_type="application/json", if_generation_match=match)
+            blob.upload_from_string(
+                json.dumps(manifest, indent=2, sort_keys=True),
+                content_type="application/json",
+                if_generation_match=match,
+            )
         except gex.PreconditionFailed:
             return False
         return True
@@ -157,7 +160,8 @@ class GcsEntry:
         try:
             if json.loads(blob.download_as_bytes()).get("owner") == owner:
                 self.bucket.blob(self.prefix + ".lock").upload_from_string(
-                    json.dumps({"owner": owner, "time": time.time()}), if_generation_match=blob.generation)
+                    json.dumps({"owner": owner, "time": time.time()}), if_generation_match=blob.generation
+                )
         except (gex.NotFound, gex.PreconditionFailed, ValueError):
             pass
 
@@ -190,8 +194,11 @@ def list_source(uri: str, gcs_client=None) -> dict[str, tuple[int, str]]:
     c = gcs_client or client()
     base = prefix + "/" if prefix else ""
     try:
-        return {b.name[len(base) :]: (b.size, b.crc32c) for b in c.list_blobs(bucket, prefix=base)
-                if not b.name.endswith("/")}
+        return {
+            b.name[len(base) :]: (b.size, b.crc32c)
+            for b in c.list_blobs(bucket, prefix=base)
+            if not b.name.endswith("/")
+        }
     except gex.NotFound:
         raise FileNotFoundError(f"bucket gs://{bucket} not found") from None
 

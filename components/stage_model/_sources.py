@@ -178,8 +178,9 @@ def resolve_hf(spec: SourceSpec, token: str | None) -> Listing:
 
     def fetch(rel: str, workdir: Path) -> Path:
         try:
-            return Path(hf_hub_download(repo, rel, revision=commit, local_dir=workdir,
-                                        endpoint=endpoint, token=token or False))
+            return Path(
+                hf_hub_download(repo, rel, revision=commit, local_dir=workdir, endpoint=endpoint, token=token or False)
+            )
         except Exception as exc:  # noqa: BLE001
             raise _hf_error(spec, exc, hfe, bool(token), rel) from None
 

@@ -28,14 +28,18 @@ def stage_model(
         model: Output: the verified cache entry, with metadata source, revision,
             architecture, model_type, num_parameters, dtype, total_bytes, cache_hit.
     """
-    from components.stage_model.core import StageError, result_summary, stage_model as stage
+    from components.stage_model.core import StageError, result_summary
+    from components.stage_model.core import stage_model as stage
 
     try:
-        result = stage(source, cache, allow or None, ignore or None, revision=revision or None,
-                       token_from=token_from or None)
+        result = stage(
+            source, cache, allow or None, ignore or None, revision=revision or None, token_from=token_from or None
+        )
     except StageError as exc:
         raise SystemExit(f"stage-model: {exc}") from None
     model.uri = result.entry
     model.metadata.update(result_summary(result))
-    print(f"stage-model: {'cache hit' if result.cache_hit else 'staged'} {result.entry} "
-          f"({result.bytes_copied} bytes copied)")
+    print(
+        f"stage-model: {'cache hit' if result.cache_hit else 'staged'} {result.entry} "
+        f"({result.bytes_copied} bytes copied)"
+    )

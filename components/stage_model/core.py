@@ -235,7 +235,8 @@ def _select(names: list[str], allow: list[str] | None, ignore: list[str] | None)
     """Filters relative names by allow/ignore globs (DEFAULT_IGNORE always applies); sorted."""
     patterns = list(DEFAULT_IGNORE) + list(ignore or [])
     return sorted(
-        n for n in names
+        n
+        for n in names
         if not any(fnmatch.fnmatch(n, p) for p in patterns) and (not allow or any(fnmatch.fnmatch(n, p) for p in allow))
     )
 
@@ -441,8 +442,10 @@ def _parallel(fn, items: list, workers: int, total_bytes: int, progress: bool, d
     """Runs fn(item) -> bytes on a thread pool with a byte progress bar; returns results in order."""
     from tqdm import tqdm
 
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress,
-              mininterval=1.0) as bar, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with (
+        tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress, mininterval=1.0) as bar,
+        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
+    ):
         futures = [pool.submit(fn, item) for item in items]
         out = []
         for fut in futures:
@@ -467,12 +470,15 @@ def _prepare_local(src: Path, files: list[str], workers: int) -> _Prepared:
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         shas = list(pool.map(lambda rel: sha256_file(src / rel), files))
         crcs = list(pool.map(lambda rel: crc32c_file(src / rel), files))
-    infos = {rel: {"size": (src / rel).stat().st_size, "sha256": s, "crc32c": c} for rel, s, c in zip(files, shas, crcs)}
+    infos = {
+        rel: {"size": (src / rel).stat().st_size, "sha256": s, "crc32c": c} for rel, s, c in zip(files, shas, crcs)
+    }
     return _Prepared(src, files, infos, meta)
 
 
-def _download(spec: SourceSpec, listing: Listing, files: list[str], workdir: Path, workers: int,
-              progress: bool) -> _Prepared:
+def _download(
+    spec: SourceSpec, listing: Listing, files: list[str], workdir: Path, workers: int, progress: bool
+) -> _Prepared:
     """Fetches the files of a remote source into workdir, checks sizes and known checksums."""
 
     def fetch(rel: str) -> int:
@@ -486,8 +492,9 @@ def _download(spec: SourceSpec, listing: Listing, files: list[str], workdir: Pat
     for rel in files:
         size = (workdir / rel).stat().st_size
         if listing.files[rel] and size != listing.files[rel]:
-            raise StageError(f"model source {spec.uri}: {rel} downloaded {size} bytes, expected "
-                             f"{listing.files[rel]}; stage again")
+            raise StageError(
+                f"model source {spec.uri}: {rel} downloaded {size} bytes, expected {listing.files[rel]}; stage again"
+            )
     prepared = _prepare_local(workdir, files, workers)
     for rel, known in listing.expected.items():
         for kind, value in known.items():
@@ -530,8 +537,17 @@ class _Resolved:
         return self.listing.revision if self.listing else self.revision
 
 
-def _stage(spec: SourceSpec, cache: str, *, allow: list[str] | None, ignore: list[str] | None,
-           token_from: str | None, workers: int, progress: bool, locking: _Locking) -> StageResult:
+def _stage(
+    spec: SourceSpec,
+    cache: str,
+    *,
+    allow: list[str] | None,
+    ignore: list[str] | None,
+    token_from: str | None,
+    workers: int,
+    progress: bool,
+    locking: _Locking,
+) -> StageResult:
     """Stages a parsed source: resolve it, reuse a valid entry, else copy it in under the entry's lock."""
     _check_cache_bucket(cache)
     if spec.scheme == "local":
@@ -569,8 +585,9 @@ def _resolve_local(spec: SourceSpec, allow: list[str] | None, ignore: list[str] 
     return _Resolved(str(src), files, local_revision(src, files, hashes), prepared=prepared)
 
 
-def _resolve_remote(spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None,
-                    token_from: str | None) -> _Resolved:
+def _resolve_remote(
+    spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None, token_from: str | None
+) -> _Resolved:
     """Resolves a gs://, hf:// or ms:// source to its file listing and exact revision (nothing downloaded)."""
     if spec.scheme == "gs":
         try:
@@ -595,16 +612,18 @@ def _resolve_remote(spec: SourceSpec, allow: list[str] | None, ignore: list[str]
     if "config.json" not in files:
         raise StageError(f"model source {spec.uri}: no config.json; not a Hugging Face model repo/folder")
     if not any(f.endswith(".safetensors") for f in files):
-        raise StageError(f"model source {spec.uri}: no *.safetensors weights; use a safetensors revision "
-                         "or convert the model first")
+        raise StageError(
+            f"model source {spec.uri}: no *.safetensors weights; use a safetensors revision or convert the model first"
+        )
     revision = listing.revision
     if spec.scheme in ("hf", "ms") and (allow or ignore):  # a file selection is its own entry
-        revision += "-" + fingerprint({f: "" for f in files})[len("sha256-"):][:8]
+        revision += "-" + fingerprint({f: "" for f in files})[len("sha256-") :][:8]
     return _Resolved(spec.uri, files, revision, listing=listing)
 
 
-def _stage_locked(entry, spec: SourceSpec, source: _Resolved, *, workers: int, progress: bool,
-                  locking: _Locking) -> StageResult:
+def _stage_locked(
+    entry, spec: SourceSpec, source: _Resolved, *, workers: int, progress: bool, locking: _Locking
+) -> StageResult:
     """Takes the entry's lock (or finds another stager's finished entry), then downloads and publishes."""
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     state, theirs = _acquire(entry, owner, locking.wait_s, locking.stale_s, locking.poll_s)
@@ -659,8 +678,9 @@ def _publish(entry, prepared: _Prepared, manifest: dict[str, Any], workers: int,
         except _gcs.ChecksumError as exc:
             raise StageError(f"{exc}; stage again") from None
 
-    copied = sum(_parallel(put, todo, workers, sum(prepared.infos[r]["size"] for r in todo), progress,
-                           f"copy to {entry.uri}"))
+    copied = sum(
+        _parallel(put, todo, workers, sum(prepared.infos[r]["size"] for r in todo), progress, f"copy to {entry.uri}")
+    )
     if isinstance(entry, LocalEntry):
         check_model(entry.path, prepared.files)
     if not entry.write_manifest(manifest):
@@ -703,8 +723,9 @@ def stage_local(
     """
     path = Path(source).expanduser()
     spec = SourceSpec("local", str(path), [path.resolve().name], None)
-    return _stage(spec, str(cache), allow=allow, ignore=ignore, token_from=None, workers=8, progress=False,
-                  locking=_Locking())
+    return _stage(
+        spec, str(cache), allow=allow, ignore=ignore, token_from=None, workers=8, progress=False, locking=_Locking()
+    )
 
 
 def stage_model(
@@ -756,23 +777,39 @@ def stage_model(
     try:
         spec = parse_source(source, revision)
         default = _Locking()
-        locking = _Locking(default.wait_s if lock_wait_s is None else lock_wait_s,
-                           default.stale_s if lock_stale_s is None else lock_stale_s,
-                           default.poll_s if poll_s is None else poll_s)
-        return _stage(spec, cache, allow=allow, ignore=ignore, token_from=token_from, workers=workers,
-                      progress=progress, locking=locking)
+        locking = _Locking(
+            default.wait_s if lock_wait_s is None else lock_wait_s,
+            default.stale_s if lock_stale_s is None else lock_stale_s,
+            default.poll_s if poll_s is None else poll_s,
+        )
+        return _stage(
+            spec,
+            cache,
+            allow=allow,
+            ignore=ignore,
+            token_from=token_from,
+            workers=workers,
+            progress=progress,
+            locking=locking,
+        )
     except SourceError as exc:
         raise StageError(str(exc)) from None
     except gex.Forbidden:
-        raise StageError(f"model source {source} / cache {cache}: no permission on Cloud Storage; grant the "
-                         "service account roles/storage.objectAdmin on the cache bucket "
-                         "(objectViewer on the source)") from None
+        raise StageError(
+            f"model source {source} / cache {cache}: no permission on Cloud Storage; grant the "
+            "service account roles/storage.objectAdmin on the cache bucket "
+            "(objectViewer on the source)"
+        ) from None
     except gauth.DefaultCredentialsError:
-        raise StageError(f"model source {source} / cache {cache}: no Google credentials for Cloud Storage; run "
-                         "`gcloud auth application-default login` or run on Vertex with a service account") from None
+        raise StageError(
+            f"model source {source} / cache {cache}: no Google credentials for Cloud Storage; run "
+            "`gcloud auth application-default login` or run on Vertex with a service account"
+        ) from None
     except gex.NotFound as exc:
-        raise StageError(f"model source {source} / cache {cache}: not found on Cloud Storage "
-                         f"({exc.__class__.__name__}); check the bucket and prefix") from None
+        raise StageError(
+            f"model source {source} / cache {cache}: not found on Cloud Storage "
+            f"({exc.__class__.__name__}); check the bucket and prefix"
+        ) from None
 
 
 def result_summary(result: StageResult) -> dict[str, Any]:

@@ -210,8 +210,9 @@ def copy_node_files(src: str | Path, dest_root: str | Path, node_rank: int) -> P
         raise CheckpointError(f"{src}: empty checkpoint folder")
     dest.mkdir(parents=True, exist_ok=True)
     _copy_verified(src, dest, manifest)
-    _write_marker(marker_path, {"step": checkpoint_step(src), "node_rank": node_rank, "source": str(src),
-                              "files": manifest})
+    _write_marker(
+        marker_path, {"step": checkpoint_step(src), "node_rank": node_rank, "source": str(src), "files": manifest}
+    )
     return dest
 
 
@@ -251,8 +252,10 @@ def complete_multinode(folder: str | Path, nnodes: int) -> bool:
             return False  # still being written (or broken): waited for until the node timeout
         for rel, want in part["files"].items():
             if rel in union:
-                raise CheckpointError(f"{base / rel}: written by node {owner[rel]} and node {rank}; "
-                                      "nodes must not write the same checkpoint file")
+                raise CheckpointError(
+                    f"{base / rel}: written by node {owner[rel]} and node {rank}; "
+                    "nodes must not write the same checkpoint file"
+                )
             union[rel], owner[rel] = want, rank
     if not union:
         raise CheckpointError(f"{base}: no node copied any file")
@@ -267,8 +270,11 @@ def checkpoint_folders(root: str | Path) -> list[Path]:
 
     Finished or not, complete or not; [] when root does not exist.
     """
-    found = [(checkpoint_step(p), p) for p in Path(root).glob("checkpoint-*")
-             if p.is_dir() and checkpoint_step(p) is not None]
+    found = [
+        (checkpoint_step(p), p)
+        for p in Path(root).glob("checkpoint-*")
+        if p.is_dir() and checkpoint_step(p) is not None
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -368,8 +374,16 @@ class CheckpointSync:
             checkpoint before giving up on it. Default 900.
     """
 
-    def __init__(self, output_dir: str | Path, dest_root: str | Path, interval_s: float = 5.0, keep: int = 2,
-                 node_rank: int = 0, nnodes: int = 1, node_timeout_s: float = 900.0):
+    def __init__(
+        self,
+        output_dir: str | Path,
+        dest_root: str | Path,
+        interval_s: float = 5.0,
+        keep: int = 2,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        node_timeout_s: float = 900.0,
+    ):
         self.output_dir, self.dest_root = Path(output_dir), Path(dest_root)
         self.interval_s, self.keep = interval_s, keep
         self.node_rank, self.nnodes, self.node_timeout_s = node_rank, max(int(nnodes), 1), node_timeout_s
@@ -438,8 +452,11 @@ class CheckpointSync:
         for src, dest in self._copy_finished(final, lambda src, root: copy_node_files(src, root, 0)):
             self.pending[checkpoint_step(src)] = time.monotonic()
             new.append(dest)
-            print(f"train-lora: checkpoint {src.name}: node 0's files copied to {dest} (verified); "
-                  f"waiting for the other {self.nnodes - 1} node(s)", flush=True)
+            print(
+                f"train-lora: checkpoint {src.name}: node 0's files copied to {dest} (verified); "
+                f"waiting for the other {self.nnodes - 1} node(s)",
+                flush=True,
+            )
         for step, since in sorted(self.pending.items()):
             dest = self.dest_root / f"checkpoint-{step}"
             if not dest.is_dir():  # pruned meanwhile
@@ -458,8 +475,10 @@ class CheckpointSync:
                 prune_checkpoints(self.dest_root, self.keep)
             elif time.monotonic() - since > self.node_timeout_s:
                 del self.pending[step]
-                self._warn(f"{dest}: no marker from node(s) {missing_nodes(dest, self.nnodes)} within "
-                           f"{self.node_timeout_s:g} s; not marked complete (a restart will not resume from it)")
+                self._warn(
+                    f"{dest}: no marker from node(s) {missing_nodes(dest, self.nnodes)} within "
+                    f"{self.node_timeout_s:g} s; not marked complete (a restart will not resume from it)"
+                )
         return list(dict.fromkeys(new))
 
     def _sync_worker(self) -> list[Path]:
@@ -483,8 +502,10 @@ class CheckpointSync:
                 continue
             self.synced[step] = dest
             new.append(dest)
-            print(f"train-lora: checkpoint {src.name}: node {self.node_rank}'s files copied to {dest} (verified)",
-                  flush=True)
+            print(
+                f"train-lora: checkpoint {src.name}: node {self.node_rank}'s files copied to {dest} (verified)",
+                flush=True,
+            )
         return new
 
     def outstanding(self) -> list[int]:

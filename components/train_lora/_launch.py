@@ -117,7 +117,11 @@ def parse_cluster_spec(text: str) -> tuple[list[str], list[str], str, int]:
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ClusterSpecError(f"CLUSTER_SPEC is not JSON ({exc.msg} at char {exc.pos}): {text[:200]!r}") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not isinstance(spec.get("task"), dict):
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(spec.get("cluster"), dict)
+        or not isinstance(spec.get("task"), dict)
+    ):
         raise ClusterSpecError("CLUSTER_SPEC: expected {'cluster': {...}, 'task': {'type': ..., 'index': ...}}")
     cluster, task = spec["cluster"], spec["task"]
     chief = cluster.get("workerpool0")
@@ -165,7 +169,9 @@ def launch_plan(environ: Mapping[str, str] | None = None, gpu_count: int = 0) ->
         chief, workers, kind, index = parse_cluster_spec(text)
         host, port = _host_port(chief[0], "cluster.workerpool0[0]")
         rank = 0 if kind == "workerpool0" else 1 + index
-        plan = LaunchPlan(nnodes=1 + len(workers), node_rank=rank, master_addr=host, master_port=port, nproc_per_node=nproc)
+        plan = LaunchPlan(
+            nnodes=1 + len(workers), node_rank=rank, master_addr=host, master_port=port, nproc_per_node=nproc
+        )
     if plan.nnodes > 1:
         plan.env = {
             "NNODES": str(plan.nnodes),
@@ -196,7 +202,9 @@ def check_gpu_count(expected: int, present: int) -> None:
         )
 
 
-def distributed_swift_args(swift_args: Mapping[str, Any], plan: LaunchPlan, ddp_timeout_s: int | None = None) -> dict[str, Any]:
+def distributed_swift_args(
+    swift_args: Mapping[str, Any], plan: LaunchPlan, ddp_timeout_s: int | None = None
+) -> dict[str, Any]:
     """Returns the swift arguments a distributed run adds (the NCCL timeout).
 
     Args:
@@ -294,8 +302,12 @@ def choose_strategy(
             return Strategy("zero2", "zero2", f"{size}: fits one GPU -> ZeRO-2 (replicated base, sharded LoRA state)")
         return Strategy("ddp", None, f"{size}: fits one GPU -> DDP (deepspeed not installed)")
     if not deepspeed_available:
-        return Strategy("ddp", None, f"{size}: does not fit one GPU but deepspeed is not installed; DDP will likely OOM")
-    return Strategy("zero3", "zero3", f"{size}: does not fit one GPU -> ZeRO-3 (sharded base; slow, 0.68 vs 9.10 samples/s)")
+        return Strategy(
+            "ddp", None, f"{size}: does not fit one GPU but deepspeed is not installed; DDP will likely OOM"
+        )
+    return Strategy(
+        "zero3", "zero3", f"{size}: does not fit one GPU -> ZeRO-3 (sharded base; slow, 0.68 vs 9.10 samples/s)"
+    )
 
 
 def detect_gpus() -> tuple[int, int]:

@@ -102,7 +102,9 @@ def check_target_modules(swift_args: Mapping[str, Any], model_dir: str | Path) -
     known = module_names(model_dir)
     if not known:
         return
-    missing = [e for e in entries if isinstance(e, str) and not e.startswith("all") and _PLAIN.fullmatch(e) and e not in known]
+    missing = [
+        e for e in entries if isinstance(e, str) and not e.startswith("all") and _PLAIN.fullmatch(e) and e not in known
+    ]
     if missing:
         leaves = sorted({m.rsplit(".", 1)[-1] for m in known if not m.rsplit(".", 1)[-1].isdigit()})
         raise PreflightError(

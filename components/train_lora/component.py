@@ -80,5 +80,12 @@ def train_lora(
         metrics.log_metric(key, value)
     with open(loss_curve.path, "w", encoding="utf-8") as f:
         f.write(loss_curve_html(result.log_history))
-    adapter.metadata.update({"base_model": base_model.uri, **ref, "checkpoint": result.checkpoint.rsplit("/", 1)[-1],
-                             "strategy": result.strategy, "resumed_from": result.resumed_from})
+    adapter.metadata.update(
+        {
+            "base_model": base_model.uri,
+            **ref,
+            "checkpoint": result.checkpoint.rsplit("/", 1)[-1],
+            "strategy": result.strategy,
+            "resumed_from": result.resumed_from,
+        }
+    )

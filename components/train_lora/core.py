@@ -24,8 +24,7 @@ from components.train_lora import _checkpoints, _launch, _preflight
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 
 # Set by the task from its inputs; a config that sets them is refused.
-RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version",
-                 "resume_from_checkpoint")
+RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version", "resume_from_checkpoint")
 PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
 # Printed when SIGTERM arrives: what the task does next.
 _SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
@@ -79,13 +78,13 @@ def check_swift_args(args: dict[str, Any], known: set[str] | None = None, where:
     known = swift_arg_names() if known is None else known
     for key in args:
         if key in RESERVED_ARGS:
-            raise TrainError(f"{where}: 'swift.{key}' is set by the pipeline from its inputs; "
-                             "remove it from the config")
+            raise TrainError(
+                f"{where}: 'swift.{key}' is set by the pipeline from its inputs; remove it from the config"
+            )
         if key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise TrainError(f"{where}: 'swift.{key}' is not an argument of the installed ms-swift `swift sft`{hint}")
-
 
 
 def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) -> dict[str, Any]:
@@ -132,24 +131,31 @@ def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora"
         sx = (w - 2 * pad) / ((x1 - x0) or 1.0)
         sy = (h - 2 * pad) / ((y1 - y0) or 1.0)
         colors = {"loss": "#1a73e8", "eval_loss": "#e8710a"}
-        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
-                 f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#999"/>',
-                 f'<text x="{pad}" y="{pad - 8}" font-size="12">{y1:.3f}</text>',
-                 f'<text x="{pad}" y="{h - pad + 16}" font-size="12">step {x0:g}</text>',
-                 f'<text x="{w - pad}" y="{h - pad + 16}" font-size="12" text-anchor="end">step {x1:g}</text>',
-                 f'<text x="{pad - 4}" y="{h - pad}" font-size="12" text-anchor="end">{y0:.3f}</text>']
+        parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
+            f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#999"/>',
+            f'<text x="{pad}" y="{pad - 8}" font-size="12">{y1:.3f}</text>',
+            f'<text x="{pad}" y="{h - pad + 16}" font-size="12">step {x0:g}</text>',
+            f'<text x="{w - pad}" y="{h - pad + 16}" font-size="12" text-anchor="end">step {x1:g}</text>',
+            f'<text x="{pad - 4}" y="{h - pad}" font-size="12" text-anchor="end">{y0:.3f}</text>',
+        ]
         for name, values in series.items():
             if values:
                 coords = " ".join(f"{pad + (x - x0) * sx:.1f},{h - pad - (y - y0) * sy:.1f}" for x, y in values)
-                parts.append(f'<polyline class="{name}" points="{coords}" fill="none" '
-                             f'stroke="{colors[name]}" stroke-width="2"/>')
+                parts.append(
+                    f'<polyline class="{name}" points="{coords}" fill="none" stroke="{colors[name]}" stroke-width="2"/>'
+                )
         parts.append("</svg>")
-        legend = " ".join(f'<span style="color:{colors[n]}">&#9632; {n} ({len(v)} points, last {v[-1][1]:.4f})</span>'
-                          for n, v in series.items() if v)
+        legend = " ".join(
+            f'<span style="color:{colors[n]}">&#9632; {n} ({len(v)} points, last {v[-1][1]:.4f})</span>'
+            for n, v in series.items()
+            if v
+        )
         body = "".join(parts) + f"<p>{legend}</p>"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
-            f"<body style='font-family:sans-serif'><h2>{html.escape(title)}: loss per step</h2>{body}</body></html>")
-
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+        f"<body style='font-family:sans-serif'><h2>{html.escape(title)}: loss per step</h2>{body}</body></html>"
+    )
 
 
 def build_sft_command(
@@ -238,11 +244,13 @@ def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
     return n
 
 
-
 def find_checkpoints(output_dir: str | Path) -> list[Path]:
     """Returns swift's checkpoint-N folders holding an adapter, oldest step first."""
-    return [p for p in _checkpoints.checkpoint_folders(output_dir)
-            if (p / "adapter_model.safetensors").is_file() and (p / "adapter_config.json").is_file()]
+    return [
+        p
+        for p in _checkpoints.checkpoint_folders(output_dir)
+        if (p / "adapter_model.safetensors").is_file() and (p / "adapter_config.json").is_file()
+    ]
 
 
 def read_trainer_log(output_dir: Path, checkpoint: Path | None = None) -> list[dict[str, Any]]:
@@ -270,10 +278,12 @@ def read_trainer_log(output_dir: Path, checkpoint: Path | None = None) -> list[d
     return json.loads(state.read_text(encoding="utf-8")).get("log_history", [])
 
 
-
 _FAILURES = (
-    ("CUDA out of memory", "CUDA out of memory: lower swift.per_device_train_batch_size or swift.max_length, "
-     "set swift.gradient_checkpointing: true, or use a ZeRO-3 / larger-GPU profile"),
+    (
+        "CUDA out of memory",
+        "CUDA out of memory: lower swift.per_device_train_batch_size or swift.max_length, "
+        "set swift.gradient_checkpointing: true, or use a ZeRO-3 / larger-GPU profile",
+    ),
     ("OutOfMemoryError", "out of memory: lower swift.per_device_train_batch_size or swift.max_length"),
     ("NCCL", "NCCL error between workers: check the network between nodes, or raise the NCCL timeout"),
     ("Target modules", "swift.target_modules names modules the model does not have; use all-linear or real names"),
@@ -286,7 +296,6 @@ def _explain_failure(log_tail: str, code: int) -> str:
             return advice
     last = [line for line in log_tail.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
     return f"swift sft exited with code {code}; last line: {last[0]}"
-
 
 
 # CPU-only runs (the local demo): one intra-op thread per process and a glibc malloc that
@@ -331,21 +340,28 @@ class Preempted(TrainError):
     """SIGTERM (Vertex preemption) stopped training; a restart resumes from the last durable checkpoint."""
 
 
-
 def _preempted(sync: _checkpoints.CheckpointSync | None, checkpoint_dir: str | None, wait_s: float) -> Preempted:
     """The last durable copy after SIGTERM, and the error that says where a restart resumes."""
     if sync is None or not checkpoint_dir:
-        return Preempted("preempted: no checkpoint_dir is set, so nothing was saved durably; "
-                         "the restarted job starts from scratch")
+        return Preempted(
+            "preempted: no checkpoint_dir is set, so nothing was saved durably; the restarted job starts from scratch"
+        )
     if not sync.drain(wait_s):
-        print(f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} still wait on another node's marker; "
-              "they stay incomplete", flush=True)
+        print(
+            f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} still wait on another node's marker; "
+            "they stay incomplete",
+            flush=True,
+        )
     newest = _checkpoints.newest_complete_checkpoint(checkpoint_dir, deep=False)
     if newest is None:
-        return Preempted(f"preempted: last durable checkpoint is none (no complete checkpoint in {checkpoint_dir} "
-                         "yet); the restarted job starts from scratch")
-    return Preempted(f"preempted: last durable checkpoint is {_checkpoints.checkpoint_step(newest)} ({newest}); "
-                     "the restarted job resumes from it")
+        return Preempted(
+            f"preempted: last durable checkpoint is none (no complete checkpoint in {checkpoint_dir} "
+            "yet); the restarted job starts from scratch"
+        )
+    return Preempted(
+        f"preempted: last durable checkpoint is {_checkpoints.checkpoint_step(newest)} ({newest}); "
+        "the restarted job resumes from it"
+    )
 
 
 @dataclass(frozen=True)
@@ -449,25 +465,50 @@ def train_lora(
             checkpoints were copied; the message names the last durable checkpoint.
     """
     durable = _Durability(checkpoint_dir, checkpoint_interval_s, keep_checkpoints, node_timeout_s, term_wait_s, grace_s)
-    launch = _plan_launch(model_dir, swift_args, adapter_out, work_dir, checkpoint_dir,
-                          expected_gpus=expected_gpus, environ=environ, gpus=gpus)
+    launch = _plan_launch(
+        model_dir,
+        swift_args,
+        adapter_out,
+        work_dir,
+        checkpoint_dir,
+        expected_gpus=expected_gpus,
+        environ=environ,
+        gpus=gpus,
+    )
     inputs = _materialize_inputs(work_dir, train_dir, eval_dir)
-    args, strategy = _final_swift_args(swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ,
-                                       checkpoint_dir=checkpoint_dir)
+    args, strategy = _final_swift_args(
+        swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
+    )
     resume = _resume_point(checkpoint_dir, launch.plan)
-    cmd = build_sft_command(args, model_dir, model_type, str(inputs.train_jsonl), inputs.eval_jsonl,
-                            str(inputs.output_dir), resume_from=str(resume) if resume else None)
+    cmd = build_sft_command(
+        args,
+        model_dir,
+        model_type,
+        str(inputs.train_jsonl),
+        inputs.eval_jsonl,
+        str(inputs.output_dir),
+        resume_from=str(resume) if resume else None,
+    )
     cmd[0] = swift_executable()
     print("train-lora:", " ".join(cmd), flush=True)
     wall = _run_swift(cmd, inputs, launch.plan, durable)
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
-    return _collect_outputs(inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=wall, resume=resume,
-                            strategy=strategy.name)
+    return _collect_outputs(
+        inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=wall, resume=resume, strategy=strategy.name
+    )
 
 
-def _plan_launch(model_dir: str, swift_args: dict[str, Any], adapter_out: str, work_dir: str,
-                 checkpoint_dir: str | None, *, expected_gpus: int, environ: dict[str, str] | None,
-                 gpus: tuple[int, int] | None) -> _Launch:
+def _plan_launch(
+    model_dir: str,
+    swift_args: dict[str, Any],
+    adapter_out: str,
+    work_dir: str,
+    checkpoint_dir: str | None,
+    *,
+    expected_gpus: int,
+    environ: dict[str, str] | None,
+    gpus: tuple[int, int] | None,
+) -> _Launch:
     """Checks what can be checked before any work: base model, GPU count, cluster spec, config, folders.
 
     Raises:
@@ -501,8 +542,15 @@ def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str) -> _Inputs
     return _Inputs(work, train_jsonl, eval_jsonl, n_train)
 
 
-def _final_swift_args(swift_args: dict[str, Any], model_dir: str, launch: _Launch, *, ddp_timeout_s: int | None,
-                      environ: dict[str, str] | None, checkpoint_dir: str | None) -> tuple[dict[str, Any], Any]:
+def _final_swift_args(
+    swift_args: dict[str, Any],
+    model_dir: str,
+    launch: _Launch,
+    *,
+    ddp_timeout_s: int | None,
+    environ: dict[str, str] | None,
+    checkpoint_dir: str | None,
+) -> tuple[dict[str, Any], Any]:
     """Returns the swift args of this run and the parallelism strategy chosen for it.
 
     The config's section plus what the task decides: the strategy's DeepSpeed config
@@ -514,8 +562,12 @@ def _final_swift_args(swift_args: dict[str, Any], model_dir: str, launch: _Launc
     args = dict(swift_args)
     plan = launch.plan
     strategy = _launch.choose_strategy(
-        _launch.model_weight_bytes(model_dir, args.get("torch_dtype")), plan.nproc_per_node if launch.gpu_count else 0,
-        launch.gpu_memory, args, nnodes=plan.nnodes, deepspeed_available=_launch.deepspeed_importable(),
+        _launch.model_weight_bytes(model_dir, args.get("torch_dtype")),
+        plan.nproc_per_node if launch.gpu_count else 0,
+        launch.gpu_memory,
+        args,
+        nnodes=plan.nnodes,
+        deepspeed_available=_launch.deepspeed_importable(),
     )
     if strategy.deepspeed:
         args["deepspeed"] = strategy.deepspeed
@@ -523,12 +575,17 @@ def _final_swift_args(swift_args: dict[str, Any], model_dir: str, launch: _Launc
         del args["deepspeed"]  # "none": plain DDP, no DeepSpeed config for swift
     args.update(_launch.distributed_swift_args(args, plan, ddp_timeout_s))
     args.update(tensorboard_args(args, os.environ if environ is None else environ))
-    print(f"train-lora: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es) per node, "
-          f"strategy {strategy.name}: {strategy.reason}", flush=True)
+    print(
+        f"train-lora: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es) per node, "
+        f"strategy {strategy.name}: {strategy.reason}",
+        flush=True,
+    )
     if checkpoint_dir:
         if args.get("save_only_model"):
-            print("train-lora: checkpoint_dir set: saving optimizer state too (save_only_model false) to resume",
-                  flush=True)
+            print(
+                "train-lora: checkpoint_dir set: saving optimizer state too (save_only_model false) to resume",
+                flush=True,
+            )
         args["save_only_model"] = False
     return args, strategy
 
@@ -565,9 +622,15 @@ def _run_swift(cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durabl
     env.update(plan.env)
     sync = None
     if durable.checkpoint_dir:
-        sync = _checkpoints.CheckpointSync(inputs.output_dir, durable.checkpoint_dir, durable.interval_s, durable.keep,
-                                           node_rank=plan.node_rank, nnodes=plan.nnodes,
-                                           node_timeout_s=durable.node_timeout_s).start()
+        sync = _checkpoints.CheckpointSync(
+            inputs.output_dir,
+            durable.checkpoint_dir,
+            durable.interval_s,
+            durable.keep,
+            node_rank=plan.node_rank,
+            nnodes=plan.nnodes,
+            node_timeout_s=durable.node_timeout_s,
+        ).start()
     with SigtermForwarder(durable.term_wait_s, log_name="train-lora", notice=_SIGTERM_NOTICE) as guard:
         try:
             code, tail = run_command(cmd, env=env, log_path=inputs.work / "swift_sft.log", guard=guard)
@@ -580,13 +643,23 @@ def _run_swift(cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durabl
     if code != 0:
         raise TrainError(_explain_failure(tail, code))
     if sync is not None and not sync.drain(durable.node_timeout_s, final=True):
-        print(f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} lack another node's files; "
-              "they stay incomplete", flush=True)
+        print(
+            f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} lack another node's files; they stay incomplete",
+            flush=True,
+        )
     return wall
 
 
-def _collect_outputs(inputs: _Inputs, adapter_out: str, ref: dict[str, Any], *, is_chief: bool, wall: float,
-                     resume: Path | None, strategy: str) -> TrainResult:
+def _collect_outputs(
+    inputs: _Inputs,
+    adapter_out: str,
+    ref: dict[str, Any],
+    *,
+    is_chief: bool,
+    wall: float,
+    resume: Path | None,
+    strategy: str,
+) -> TrainResult:
     """Reads the training metrics; on the chief, writes the last checkpoint's adapter to `adapter_out`.
 
     Raises:

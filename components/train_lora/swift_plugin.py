@@ -60,8 +60,13 @@ def _install_autocast_input() -> bool:
         return original is not None
 
     def _cast_input_dtype(self, x, dtype):
-        if (isinstance(x, torch.Tensor) and x.is_floating_point() and dtype == torch.float32
-                and x.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled(x.device.type)):
+        if (
+            isinstance(x, torch.Tensor)
+            and x.is_floating_point()
+            and dtype == torch.float32
+            and x.dtype in (torch.bfloat16, torch.float16)
+            and torch.is_autocast_enabled(x.device.type)
+        ):
             return x
         return original(self, x, dtype)
 

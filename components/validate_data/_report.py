@@ -74,12 +74,16 @@ def _histogram_svg(values: list[int], bins: int = 24, limit: int = 0, width: int
             f"<title>{lo + b * step}–{lo + (b + 1) * step - 1}: {c}</title></rect>"
         )
     parts.append(f'<text x="{pad}" y="{height - 22}" font-size="11" fill="#5f6368">{lo}</text>')
-    parts.append(f'<text x="{width - 10}" y="{height - 22}" font-size="11" fill="#5f6368" text-anchor="end">{hi}</text>')
+    parts.append(
+        f'<text x="{width - 10}" y="{height - 22}" font-size="11" fill="#5f6368" text-anchor="end">{hi}</text>'
+    )
     parts.append(f'<text x="4" y="14" font-size="11" fill="#5f6368">{top}</text>')
     if limit:
         x = pad + (limit - lo) / step * bar_w
         parts.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{plot_h}" stroke="#d93025" stroke-dasharray="4 3"/>')
-        parts.append(f'<text x="{x - 4:.1f}" y="12" font-size="11" fill="#d93025" text-anchor="end">max_length {limit}</text>')
+        parts.append(
+            f'<text x="{x - 4:.1f}" y="12" font-size="11" fill="#d93025" text-anchor="end">max_length {limit}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -93,14 +97,18 @@ def _sizes_svg(sizes: list[tuple[int, int]], side: int = 260) -> str:
     pad = 34
     scale = (side - pad - 10) / top
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{side}" height="{side}" role="img">']
-    parts.append(f'<rect x="{pad}" y="10" width="{side - pad - 10}" height="{side - pad - 10}" fill="none" stroke="#dadce0"/>')
+    parts.append(
+        f'<rect x="{pad}" y="10" width="{side - pad - 10}" height="{side - pad - 10}" fill="none" stroke="#dadce0"/>'
+    )
     for (w, h), c in counts.most_common(2000):
         r = min(12.0, 2.5 + math.sqrt(c))
         parts.append(
             f'<circle cx="{pad + w * scale:.1f}" cy="{side - pad - h * scale:.1f}" r="{r:.1f}" fill="#1a73e8" '
             f'fill-opacity="0.5"><title>{w}x{h}: {c}</title></circle>'
         )
-    parts.append(f'<text x="{side - 10}" y="{side - 18}" font-size="11" fill="#5f6368" text-anchor="end">width {top} px</text>')
+    parts.append(
+        f'<text x="{side - 10}" y="{side - 18}" font-size="11" fill="#5f6368" text-anchor="end">width {top} px</text>'
+    )
     parts.append(f'<text x="{pad}" y="{side - 18}" font-size="11" fill="#5f6368">0</text>')
     parts.append(f'<text x="2" y="20" font-size="11" fill="#5f6368">h {top}</text>')
     parts.append("</svg>")
@@ -120,7 +128,9 @@ def _data_section(stats: dict) -> str:
     ]
     since = stats.get("since")
     if since is None:
-        out.append('<p class="muted">Since the champion\'s data: not known (no champion, or it has no data lineage)</p>')
+        out.append(
+            '<p class="muted">Since the champion\'s data: not known (no champion, or it has no data lineage)</p>'
+        )
         return "".join(out)
     delta = since["rows_now"] - since["rows_before"]
     out.append(
@@ -154,7 +164,7 @@ def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]
         f'<div class="verdict ok">PASSED: {fraction:.1%} invalid ≤ max_invalid_fraction {allowed:.1%}</div>'
         if passed
         else f'<div class="verdict bad">FAILED: {fraction:.1%} invalid (max_invalid_fraction {allowed:.1%}), '
-        f'{c["n_train"]} train / {c["n_eval"]} eval rows</div>'
+        f"{c['n_train']} train / {c['n_eval']} eval rows</div>"
     )
     cards = "".join(
         f'<div class="card"><b>{c[k]}</b><span>{label}</span></div>'

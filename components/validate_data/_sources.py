@@ -88,7 +88,9 @@ def resolve(ref: str, base: str) -> Source:
             raise Reject("E_IMAGE_PATH", f"image {ref[:60]!r}...: only base64 data: URIs are supported")
         return Source("base64", match.group(3))
     if "://" in ref_s:
-        raise Reject("E_IMAGE_PATH", f"image {ref[:200]!r}: unsupported URL scheme (use a path, http(s)://, gs:// or base64)")
+        raise Reject(
+            "E_IMAGE_PATH", f"image {ref[:200]!r}: unsupported URL scheme (use a path, http(s)://, gs:// or base64)"
+        )
     if base.startswith("gs://"):
         if ref_s.startswith("/"):
             return Source("file", ref_s)
@@ -130,7 +132,7 @@ def _fetch_http(url: str, timeout: float) -> bytes:
     except urllib.error.HTTPError as exc:
         code = "E_IMAGE_MISSING" if exc.code in (404, 410) else "E_IMAGE_FETCH"
         raise Reject(code, f"image {url!r}: HTTP {exc.code} {exc.reason}") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise Reject("E_IMAGE_FETCH", f"image {url!r}: no answer within {timeout:g} s") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -80,8 +80,13 @@ def validate_data(
     lineage = result.stats["lineage"]
     metrics.log_metric("data_files", len(lineage["files"]))
     metrics.metadata["data_snapshot"] = lineage["snapshot"]["fingerprint"]
-    train_dataset.metadata.update({"rows": result.counts["n_train"], "format": "ms-swift jsonl",
-                                   "data_snapshot": lineage["snapshot"]["fingerprint"]})
+    train_dataset.metadata.update(
+        {
+            "rows": result.counts["n_train"],
+            "format": "ms-swift jsonl",
+            "data_snapshot": lineage["snapshot"]["fingerprint"],
+        }
+    )
     eval_dataset.metadata.update({"rows": result.counts["n_eval"], "format": "ms-swift jsonl"})
     quarantine.metadata["rows"] = result.counts["n_invalid"]
     return namedtuple("Outputs", ["n_train", "n_eval"])(result.counts["n_train"], result.counts["n_eval"])

@@ -406,8 +406,11 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
     try:  # a \\ud800-style escape decodes to a lone surrogate, which no UTF-8 writer accepts
         json.dumps(row, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise _Reject("E_ENCODING", f"a JSON string holds a lone surrogate escape (\\u{ord(exc.object[exc.start]):04x}) "
-                      "that cannot be encoded as UTF-8") from None
+        raise _Reject(
+            "E_ENCODING",
+            f"a JSON string holds a lone surrogate escape (\\u{ord(exc.object[exc.start]):04x}) "
+            "that cannot be encoded as UTF-8",
+        ) from None
     messages = _check_messages(row)
     if task:
         _check_answer(messages, task)
@@ -811,8 +814,14 @@ def _write_lineage(
         quarantined[r.issue.file] = quarantined.get(r.issue.file, 0) + 1
     per_file = {f.name: {"rows": f.n_read - f.n_blank, "quarantined": quarantined.get(f.name, 0)} for f in files}
     c = result.counts
-    lineage = {**extra, "snapshot": snapshot, "files": per_file, "n_rows": c["n_lines"], "n_train": c["n_train"],
-               "n_eval": c["n_eval"]}
+    lineage = {
+        **extra,
+        "snapshot": snapshot,
+        "files": per_file,
+        "n_rows": c["n_lines"],
+        "n_train": c["n_train"],
+        "n_eval": c["n_eval"],
+    }
     (train_out / snap.LINEAGE_FILE).write_text(json.dumps(lineage, indent=1, sort_keys=True), encoding="utf-8")
     result.stats["lineage"] = lineage
     if previous is not None:

@@ -46,9 +46,9 @@ import argparse
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -58,7 +58,7 @@ LABELS: tuple[str, ...] = ("title_block", "part_outline", "hole", "dimension")
 PROMPT: str = (
     "Detect the title_block, part_outline, hole and dimension elements of this "
     'engineering drawing. Answer with a JSON list of {"label": ..., "bbox": '
-    '[x1, y1, x2, y2]} in pixels, top to bottom.'
+    "[x1, y1, x2, y2]} in pixels, top to bottom."
 )
 """User prompt that follows the ``<image>`` tag in every row."""
 
@@ -88,7 +88,7 @@ class _Box:
     def height(self) -> int:
         return self.y2 - self.y1
 
-    def intersects(self, other: "_Box", pad: int = 0) -> bool:
+    def intersects(self, other: _Box, pad: int = 0) -> bool:
         return not (
             self.x2 + pad <= other.x1
             or other.x2 + pad <= self.x1
@@ -96,13 +96,8 @@ class _Box:
             or other.y2 + pad <= self.y1
         )
 
-    def inside(self, other: "_Box") -> bool:
-        return (
-            self.x1 >= other.x1
-            and self.y1 >= other.y1
-            and self.x2 <= other.x2
-            and self.y2 <= other.y2
-        )
+    def inside(self, other: _Box) -> bool:
+        return self.x1 >= other.x1 and self.y1 >= other.y1 and self.x2 <= other.x2 and self.y2 <= other.y2
 
 
 def _font() -> ImageFont.ImageFont:
@@ -175,7 +170,7 @@ class _Sheet:
         self.draw = ImageDraw.Draw(self.image)
         self.findings: list[dict] = []
 
-    def element(self, label: str) -> "_Element":
+    def element(self, label: str) -> _Element:
         if label not in LABELS:
             raise ValueError(f"unknown label {label!r}; expected one of {LABELS}")
         return _Element(self, label)
@@ -190,7 +185,7 @@ class _Element:
         self.mask = Image.new("L", (sheet.size, sheet.size), 0)
         self.draw = ImageDraw.Draw(self.mask)
 
-    def __enter__(self) -> "_Element":
+    def __enter__(self) -> _Element:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -203,9 +198,7 @@ class _Element:
         self.sheet.findings.append({"label": self.label, "bbox": [int(v) for v in bbox]})
 
 
-def _paste_text(
-    el: _Element, font: ImageFont.ImageFont, xy: tuple[int, int], text: str, rotate: bool
-) -> None:
+def _paste_text(el: _Element, font: ImageFont.ImageFont, xy: tuple[int, int], text: str, rotate: bool) -> None:
     """Writes ``text`` on an element mask, optionally rotated 90° counter-clockwise."""
     w, h = _text_size(font, text)
     tile = Image.new("L", (w + 2, h + 2), 0)
@@ -235,10 +228,8 @@ def _title_block(sheet: _Sheet, rng: random.Random, frame: _Box, font) -> _Box:
         col = box.x2 - _text_size(font, "0/0")[0] - 6
         d.line([(col, row), (col, box.y2 - 1)], fill=255)
         d.text((box.x1 + 3, box.y1 + max(1, (h // 2 - th) // 2)), part_no, font=font, fill=255)
-        d.text((box.x1 + 3, row + max(1, (h - h // 2 - th) // 2)), "SCALE " + scale_txt,
-               font=font, fill=255)
-        d.text((col + 2, row + max(1, (h - h // 2 - th) // 2)), sheet_txt, font=font,
-               fill=255)
+        d.text((box.x1 + 3, row + max(1, (h - h // 2 - th) // 2)), "SCALE " + scale_txt, font=font, fill=255)
+        d.text((col + 2, row + max(1, (h - h // 2 - th) // 2)), sheet_txt, font=font, fill=255)
     return box
 
 
@@ -255,18 +246,23 @@ def _part_polygon(rng: random.Random, box: _Box) -> tuple[str, list[tuple[int, i
         return kind, poly, [_Box(x1, y1, cx, box.y2), _Box(x1, cy, box.x2, box.y2)]
     if kind == "chamfer":
         c = max(3, round(min(box.width, box.height) * rng.uniform(0.12, 0.22)))
-        poly = [(x1 + c, y1), (x2 - c, y1), (x2, y1 + c), (x2, y2 - c), (x2 - c, y2),
-                (x1 + c, y2), (x1, y2 - c), (x1, y1 + c)]
-        return kind, poly, [_Box(x1 + c, y1, box.x2 - c, box.y2),
-                            _Box(x1, y1 + c, box.x2, box.y2 - c)]
+        poly = [
+            (x1 + c, y1),
+            (x2 - c, y1),
+            (x2, y1 + c),
+            (x2, y2 - c),
+            (x2 - c, y2),
+            (x1 + c, y2),
+            (x1, y2 - c),
+            (x1, y1 + c),
+        ]
+        return kind, poly, [_Box(x1 + c, y1, box.x2 - c, box.y2), _Box(x1, y1 + c, box.x2, box.y2 - c)]
     inset = max(3, round(box.width * rng.uniform(0.1, 0.2)))
     poly = [(x1 + inset, y1), (x2 - inset, y1), (x2, y2), (x1, y2)]
     return kind, poly, [_Box(x1 + inset, y1, box.x2 - inset, box.y2)]
 
 
-def _place_holes(
-    rng: random.Random, solids: list[_Box], n: int, s: float
-) -> list[tuple[int, int, int]]:
+def _place_holes(rng: random.Random, solids: list[_Box], n: int, s: float) -> list[tuple[int, int, int]]:
     """Places up to ``n`` non-overlapping circles (cx, cy, r) fully inside a solid."""
     holes: list[tuple[int, int, int]] = []
     margin = max(3, round(5 * s))
@@ -340,17 +336,19 @@ def _dimension(
         knee = (tip[0] + sx * run, tip[1] + sy * run)
         end_x = knee[0] + sx * (tw + 4)
         xs = sorted((tip[0], knee[0], end_x))
-        est = _Box(math.floor(xs[0]) - 2, math.floor(min(tip[1], knee[1])) - th - 4,
-                   math.ceil(xs[2]) + 3, math.ceil(max(tip[1], knee[1])) + 3)
+        est = _Box(
+            math.floor(xs[0]) - 2,
+            math.floor(min(tip[1], knee[1])) - th - 4,
+            math.ceil(xs[2]) + 3,
+            math.ceil(max(tip[1], knee[1])) + 3,
+        )
         if est.inside(_Box(frame.x1 + 2, frame.y1 + 2, frame.x2 - 2, frame.y2 - 2)) and not (
             est.intersects(title, pad=2)
         ):
             with sheet.element("dimension") as el:
                 d = el.draw
-                d.line([(round(tip[0]), round(tip[1])), (round(knee[0]), round(knee[1]))],
-                       fill=255)
-                d.line([(round(knee[0]), round(knee[1])), (round(end_x), round(knee[1]))],
-                       fill=255)
+                d.line([(round(tip[0]), round(tip[1])), (round(knee[0]), round(knee[1]))], fill=255)
+                d.line([(round(knee[0]), round(knee[1])), (round(end_x), round(knee[1]))], fill=255)
                 _arrowhead(d, tip, (-sx, -sy), arrow, 255)
                 tx = round(min(knee[0], end_x)) + 2
                 _paste_text(el, font, (tx, round(knee[1]) - th - 3), text, rotate=False)
@@ -399,8 +397,12 @@ def render_drawing(image_size: int, rng: random.Random) -> tuple[Image.Image, li
     # Part outline in the free area above the title block, leaving room on the
     # top and on the left for dimensions.
     th = _text_size(font, "0")[1]
-    region = _Box(frame.x1 + max(round(34 * s), th + 26), frame.y1 + max(round(30 * s), th + 24),
-                  frame.x2 - round(14 * s), title.y1 - round(10 * s))
+    region = _Box(
+        frame.x1 + max(round(34 * s), th + 26),
+        frame.y1 + max(round(30 * s), th + 24),
+        frame.x2 - round(14 * s),
+        title.y1 - round(10 * s),
+    )
     pw = rng.randint(round(region.width * 0.45), round(region.width * 0.8))
     ph = rng.randint(round(region.height * 0.45), round(region.height * 0.85))
     px = rng.randint(region.x1, region.x2 - pw)
@@ -439,9 +441,7 @@ def format_answer(findings: list[dict]) -> str:
     return "```json\n" + json.dumps(findings) + "\n```"
 
 
-def _write_split(
-    out_dir: Path, split: str, n: int, image_size: int, seed: int
-) -> Path:
+def _write_split(out_dir: Path, split: str, n: int, image_size: int, seed: int) -> Path:
     images_dir = out_dir / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
     jsonl = out_dir / f"{split}.jsonl"

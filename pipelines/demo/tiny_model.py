@@ -279,13 +279,25 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 """
 
 # Qwen2 pre-tokenizer regex (digits are split one by one).
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 _LABELS = [
-    "title_block", "dimension", "hole", "line", "circle", "text", "arc", "arrow",
-    "table", "note", "symbol", "section", "view", "border", "centerline", "leader",
+    "title_block",
+    "dimension",
+    "hole",
+    "line",
+    "circle",
+    "text",
+    "arc",
+    "arrow",
+    "table",
+    "note",
+    "symbol",
+    "section",
+    "view",
+    "border",
+    "centerline",
+    "leader",
 ]
 _WORDS = """
 the a an of to in on for with and or is are be this that these those it its as by from at into
@@ -340,8 +352,7 @@ def _tokenizer_corpus() -> list[str]:
 
 def _build_backend_tokenizer():
     """Return a ``tokenizers.Tokenizer`` laid out like Qwen's (special ids 151643..151668)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     def _configure(tok: Tokenizer) -> None:
         tok.normalizer = normalizers.NFC()
@@ -426,9 +437,19 @@ def _tokenizer_config() -> dict:
         "add_prefix_space": False,
         "added_tokens_decoder": added_tokens_decoder,
         "additional_special_tokens": [
-            "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
-            "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-            "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|object_ref_start|>",
+            "<|object_ref_end|>",
+            "<|box_start|>",
+            "<|box_end|>",
+            "<|quad_start|>",
+            "<|quad_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|vision_pad|>",
+            "<|image_pad|>",
+            "<|video_pad|>",
         ],
         "bos_token": None,
         "clean_up_tokenization_spaces": False,
@@ -566,7 +587,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
             # emits them instead of digits.
             emb = model.get_input_embeddings().weight
             emb[n_bpe:NUM_REGULAR_TOKENS].zero_()
-            emb[NUM_REGULAR_TOKENS + len(SPECIAL_TOKENS):].zero_()
+            emb[NUM_REGULAR_TOKENS + len(SPECIAL_TOKENS) :].zero_()
     model.eval()
     model.config.dtype = "float32"
     model.generation_config = GenerationConfig(
