@@ -60,13 +60,18 @@ from components.find_champion import find_champion
 from components.images import resolve_images
 from components.merge_export import merge_export
 from components.register import register
+from components.snapshot_data import nothing_to_train, snapshot_data
 from components.stage_model import stage_model
 from components.train_lora import train_lora
 from components.validate_data import validate_data
 from pipelines.config import Config, ConfigError
 from pipelines.shapes import SCHEDULING
 
-TASK_ORDER = ("stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
+TASK_ORDER = ("snapshot-data", "stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
+# The first task: resolves the data sources to exact files (never cached).
+SNAPSHOT_TASK = "snapshot-data"
+# Vertex with a champion only: the branch taken when the champion already saw this data and settings.
+NOTHING_TASK = "nothing-to-train"
 # Vertex only, after the gate: the condition group and the task inside it.
 REGISTER_TASK = "register"
 # Vertex only, with eval.reference champion: the registry look-up evaluate depends on.
@@ -242,66 +247,109 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
                 (eval.reference: the base model or the registry's champion).
 
         Returns:
-            Whether the tuned model passed the gate.
+            Whether the tuned model passed the gate (False when nothing was trained: the
+            champion was trained on this very data with these settings).
         """
-        champion, reference_args = _reference_task(plan)  # first, beside staging (fail fast)
-        stage = _light(
-            stage_model(
-                source=model_source,
-                cache=model_cache,
-                revision=model_revision,
-                token_from=model_token_from,
-                allow=model_allow,
-                ignore=model_ignore,
-            ),
-            "stage-model",
-            plan,
-        )
-        data = _light(
-            validate_data(
-                train_data=data_train,
-                eval_data=data_eval,
-                eval_fraction=data_eval_fraction,
-                max_invalid_fraction=data_max_invalid_fraction,
-                split_seed=data_split_seed,
-                base_model=stage.outputs["model"],
-                swift_args=swift_args,
-                task=data_task,
-            ),
-            "validate-data",
-            plan,
-        )
-        train = _train_task(plan, stage, data, swift_args, champion)
-        merge = _gpu(
-            merge_export(
-                base_model=stage.outputs["model"],
-                adapter=train.outputs["adapter"],
-                run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,  # lineage in the merged model's card
-            ),
-            "merge-export",
-            plan,
-        )
-        evaluation = _gpu(
-            evaluate(
-                base_model=stage.outputs["model"],
-                tuned_model=merge.outputs["merged_model"],
-                eval_dataset=data.outputs["eval_dataset"],
-                max_new_tokens=eval_max_new_tokens,
-                batch_size=eval_batch_size,
-                max_samples=eval_max_samples,
-                iou_threshold=eval_iou_threshold,
-                gate_metric=eval_metric,
-                gate_min_value=eval_min_value,
-                gate_min_margin=eval_min_margin,
-                **reference_args,
-            ),
-            "evaluate",
-            plan,
-        )
-        _register_task(plan, merge, evaluation, champion)
-        return evaluation.outputs["passed"]
+        p = dict(locals())  # the parameters, by name: what the task helpers read
+        champion, reference_args = _reference_task(plan)  # first (fail fast): the registry's champion
+        snapshot = _snapshot_task(plan, p, champion)  # never cached: the exact data of this run
+        if champion is None:  # no champion: unchanged data is a cache hit from validate-data on
+            return _train_and_gate(plan, p, snapshot, champion, reference_args)
+        with dsl.If(snapshot.outputs["up_to_date"] == False, name="new-data-or-settings"):  # noqa: E712
+            passed = _train_and_gate(plan, p, snapshot, champion, reference_args)
+        with dsl.Else(name="champion-up-to-date"):  # the champion was trained on this data: no GPU job
+            skipped = _light(
+                nothing_to_train(
+                    fingerprint=snapshot.outputs["fingerprint"], training_key=snapshot.outputs["training_key"]
+                ),
+                NOTHING_TASK,
+                plan,
+            )
+        return dsl.OneOf(passed, skipped.output)
 
     return vlm_lora_pipeline
+
+
+def _snapshot_task(plan: _Plan, p: dict[str, Any], champion: Any) -> Any:
+    """Adds snapshot-data: resolves the data sources to exact files; never cached (data changes behind names)."""
+    task = _light(
+        snapshot_data(
+            train_sources=p["data_train"],
+            eval_sources=p["data_eval"],
+            model_source=p["model_source"],
+            model_revision=p["model_revision"],
+            swift_args=p["swift_args"],
+            eval_fraction=p["data_eval_fraction"],
+            max_invalid_fraction=p["data_max_invalid_fraction"],
+            split_seed=p["data_split_seed"],
+            task=p["data_task"],
+            **({"champion_uri": champion.outputs["uri"]} if champion is not None else {}),
+        ),
+        SNAPSHOT_TASK,
+        plan,
+    )
+    task.set_caching_options(False)
+    return task
+
+
+def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any, reference_args: dict) -> Any:
+    """Adds stage-model -> validate-data -> train-lora -> merge-export -> evaluate (-> register); returns `passed`.
+
+    No task here takes a per-run value (job id, name, time): with the same snapshot and
+    settings, every one of them is a cache hit.
+    """
+    stage = _light(
+        stage_model(
+            source=p["model_source"],
+            cache=p["model_cache"],
+            revision=p["model_revision"],
+            token_from=p["model_token_from"],
+            allow=p["model_allow"],
+            ignore=p["model_ignore"],
+        ),
+        "stage-model",
+        plan,
+    )
+    data = _light(
+        validate_data(
+            snapshot=snapshot.outputs["snapshot"],
+            training_key=snapshot.outputs["training_key"],
+            eval_fraction=p["data_eval_fraction"],
+            max_invalid_fraction=p["data_max_invalid_fraction"],
+            split_seed=p["data_split_seed"],
+            base_model=stage.outputs["model"],
+            swift_args=p["swift_args"],
+            task=p["data_task"],
+            **({"champion_uri": champion.outputs["uri"]} if champion is not None else {}),
+        ),
+        "validate-data",
+        plan,
+    )
+    train = _train_task(plan, stage, data, p["swift_args"], champion)
+    merge = _gpu(
+        merge_export(base_model=stage.outputs["model"], adapter=train.outputs["adapter"]),
+        "merge-export",
+        plan,
+    )
+    evaluation = _gpu(
+        evaluate(
+            base_model=stage.outputs["model"],
+            tuned_model=merge.outputs["merged_model"],
+            eval_dataset=data.outputs["eval_dataset"],
+            max_new_tokens=p["eval_max_new_tokens"],
+            batch_size=p["eval_batch_size"],
+            max_samples=p["eval_max_samples"],
+            iou_threshold=p["eval_iou_threshold"],
+            gate_metric=p["eval_metric"],
+            gate_min_value=p["eval_min_value"],
+            gate_min_margin=p["eval_min_margin"],
+            **reference_args,
+        ),
+        "evaluate",
+        plan,
+    )
+    _register_task(plan, merge, evaluation, champion)
+    return evaluation.outputs["passed"]
 
 
 def _light(task: Any, name: str, plan: _Plan) -> Any:
@@ -353,7 +401,6 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
     if plan.vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
         vertex_args = {
             "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
-            "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
         }
     train = plan.train_op(
@@ -473,7 +520,9 @@ def _training_job(cfg: Config, image: str) -> Any:
             "reservation_affinity_values": [r.reservation],
         }
     root = cfg.pipeline.root.rstrip("/")
-    output_dir = f"{root}/custom-jobs/{dsl.PIPELINE_JOB_ID_PLACEHOLDER}" if root.startswith("gs://") else ""
+    # No per-run value (job id) here: it would be part of train-lora's cache key and make
+    # every run retrain. Each job writes TensorBoard events to a subfolder of its own id.
+    output_dir = f"{root}/custom-jobs/{cfg.pipeline.name}" if root.startswith("gs://") else ""
     return create_custom_training_job_from_component(
         _exec_python(_with_image(train_lora, image)),
         display_name=f"{cfg.pipeline.name}-train-lora",

@@ -10,7 +10,6 @@ def merge_export(
     base_model: dsl.Input[dsl.Model],
     adapter: dsl.Input[dsl.Model],
     merged_model: dsl.Output[dsl.Model],
-    run_id: str = "",
 ):
     """Merges the LoRA adapter into the base model (`swift export --merge_lora true`), verified.
 
@@ -21,7 +20,9 @@ def merge_export(
         base_model: Staged base model.
         adapter: LoRA adapter from train-lora.
         merged_model: Output: merged model (safetensors, processor, lineage.json, README.md model card).
-        run_id: Pipeline run name for the lineage (e.g. dsl.PIPELINE_JOB_NAME_PLACEHOLDER). Default "".
+
+    No per-run value (job id or name) is an input, so an unchanged run is a cache hit; the
+    lineage records the data snapshot instead (`data_snapshot.json`, lineage.json, card).
     """
     import tempfile
 
@@ -29,9 +30,7 @@ def merge_export(
     from components.merge_export.core import merge_export as merge
 
     try:
-        result = merge(
-            adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"), run_id=run_id
-        )
+        result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"))
     except MergeError as exc:  # AdapterBaseMismatch and MergeVerificationError included
         raise SystemExit(f"merge-export: {type(exc).__name__}: {exc}") from None
     merged_model.metadata.update(

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.adapter import BASE_MODEL_REF, LOG_HISTORY, summarize_log
+from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import run_command, swift_executable, to_cli
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
@@ -686,6 +687,14 @@ def model_card(lineage: dict[str, Any], metrics: dict[str, Any] | None = None) -
         f"| adapter | `{_fmt(lineage.get('adapter'))}` |",
         f"| run | {_fmt(lineage.get('run_id'))} |",
     ]
+    data = lineage.get("data") or {}
+    if data:
+        lines += [
+            f"| data snapshot | `{_fmt(data.get('snapshot'))}` ({_fmt(data.get('files'))} files, "
+            f"{_fmt(data.get('rows'))} rows: {_fmt(data.get('train_rows'))} train, {_fmt(data.get('eval_rows'))} eval; "
+            f"`{LINEAGE_FILE}` lists every file) |",
+            f"| training key (data + settings) | `{_fmt(data.get('training_key'))}` |",
+        ]
     for key, value in sorted((lineage.get("versions") or {}).items()):
         lines.append(f"| {key} | {_fmt(value)} |")
     check = lineage.get("verification") or {}
@@ -783,9 +792,11 @@ def merge_export(
         **recorded,
     }
     versions = library_versions()
+    data = _data_lineage(adapter, out)
     lineage = {
         "base_model": base_ref,
         "adapter": str(adapter),
+        "data": data,
         "run_id": run_id,
         "transformers": versions["transformers"],
         "versions": versions,
@@ -803,4 +814,28 @@ def merge_export(
     }
     if run_id:
         metadata["run_id"] = run_id
+    if data:
+        metadata.update({"data_snapshot": data["snapshot"], "training_key": data["training_key"]})
     return MergeResult(str(out), metadata)
+
+
+def _data_lineage(adapter: Path, out: Path) -> dict[str, Any]:
+    """Copies the adapter's data lineage (validate-data's snapshot file) beside the merged model.
+
+    Returns:
+        {"snapshot": fingerprint, "training_key", "files", "rows", "train_rows", "eval_rows"}
+        for lineage.json and the card; {} when the adapter has none (trained without a snapshot).
+    """
+    src = adapter / LINEAGE_FILE
+    if not src.is_file():
+        return {}
+    shutil.copyfile(src, out / LINEAGE_FILE)
+    full = _read_json(src)
+    return {
+        "snapshot": full.get("snapshot", {}).get("fingerprint", ""),
+        "training_key": full.get("training_key", ""),
+        "files": len(full.get("files", {})),
+        "rows": full.get("n_rows"),
+        "train_rows": full.get("n_train"),
+        "eval_rows": full.get("n_eval"),
+    }

@@ -53,6 +53,7 @@ def register(
             dict(eval_metrics.metadata),
             alias,
             labels,
+            data_lineage={k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key")},
         )
         result = register_model(
             request, project, location, expected_champion=champion_version if check_champion else None

@@ -61,6 +61,7 @@ def build_upload_request(
     alias: str = "champion",
     labels: dict[str, str] | None = None,
     parent_model: str = "",
+    data_lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Builds the keyword arguments of `aiplatform.Model.upload` for one registration.
 
@@ -74,6 +75,9 @@ def build_upload_request(
         alias: Version alias moved to this version. Default "champion".
         labels: Extra labels (the config's `vertex.labels`). Default none.
         parent_model: Resource name of the existing parent model; "" = create it.
+        data_lineage: Which data made the model: {"data_snapshot": fingerprint,
+            "training_key": key} (merge-export's metadata); become labels of the same names
+            and part of the description. Default none.
 
     Returns:
         The keyword arguments for `aiplatform.Model.upload`.
@@ -94,6 +98,8 @@ def build_upload_request(
     for key in LABEL_METRICS:
         if key in metrics:
             out_labels[label_value(key)] = label_value(float(metrics[key]))
+    data = {k: v for k, v in (data_lineage or {}).items() if v}
+    out_labels.update({label_value(k): label_value(v) for k, v in data.items()})
     request: dict[str, Any] = {
         "display_name": display_name or model_id,
         "artifact_uri": artifact_uri.rstrip("/"),
@@ -101,7 +107,7 @@ def build_upload_request(
         "labels": out_labels,
         "version_aliases": [alias] if alias else [],
         "is_default_version": True,
-        "version_description": json.dumps({"run": run_name, "metrics": metrics}, sort_keys=True)[:2048],
+        "version_description": json.dumps({"run": run_name, "data": data, "metrics": metrics}, sort_keys=True)[:2048],
         "sync": True,
     }
     if parent_model:

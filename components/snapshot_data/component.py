@@ -11,8 +11,14 @@ from components.images import LIGHT_IMAGE
 def snapshot_data(
     train_sources: str,
     eval_sources: str,
-    training: dict,
     manifest: dsl.Output[dsl.Dataset],
+    model_source: str,
+    model_revision: str,
+    swift_args: dict,
+    eval_fraction: float,
+    max_invalid_fraction: float,
+    split_seed: str,
+    task: str,
     champion_uri: str = "",
 ) -> NamedTuple("Outputs", [("snapshot", str), ("fingerprint", str), ("training_key", str), ("up_to_date", bool)]):
     """Resolves the data sources to the exact files this run reads (never cached).
@@ -21,8 +27,14 @@ def snapshot_data(
         train_sources: Training data: files, folders / prefixes, globs (local or gs://),
             comma-separated.
         eval_sources: Held-out data, the same way; "" = validate-data splits the training data.
-        training: Settings that make the model with the data (base model, swift arguments,
-            split and validation settings): part of the training key.
+        model_source: Base model source; with the next six, the settings that make the
+            model with the data: they and the data make the training key.
+        model_revision: Base model revision as configured.
+        swift_args: `swift sft` arguments.
+        eval_fraction: Held-out fraction of the hash split.
+        max_invalid_fraction: Largest tolerated fraction of invalid lines.
+        split_seed: Salt of the split hash.
+        task: validate-data's answer check.
         manifest: Output: the snapshot (every file with generation / hash, size, CRC32C)
             and the skipped non-JSONL files.
         champion_uri: The champion's merged model folder ("" = none): its data lineage says
@@ -37,14 +49,48 @@ def snapshot_data(
     """
     from collections import namedtuple
 
-    from components.snapshot_data.core import SnapshotError, snapshot_data as resolve
+    from components.snapshot_data.core import SnapshotError
+    from components.snapshot_data.core import snapshot_data as resolve
 
     try:
-        result = resolve(train=train_sources, eval_=eval_sources, training=dict(training),
-                         champion_dir=champion_uri, manifest_out=manifest.path)
+        result = resolve(
+            train=train_sources,
+            eval_=eval_sources,
+            champion_dir=champion_uri,
+            manifest_out=manifest.path,
+            training={
+                "model_source": model_source,
+                "model_revision": model_revision,
+                "swift_args": dict(swift_args),
+                "eval_fraction": eval_fraction,
+                "max_invalid_fraction": max_invalid_fraction,
+                "split_seed": split_seed,
+                "task": task,
+            },
+        )
     except SnapshotError as exc:
         raise SystemExit(f"snapshot-data: {exc}") from None
     print(result.summary, flush=True)
     manifest.metadata.update(result.metadata)
     return namedtuple("Outputs", ["snapshot", "fingerprint", "training_key", "up_to_date"])(
-        result.snapshot_json, result.fingerprint, result.training_key, result.up_to_date)
+        result.snapshot_json, result.fingerprint, result.training_key, result.up_to_date
+    )
+
+
+@dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
+def nothing_to_train(fingerprint: str, training_key: str) -> bool:
+    """Ends a run whose data and settings the champion was already trained on (no GPU job).
+
+    Args:
+        fingerprint: The data snapshot's fingerprint.
+        training_key: The key of data and settings, equal to the champion's.
+
+    Returns:
+        False: no new model this run (the pipeline's `passed` output).
+    """
+    print(
+        f"no new data since snapshot {fingerprint}: the champion was trained on it with these settings "
+        f"(training key {training_key}); nothing to train, no GPU job started",
+        flush=True,
+    )
+    return False

@@ -111,8 +111,10 @@ def _gs_list(bucket: str, prefix: str) -> list[Any]:
     except gexc.NotFound:
         raise SnapshotError(f"gs://{bucket}: bucket not found; check the data source's bucket name") from None
     except gexc.Forbidden as exc:
-        raise SnapshotError(f"gs://{bucket}/{prefix}: listing forbidden ({str(exc)[:200]}); grant the pipeline's "
-                            "service account roles/storage.objectViewer on the bucket") from None
+        raise SnapshotError(
+            f"gs://{bucket}/{prefix}: listing forbidden ({str(exc)[:200]}); grant the pipeline's "
+            "service account roles/storage.objectViewer on the bucket"
+        ) from None
     except gexc.GoogleAPIError as exc:
         raise SnapshotError(f"gs://{bucket}/{prefix}: cannot list ({type(exc).__name__}: {str(exc)[:300]})") from None
 
@@ -139,8 +141,10 @@ def _gs_matches(source: str) -> tuple[list[Any], str]:
     under = [b for b in listing if b.name.startswith(path + "/")]
     if under:  # a folder named without its trailing slash
         return under, "prefix"
-    raise SnapshotError(f"data source {source}: no such object or prefix; check the path "
-                        "(a folder needs objects under it; a glob needs * ? or [...])")
+    raise SnapshotError(
+        f"data source {source}: no such object or prefix; check the path "
+        "(a folder needs objects under it; a glob needs * ? or [...])"
+    )
 
 
 def _gs_assets(bucket: str, folder: str, cache: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
@@ -150,11 +154,13 @@ def _gs_assets(bucket: str, folder: str, cache: dict[str, dict[str, Any]], notes
         prefix = f"{folder}/" if folder else ""
         blobs = [b for b in _gs_list(bucket, prefix) if not b.name.endswith(DATA_SUFFIX) and not b.name.endswith("/")]
         if len(blobs) > MAX_ASSETS:
-            notes.append(f"{key}/: {len(blobs)} objects, more than {MAX_ASSETS}: images there are not part of the "
-                         "snapshot; give changed images new names")
+            notes.append(
+                f"{key}/: {len(blobs)} objects, more than {MAX_ASSETS}: images there are not part of the "
+                "snapshot; give changed images new names"
+            )
             cache[key] = {"count": len(blobs), "digest": "not-tracked"}
         else:
-            lines = sorted(f"{b.name[len(prefix):]}\0{b.generation}" for b in blobs)
+            lines = sorted(f"{b.name[len(prefix) :]}\0{b.generation}" for b in blobs)
             cache[key] = {"count": len(lines), "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
     return cache[key]
 
@@ -183,8 +189,10 @@ def _local_matches(source: str) -> tuple[list[Path], str]:
         return sorted(p.resolve() for p in path.rglob("*") if p.is_file() and not _hidden(p, path)), "prefix"
     if path.is_file():
         return [path.resolve()], "file"
-    raise SnapshotError(f"data source {source}: no such file or folder; check the path (relative paths are "
-                        f"resolved against {os.getcwd()})")
+    raise SnapshotError(
+        f"data source {source}: no such file or folder; check the path (relative paths are "
+        f"resolved against {os.getcwd()})"
+    )
 
 
 def _hidden(path: Path, root: Path) -> bool:
@@ -259,8 +267,10 @@ def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
     if not entries:
         skipped = state.skipped[skipped_before:]
         hint = f" ({len(skipped)} other files there, e.g. {skipped[0]})" if skipped else ""
-        raise SnapshotError(f"data source {source}: matches no {DATA_SUFFIX} file{hint}; check the prefix or glob, "
-                            "or wait until the data has arrived")
+        raise SnapshotError(
+            f"data source {source}: matches no {DATA_SUFFIX} file{hint}; check the prefix or glob, "
+            "or wait until the data has arrived"
+        )
     return entries
 
 
@@ -289,8 +299,10 @@ def resolve_sources(train: str, eval_: str = "") -> Resolution:
             splits[split].extend(_resolve_one(source, state))
     both = {e["uri"] for e in splits["train"]} & {e["uri"] for e in splits["eval"]}
     if both:
-        raise SnapshotError(f"{sorted(both)[0]}: is both training and held-out data; held-out rows must not be "
-                            "trained on: fix data.train / data.eval")
+        raise SnapshotError(
+            f"{sorted(both)[0]}: is both training and held-out data; held-out rows must not be "
+            "trained on: fix data.train / data.eval"
+        )
     return Resolution(
         snapshot=snap.make(splits["train"], splits["eval"]),
         skipped=len(state.skipped),
@@ -303,25 +315,29 @@ def summary(resolution: Resolution, previous: dict[str, Any] | None = None) -> s
     """Returns the log lines that say what the snapshot holds and what changed since `previous`."""
     s = resolution.snapshot
     size = sum(e["size"] for split in snap.SPLITS for e in s[split])
-    lines = [f"data snapshot {s['fingerprint']}: {len(s['train'])} train file(s), {len(s['eval'])} eval file(s), "
-             f"{size} bytes"]
+    lines = [
+        f"data snapshot {s['fingerprint']}: {len(s['train'])} train file(s), {len(s['eval'])} eval file(s), "
+        f"{size} bytes"
+    ]
     if resolution.skipped:
-        lines.append(f"skipped {resolution.skipped} non-JSONL file(s) under the sources (not data), e.g. "
-                     + ", ".join(resolution.skipped_examples[:3]))
+        lines.append(
+            f"skipped {resolution.skipped} non-JSONL file(s) under the sources (not data), e.g. "
+            + ", ".join(resolution.skipped_examples[:3])
+        )
     lines += resolution.notes
     if previous is not None:
         change = snap.diff(previous, s)
         if not change.any:
             lines.append(f"no new data since snapshot {previous.get('fingerprint')} (the champion's)")
         else:
-            lines.append(f"since snapshot {previous.get('fingerprint')} (the champion's): {len(change.added)} file(s) "
-                         f"added, {len(change.removed)} removed, {len(change.changed)} changed")
+            lines.append(
+                f"since snapshot {previous.get('fingerprint')} (the champion's): {len(change.added)} file(s) "
+                f"added, {len(change.removed)} removed, {len(change.changed)} changed"
+            )
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the task
-
-
 
 
 def training_key(snapshot: dict[str, Any], training: dict[str, Any]) -> str:
@@ -332,7 +348,9 @@ def training_key(snapshot: dict[str, Any], training: dict[str, Any]) -> str:
         training: Everything else that makes the model: base model source and revision,
             the swift arguments, the split and validation settings.
     """
-    return hashlib.sha256(snap.canonical({"data": snapshot["fingerprint"], "training": training}).encode()).hexdigest()[:16]
+    return hashlib.sha256(snap.canonical({"data": snapshot["fingerprint"], "training": training}).encode()).hexdigest()[
+        :16
+    ]
 
 
 @dataclass
@@ -358,7 +376,11 @@ class SnapshotResult:
 
 
 def snapshot_data(
-    *, train: str, eval_: str = "", training: dict[str, Any] | None = None, champion_dir: str = "",
+    *,
+    train: str,
+    eval_: str = "",
+    training: dict[str, Any] | None = None,
+    champion_dir: str = "",
     manifest_out: str | Path | None = None,
 ) -> SnapshotResult:
     """Resolves the sources, compares with the champion's data, writes the manifest.
@@ -398,8 +420,11 @@ def snapshot_data(
         "up_to_date": up_to_date,
     }
     if manifest_out is not None:
-        manifest = {**s, "training_key": key, "skipped": {"count": resolution.skipped,
-                                                          "examples": resolution.skipped_examples}}
+        manifest = {
+            **s,
+            "training_key": key,
+            "skipped": {"count": resolution.skipped, "examples": resolution.skipped_examples},
+        }
         Path(manifest_out).parent.mkdir(parents=True, exist_ok=True)
         Path(manifest_out).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
     return SnapshotResult(snap.canonical(s), s["fingerprint"], key, up_to_date, text, metadata)

@@ -18,7 +18,6 @@ def train_lora(
     accelerator_count: int = 0,
     ddp_timeout_s: int = 0,
     checkpoint_root: str = "",
-    run_id: str = "",
 ):
     """Trains a LoRA adapter with `swift sft` on the staged model and the clean datasets.
 
@@ -37,10 +36,10 @@ def train_lora(
             GPUs stop the task before training. 0 = no check.
         ddp_timeout_s: NCCL timeout of a distributed run when swift.ddp_timeout is unset;
             0 = the default (1 hour).
-        checkpoint_root: With run_id and no checkpoint_dir: checkpoints go to
-            `<checkpoint_root>/<run_id>/train-lora` (the pipeline passes its root's /gcs/
-            path and the job id, so retries of one run share the folder). "" = none.
-        run_id: The pipeline job's id (a whole-value KFP placeholder). Default "".
+        checkpoint_root: Without checkpoint_dir: checkpoints go to
+            `<checkpoint_root>/<key>/train-lora`, the key a hash of the input artifacts'
+            URIs and swift_args (`core.durable_checkpoint_dir`), so retries of one run share
+            the folder and no per-run value breaks the cache. "" = none.
 
     On a multi-node job (Vertex CLUSTER_SPEC) every node trains; only the chief writes
     the adapter and the metrics. Every node copies its own ranks' checkpoint files to
@@ -51,12 +50,13 @@ def train_lora(
     """
     import tempfile
 
-    from components.train_lora.core import TrainError, loss_curve_html
+    from components.train_lora.core import TrainError, durable_checkpoint_dir, loss_curve_html
     from components.train_lora.core import train_lora as train
 
     ref = {k: base_model.metadata.get(k) for k in ("source", "revision", "architecture", "model_type")}
-    if not checkpoint_dir and checkpoint_root and run_id:
-        checkpoint_dir = f"{checkpoint_root.rstrip('/')}/{run_id}/train-lora"
+    if not checkpoint_dir:
+        inputs = (base_model.uri, train_dataset.uri, eval_dataset.uri, dict(swift_args))
+        checkpoint_dir = durable_checkpoint_dir(checkpoint_root, *inputs)
     try:
         result = train(
             model_dir=base_model.path,
@@ -87,5 +87,6 @@ def train_lora(
             "checkpoint": result.checkpoint.rsplit("/", 1)[-1],
             "strategy": result.strategy,
             "resumed_from": result.resumed_from,
+            "data_snapshot": train_dataset.metadata.get("data_snapshot", ""),
         }
     )

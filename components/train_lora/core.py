@@ -10,6 +10,7 @@ command (`components.common.swift`) and the adapter folder's layout
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
+from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import SigtermForwarder, run_command, swift_executable, to_cli
 from components.train_lora import _checkpoints, _launch, _preflight
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
@@ -91,13 +93,15 @@ def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) 
     """Returns swift args that write TensorBoard events where Vertex TensorBoard reads them.
 
     Vertex sets AIP_TENSORBOARD_LOG_DIR on a CustomJob that has a TensorBoard attached; then
-    ms-swift reports to TensorBoard in that folder. A config that sets `report_to` or
+    ms-swift reports to TensorBoard in that folder, in a subfolder named after the job
+    (CLOUD_ML_JOB_ID) when Vertex sets it. A config that sets `report_to` or
     `logging_dir` itself wins. Without the variable: nothing.
     """
     log_dir = environ.get("AIP_TENSORBOARD_LOG_DIR", "")
     if not log_dir or "report_to" in swift_args or "logging_dir" in swift_args:
         return {}
-    return {"report_to": "tensorboard", "logging_dir": log_dir}
+    job = environ.get("CLOUD_ML_JOB_ID", "")  # the jobs of all runs share one output folder: one subfolder each
+    return {"report_to": "tensorboard", "logging_dir": f"{log_dir.rstrip('/')}/{job}" if job else log_dir}
 
 
 def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora") -> str:
@@ -493,9 +497,34 @@ def train_lora(
     print("train-lora:", " ".join(cmd), flush=True)
     wall = _run_swift(cmd, inputs, launch.plan, durable)
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
-    return _collect_outputs(
+    result = _collect_outputs(
         inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=wall, resume=resume, strategy=strategy.name
     )
+    lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
+    if result.is_chief and lineage.is_file():
+        shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
+    return result
+
+
+def durable_checkpoint_dir(checkpoint_root: str, *inputs: Any) -> str:
+    """Returns the durable checkpoint folder of one training: `<root>/<key>/train-lora`.
+
+    The key is a hash of what the training reads (the input artifacts' URIs and the swift
+    arguments): a retried or preempted job of the same run finds its checkpoints again,
+    and no per-run value (job id, time) is needed among the task's inputs, which would
+    make every run a cache miss.
+
+    Args:
+        checkpoint_root: Root folder of durable checkpoints ("" = none).
+        *inputs: The values that identify the training (URIs, swift arguments).
+
+    Returns:
+        The folder, or "" without a root.
+    """
+    if not checkpoint_root:
+        return ""
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{checkpoint_root.rstrip('/')}/{key}/train-lora"
 
 
 def _plan_launch(
