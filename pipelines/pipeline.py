@@ -278,6 +278,7 @@ def _snapshot_task(plan: _Plan, p: dict[str, Any], champion: Any) -> Any:
             eval_sources=p["data_eval"],
             model_source=p["model_source"],
             model_revision=p["model_revision"],
+            model_token_from=p["model_token_from"],
             swift_args=p["swift_args"],
             eval_fraction=p["data_eval_fraction"],
             max_invalid_fraction=p["data_max_invalid_fraction"],
@@ -300,9 +301,9 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
     """
     stage = _light(
         stage_model(
-            source=p["model_source"],
+            source=snapshot.outputs["model_source"],  # a hub source pinned to its commit at the start of the run
             cache=p["model_cache"],
-            revision=p["model_revision"],
+            revision=snapshot.outputs["model_revision"],
             token_from=p["model_token_from"],
             allow=p["model_allow"],
             ignore=p["model_ignore"],

@@ -210,7 +210,7 @@ def test_the_task_says_up_to_date_only_when_the_champion_saw_this_data_with_thes
     from components.snapshot_data.core import snapshot_data
 
     _write(tmp_path / "d" / "a.jsonl")
-    settings = {"model_source": "hf://Qwen/Qwen3-VL-4B-Instruct", "swift_args": {"learning_rate": 1e-4}}
+    settings = {"model_source": "gs://b/models/qwen3-vl-4b", "swift_args": {"learning_rate": 1e-4}}
     first = snapshot_data(train=str(tmp_path / "d"), training=settings, manifest_out=tmp_path / "m.json")
     assert not first.up_to_date and json.loads(first.snapshot_json)["fingerprint"] == first.fingerprint
     manifest = json.loads((tmp_path / "m.json").read_text())
@@ -233,3 +233,28 @@ def test_the_task_says_up_to_date_only_when_the_champion_saw_this_data_with_thes
     new_data = snapshot_data(train=str(tmp_path / "d"), training=settings, champion_dir=str(champion))
     assert not new_data.up_to_date and "1 file(s) added" in new_data.summary
     assert not snapshot_data(train=str(tmp_path / "d"), training=settings, champion_dir=str(tmp_path)).up_to_date
+
+
+# ---------------------------------------------------------------- the model side: hub revisions pinned
+
+
+def test_an_unpinned_hub_model_is_pinned_to_its_commit_and_a_new_commit_changes_the_key(hub_server, tmp_path):
+    from components.snapshot_data.core import pin_model, snapshot_data
+    from tests.conftest import HubRepo
+
+    hub_server.repos["org/tiny"] = HubRepo({"config.json": b"{}"})
+    source, revision, note = pin_model("hf://org/tiny")
+    first_commit = source.rsplit("@", 1)[1]
+    assert source.startswith("hf://org/tiny@") and len(first_commit) == 40 and revision == "" and "commit" in note
+    assert pin_model(f"hf://org/tiny@{first_commit}")[0] == source  # a commit stays pinned, no look-up needed
+
+    _write(tmp_path / "d" / "a.jsonl")
+    before = snapshot_data(train=str(tmp_path / "d"), training={"model_source": "hf://org/tiny", "model_revision": ""})
+    assert before.model_source == source
+    new_commit = hub_server.repos["org/tiny"].add_commit("main", {"config.json": b'{"a": 1}'})
+    after = snapshot_data(train=str(tmp_path / "d"), training={"model_source": "hf://org/tiny", "model_revision": ""})
+    assert after.model_source == f"hf://org/tiny@{new_commit}" and after.training_key != before.training_key
+    assert after.fingerprint == before.fingerprint  # same data
+    assert pin_model("gs://b/models/qwen", "") == ("gs://b/models/qwen", "", "")  # content-fingerprinted by staging
+    with pytest.raises(SnapshotError, match="org/missing"):
+        pin_model("hf://org/missing")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from components.stage_model import _sources, core
-from components.stage_model._sources import parse_source, read_token
+from components.common import model_sources as _sources
+from components.common.model_sources import parse_source, read_token
+from components.stage_model import core
 from components.stage_model.core import MANIFEST, StageError, result_summary, stage_model, verify_entry
 from tests.conftest import HubRepo
 from tests.test_stage_model import make_model

@@ -14,13 +14,24 @@ def snapshot_data(
     manifest: dsl.Output[dsl.Dataset],
     model_source: str,
     model_revision: str,
+    model_token_from: str,
     swift_args: dict,
     eval_fraction: float,
     max_invalid_fraction: float,
     split_seed: str,
     task: str,
     champion_uri: str = "",
-) -> NamedTuple("Outputs", [("snapshot", str), ("fingerprint", str), ("training_key", str), ("up_to_date", bool)]):
+) -> NamedTuple(
+    "Outputs",
+    [
+        ("snapshot", str),
+        ("fingerprint", str),
+        ("training_key", str),
+        ("up_to_date", bool),
+        ("model_source", str),
+        ("model_revision", str),
+    ],
+):
     """Resolves the data sources to the exact files this run reads (never cached).
 
     Args:
@@ -29,7 +40,10 @@ def snapshot_data(
         eval_sources: Held-out data, the same way; "" = validate-data splits the training data.
         model_source: Base model source; with the next six, the settings that make the
             model with the data: they and the data make the training key.
-        model_revision: Base model revision as configured.
+        model_revision: Base model revision as configured; a hub branch or tag (or none)
+            is pinned to its commit now.
+        model_token_from: Hub token source of a gated model (env:VAR or a Secret Manager
+            name; never the token).
         swift_args: `swift sft` arguments.
         eval_fraction: Held-out fraction of the hash split.
         max_invalid_fraction: Largest tolerated fraction of invalid lines.
@@ -46,6 +60,9 @@ def snapshot_data(
         fingerprint: 16-hex fingerprint of the data.
         training_key: 16-hex key of the data and the training settings.
         up_to_date: True when the champion was trained on this very data with these settings.
+        model_source: The model source to stage, a hub source pinned to its current commit
+            (`hf://org/name@<commit>`), so a new commit is a cache miss for stage-model.
+        model_revision: The revision to stage it with ("" once pinned into the source).
     """
     from collections import namedtuple
 

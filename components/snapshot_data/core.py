@@ -353,6 +353,44 @@ def training_key(snapshot: dict[str, Any], training: dict[str, Any]) -> str:
     ]
 
 
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def pin_model(source: str, revision: str = "", token_from: str = "") -> tuple[str, str, str]:
+    """Pins a hub model source to the commit its revision names now (one hub API call).
+
+    A branch or tag (or none: the default branch) moves when the repo gets a new commit;
+    the pinned form makes the new commit part of stage-model's cache key, and records it.
+    gs:// and local folders are returned as they are (stage-model fingerprints their content).
+
+    Args:
+        source: `hf://org/name[@rev]`, `ms://org/name[@rev]`, gs:// or a folder.
+        revision: Revision that overrides none in the URI. Default "".
+        token_from: Hub token source (`env:VAR` or a Secret Manager name). Default "".
+
+    Returns:
+        (source, revision, note): for hub sources `scheme://org/name@<commit>` and "".
+
+    Raises:
+        SnapshotError: The source cannot be parsed or resolved (repo or revision not found,
+            gated, hub unreachable); the message never holds the token.
+    """
+    from components.common import model_sources as ms
+
+    if not source.startswith(("hf://", "ms://")):
+        return source, revision, ""
+    try:
+        spec = ms.parse_source(source, revision or None)
+        if spec.revision and _COMMIT.match(spec.revision):
+            return f"{spec.uri}@{spec.revision}", "", f"model {spec.uri} pinned to commit {spec.revision}"
+        token = ms.read_token(token_from or None, "HF_TOKEN" if spec.scheme == "hf" else "MODELSCOPE_API_TOKEN")
+        listing = ms.resolve_hf(spec, token) if spec.scheme == "hf" else ms.resolve_ms(spec, token)
+    except ms.SourceError as exc:
+        raise SnapshotError(str(exc)) from None
+    asked = spec.revision or "the default branch"
+    return f"{spec.uri}@{listing.revision}", "", f"model {spec.uri}: {asked} is commit {listing.revision} now"
+
+
 @dataclass
 class SnapshotResult:
     """What snapshot-data outputs.
@@ -363,6 +401,8 @@ class SnapshotResult:
         training_key: Key of data + training settings (see `training_key`).
         up_to_date: True when the champion was trained on exactly this data and these
             settings: nothing to train.
+        model_source: The model source to stage: a hub source pinned to its commit.
+        model_revision: The revision to stage with it ("" when pinned into the source).
         summary: Log lines (files, skipped, what changed since the champion).
         metadata: Figures for the manifest artifact.
     """
@@ -373,6 +413,8 @@ class SnapshotResult:
     up_to_date: bool
     summary: str
     metadata: dict[str, Any]
+    model_source: str = ""
+    model_revision: str = ""
 
 
 def snapshot_data(
@@ -382,6 +424,7 @@ def snapshot_data(
     training: dict[str, Any] | None = None,
     champion_dir: str = "",
     manifest_out: str | Path | None = None,
+    token_from: str = "",
 ) -> SnapshotResult:
     """Resolves the sources, compares with the champion's data, writes the manifest.
 
@@ -393,6 +436,7 @@ def snapshot_data(
         champion_dir: The champion's merged model folder; "" = none (nothing is up to date).
         manifest_out: Where to write the manifest JSON (snapshot + skipped files). Default:
             not written.
+        token_from: Hub token source for pinning a gated hub model. Default "".
 
     Returns:
         The SnapshotResult.
@@ -402,12 +446,19 @@ def snapshot_data(
     """
     import json
 
+    training = dict(training or {})
+    model = (training.get("model_source", ""), training.get("model_revision", ""), "")
+    if model[0]:
+        model = pin_model(model[0], model[1], token_from)
+        training.update(model_source=model[0], model_revision=model[1])
     resolution = resolve_sources(train, eval_)
     s = resolution.snapshot
-    key = training_key(s, training or {})
+    key = training_key(s, training)
     champion = snap.read_lineage(champion_dir)
     up_to_date = bool(champion) and champion.get("training_key") == key
     text = summary(resolution, champion["snapshot"] if champion else None)
+    if model[2]:
+        text += "\n" + model[2]
     if up_to_date:
         text += f"\nthe champion was trained on this data with these settings (key {key}): nothing to train"
     metadata = {
@@ -418,6 +469,7 @@ def snapshot_data(
         "bytes": sum(e["size"] for split in snap.SPLITS for e in s[split]),
         "skipped_files": resolution.skipped,
         "up_to_date": up_to_date,
+        "model_source": model[0],
     }
     if manifest_out is not None:
         manifest = {
@@ -427,4 +479,7 @@ def snapshot_data(
         }
         Path(manifest_out).parent.mkdir(parents=True, exist_ok=True)
         Path(manifest_out).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
-    return SnapshotResult(snap.canonical(s), s["fingerprint"], key, up_to_date, text, metadata)
+    return SnapshotResult(
+        snap.canonical(s), s["fingerprint"], key, up_to_date, text, metadata, model_source=model[0],
+        model_revision=model[1],
+    )  # fmt: skip

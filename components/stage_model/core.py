@@ -46,9 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.files import CopyMismatch, copy_verified, sha256_file, write_json_atomic
-from components.stage_model import _gcs
-from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
-from components.stage_model._sources import (
+from components.common.model_sources import (
     Listing,
     SourceError,
     SourceSpec,
@@ -58,6 +56,8 @@ from components.stage_model._sources import (
     resolve_hf,
     resolve_ms,
 )
+from components.stage_model import _gcs
+from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
 
 log = logging.getLogger("stage_model")
 
