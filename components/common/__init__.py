@@ -4,5 +4,9 @@ Components import from here, never from each other's `core` or `_private` module
 `storage` (gs:// <-> /gcs/ paths, the Cloud Storage client),
 `files` (sha256, atomic writes, verified copies),
 `swift` (ms-swift's command line: `to_cli`, `swift_executable`, `run_command`, `SigtermForwarder`),
-`adapter` (the adapter folder train-lora writes and merge-export reads: file names, `summarize_log`).
+`adapter` (the adapter folder train-lora writes and merge-export reads: file names, `summarize_log`),
+`answers` (parsing model answers: fenced JSON, detection findings),
+`reference` (what evaluate compares the tuned model with: kinds and the decision),
+`snapshot` (data snapshots: fingerprint, verified reads, diffs, the data lineage file),
+`model_sources` (hf:// / ms:// / gs:// / local model sources: parsing, tokens, hub resolution).
 """
