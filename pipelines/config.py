@@ -99,9 +99,10 @@ class DataSection:
     """Training data and the validation policy.
 
     Attributes:
-        train: ms-swift JSONL file(s) (`messages` + `images`, image paths relative to the
-            file), comma-separated.
-        eval: Held-out JSONL file(s), comma-separated; empty = split `eval_fraction` off
+        train: ms-swift JSONL data (`messages` + `images`, image paths relative to the
+            file): files, folders / prefixes (every `*.jsonl` below) and globs, local or
+            gs://, comma-separated; snapshot-data resolves them to exact files each run.
+        eval: Held-out JSONL data, the same forms; empty = split `eval_fraction` off
             `train`. Default "".
         eval_fraction: Fraction of `train` held out when `eval` is empty, 0 < f < 1. Default 0.1.
         max_invalid_fraction: Largest fraction of invalid lines tolerated (they are
@@ -466,7 +467,7 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
             _valid_token_ref(cfg.model.token_from),
             "'' or 'env:VAR' or 'projects/P/secrets/S[/versions/V]' (a reference, never the token itself)",
         ),
-        ("data.train", bool(cfg.data.train.strip()), "a JSONL path or URI"),
+        ("data.train", bool(cfg.data.train.strip()), "a JSONL file, folder / prefix or glob (local or gs://)"),
     ]
     for key, ok, expected in checks:
         if not ok:

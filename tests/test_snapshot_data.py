@@ -258,3 +258,22 @@ def test_an_unpinned_hub_model_is_pinned_to_its_commit_and_a_new_commit_changes_
     assert pin_model("gs://b/models/qwen", "") == ("gs://b/models/qwen", "", "")  # content-fingerprinted by staging
     with pytest.raises(SnapshotError, match="org/missing"):
         pin_model("hf://org/missing")
+
+
+def test_cli_prints_the_snapshot_and_fails_cleanly_on_a_source_that_matches_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    _write(tmp_path / "d" / "part-0.jsonl")
+    out = tmp_path / "manifest.json"
+    ok = subprocess.run(
+        [sys.executable, "-m", "components.snapshot_data", f"{tmp_path}/d/", "--out", str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert ok.returncode == 0 and "1 train file(s)" in ok.stdout and "part-0.jsonl" in ok.stdout
+    assert json.loads(out.read_text())["train"][0]["uri"].endswith("part-0.jsonl")
+    bad = subprocess.run(
+        [sys.executable, "-m", "components.snapshot_data", f"{tmp_path}/none-*.jsonl"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "matches no .jsonl file" in bad.stderr and "Traceback" not in bad.stderr
