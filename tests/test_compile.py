@@ -9,7 +9,17 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from pipelines.compile import compile_pipeline, main
 from pipelines.config import load_config
-from pipelines.pipeline import CHAMPION_TASK, RUN_PARAMETERS, TASK_ORDER, pipeline_arguments, reference_plan
+from pipelines.pipeline import (
+    CHAMPION_TASK,
+    NOTHING_TASK,
+    REGISTER_TASK,
+    RUN_PARAMETERS,
+    SNAPSHOT_TASK,
+    TASK_ORDER,
+    pipeline_arguments,
+    reference_plan,
+)
+from tests.pipeline_spec import container_tasks, source, tasks, upstream
 
 CONFIGS = sorted(str(p) for p in Path(__file__).resolve().parent.parent.glob("configs/**/*.yaml"))
 
@@ -18,9 +28,9 @@ def _spec(path: Path) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(yaml.safe_load(path.read_text()), pipeline_spec_pb2.PipelineSpec())
 
 
-def _upstream(spec: pipeline_spec_pb2.PipelineSpec) -> dict[str, set[str]]:
-    tasks = spec.root.dag.tasks
-    return {name: set(task.dependent_tasks) for name, task in tasks.items()}
+def _direct(spec: pipeline_spec_pb2.PipelineSpec) -> dict[str, set[str]]:
+    """{task: its own dependentTasks} for every task at any depth."""
+    return {name: set(t.spec.get("dependentTasks", [])) for name, t in tasks(spec).items()}
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -29,10 +39,25 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
     spec = _spec(out)
     cfg = load_config(config)
     assert spec.pipeline_info.name == cfg.pipeline.name
-    # the five tasks, plus on Vertex the gate's condition group holding register and the champion look-up
-    gate = {"condition-1"} if cfg.register.serving_image else set()
-    champion = {CHAMPION_TASK} if reference_plan(cfg, "vertex")[0] == "champion" else set()
-    assert set(spec.root.dag.tasks) == set(TASK_ORDER) | gate | champion
+    # the six tasks, plus on Vertex register (behind the gate) and, with a champion, its look-up
+    # and the branch taken when the champion already saw this data
+    gate = {REGISTER_TASK} if cfg.register.serving_image else set()
+    champion = reference_plan(cfg, "vertex")[0] == "champion"
+    found = container_tasks(spec)
+    assert set(found) == set(TASK_ORDER) | gate | ({CHAMPION_TASK, NOTHING_TASK} if champion else set())
+    if gate:
+        assert found[REGISTER_TASK].group_names[-1] == "gate-passed"
+    for name in TASK_ORDER[1:]:  # after snapshot-data: at the root, or in the branch that trains
+        assert found[name].group_names[-1:] == (("new-data-or-settings",) if champion else ())
+    if champion:
+        assert found[NOTHING_TASK].group_names[-1] == "champion-up-to-date"
+    # snapshot-data: at the root, first (after the champion look-up it compares with), never cached
+    snapshot = found[SNAPSHOT_TASK]
+    assert snapshot.groups == () and not snapshot.caches
+    assert set(snapshot.spec.get("dependentTasks", [])) == ({CHAMPION_TASK} if champion else set())
+    index = tasks(spec)
+    assert all(SNAPSHOT_TASK in upstream(index, name) for name in TASK_ORDER[1:])
+    assert str(source(index, "validate-data", "snapshot")) == "snapshot-data.snapshot"
     # the config's values are the parameters' defaults
     params = spec.root.input_definitions.parameters
     assert params["model_source"].default_value.string_value == cfg.model.source
@@ -54,15 +79,19 @@ def test_every_config_compiles_for_the_local_target(config, tmp_path):
 
 
 def test_tasks_are_wired_in_order(tmp_path):
-    spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml")))
-    up = _upstream(spec)
-    assert up["stage-model"] == set() and up["validate-data"] == {"stage-model"}  # tokenizer for the token check
+    spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml")))  # no registry model: the base
+    up = _direct(spec)
+    assert up[SNAPSHOT_TASK] == set()  # first: resolves the data (and pins the model) for the rest
+    assert up["stage-model"] == {SNAPSHOT_TASK}  # stages the model source snapshot-data pinned
+    assert up["validate-data"] == {SNAPSHOT_TASK, "stage-model"}  # the snapshot; the tokenizer for the token check
     assert up["train-lora"] == {"stage-model", "validate-data"}
     assert up["merge-export"] == {"stage-model", "train-lora"}
-    assert up["evaluate"] == {"stage-model", "merge-export", "validate-data"}  # no registry model: the base
-    evaluate_inputs = spec.root.dag.tasks["evaluate"].inputs.artifacts
-    assert evaluate_inputs["tuned_model"].task_output_artifact.producer_task == "merge-export"
-    assert evaluate_inputs["eval_dataset"].task_output_artifact.output_artifact_key == "eval_dataset"
+    assert up["evaluate"] == {"stage-model", "merge-export", "validate-data"}
+    index = tasks(spec)
+    assert str(source(index, "stage-model", "source")) == "snapshot-data.model_source"
+    assert str(source(index, "validate-data", "snapshot")) == "snapshot-data.snapshot"
+    assert str(source(index, "evaluate", "tuned_model", artifact=True)) == "merge-export.merged_model"
+    assert str(source(index, "evaluate", "eval_dataset", artifact=True)) == "validate-data.eval_dataset"
 
 
 def test_vertex_pipeline_job_accepts_the_template(tmp_path):

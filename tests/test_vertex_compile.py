@@ -14,6 +14,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 from pipelines.compile import compile_pipeline, main
 from pipelines.config import ConfigError, load_config
 from pipelines.shapes import expected_worker_pools
+from tests.pipeline_spec import container_tasks, inputs, source, tasks, upstream
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted(str(p) for p in ROOT.glob("configs/**/*.yaml"))
@@ -73,12 +74,14 @@ def test_custom_job_settings_come_from_the_config(tmp_path):
     assert params["max_wait_duration"]["defaultValue"] == "43200s"
     assert params["service_account"]["defaultValue"] == "vlm-lora-pipeline@YOUR_PROJECT.iam.gserviceaccount.com"
     assert params["labels"]["defaultValue"] == {"app": "vlm-lora", "model": "qwen3-vl-4b"}
-    assert params["base_output_directory"]["defaultValue"].startswith("gs://YOUR_BUCKET/pipeline-root/custom-jobs/")
+    # one folder per pipeline, no job id: a per-run value here would be in train-lora's cache key
+    name = load_config(SEED.parent / "lora_h100_x8_2node.yaml").pipeline.name
+    assert params["base_output_directory"]["defaultValue"] == f"gs://YOUR_BUCKET/pipeline-root/custom-jobs/{name}"
     pool = _worker_pools(raw)[0]
     assert pool["disk_spec"] == {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 500}
     spot, _ = _compiled(str(SEED.parent / "lora_h100_x8.yaml"), tmp_path)
     assert spot["components"]["comp-train-lora"]["inputDefinitions"]["parameters"]["strategy"]["defaultValue"] == "SPOT"
-    assert spot["root"]["dag"]["tasks"]["train-lora"]["retryPolicy"]["maxRetryCount"] == 2
+    assert tasks(spot)["train-lora"].spec["retryPolicy"]["maxRetryCount"] == 2
 
 
 def test_reservation_affinity_reaches_the_worker_pool(tmp_path):
@@ -115,15 +118,16 @@ def test_gpu_and_light_tasks_get_their_machines(tmp_path):
 
 def test_register_runs_only_when_the_gate_passes(tmp_path):
     raw, _ = _compiled(str(SEED), tmp_path)
-    condition = raw["root"]["dag"]["tasks"]["condition-1"]
+    index = tasks(raw)
+    register = index["register"]
+    assert register.group_names[-1] == "gate-passed"
+    condition = index[register.groups[-1]].spec
     assert condition["triggerPolicy"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--evaluate-passed'] == true"
     )
-    inner = raw["components"][condition["componentRef"]["name"]]["dag"]["tasks"]["register"]
-    assert (
-        inner["inputs"]["artifacts"]["merged_model"]["componentInputArtifact"]
-        == "pipelinechannel--merge-export-merged_model"
-    )
+    assert str(source(index, "register", "merged_model", artifact=True)) == "merge-export.merged_model"
+    assert {"evaluate", "merge-export"} <= upstream(index, "register")
+    inner = register.spec
     assert inner["inputs"]["parameters"]["model_id"]["runtimeValue"]["constant"] == "qwen3-vl-4b-drawings"
     assert inner["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"].endswith("/serve:0.1.0")
 
@@ -259,14 +263,20 @@ def test_compile_cli_reports_bad_profile_without_output(tmp_path, capsys):
 
 
 def test_training_gets_durable_checkpoints_under_the_pipeline_root(tmp_path):
-    """A retried (preempted) job of the same run finds its checkpoints: same folder per run."""
+    """A retried (preempted) job finds its checkpoints: the folder under the root is keyed by the
+    task's inputs at run time, not by the run, so no per-run value is among train-lora's inputs."""
     raw, _ = _compiled("configs/qwen3_vl_4b/lora_h100_x8.yaml", tmp_path)
     cfg = load_config(ROOT / "configs/qwen3_vl_4b/lora_h100_x8.yaml")
-    params = raw["root"]["dag"]["tasks"]["train-lora"]["inputs"]["parameters"]
+    index = tasks(raw)
+    params = index["train-lora"].spec["inputs"]["parameters"]
     root = cfg.pipeline.root[len("gs://") :].rstrip("/")
     assert params["checkpoint_root"]["runtimeValue"]["constant"] == f"/gcs/{root}/checkpoints"
-    assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     assert params["accelerator_count"]["runtimeValue"]["constant"] == cfg.resources.accelerator_count
+    assert "run_id" not in params and "run_id" not in raw["components"]["comp-train-lora"]["inputDefinitions"]
+    assert "run_id" not in index["merge-export"].spec.get("inputs", {}).get("parameters", {})
+    for name in ("train-lora", "merge-export"):
+        for key, src in inputs(index, name).items():
+            assert not re.search(r"\{\{\$\.pipeline_(job|task)", str(src.value)), (name, key, src)
 
 
 # --- the champion: evaluate compares with the registry's current champion on Vertex ----
@@ -284,26 +294,29 @@ def _with_eval_reference(tmp_path: Path, reference: str | None, **register) -> P
 
 def test_champion_is_looked_up_before_evaluate_and_checked_by_register(tmp_path):
     raw, _ = _compiled(str(SEED), tmp_path)  # the seed: eval.reference auto + a register model -> champion
-    tasks = raw["root"]["dag"]["tasks"]
-    lookup = tasks["find-champion"]
-    assert not lookup.get("dependentTasks")  # runs first, beside staging
-    assert "find-champion" in tasks["train-lora"]["dependentTasks"]  # a failed look-up stops the run before the GPU job
-    assert not lookup["cachingOptions"].get("enableCache")  # never a cached (stale) champion
-    params = lookup["inputs"]["parameters"]
+    index = tasks(raw)
+    lookup = index["find-champion"]
+    assert lookup.groups == () and not lookup.spec.get("dependentTasks")  # runs first
+    # a failed look-up stops the run before the GPU job: train-lora's branch waits for it
+    assert "find-champion" in upstream(index, "train-lora")
+    assert not lookup.caches  # never a cached (stale) champion
+    params = lookup.spec["inputs"]["parameters"]
     assert params["model_id"]["runtimeValue"]["constant"] == "qwen3-vl-4b-drawings"
     assert params["alias"]["runtimeValue"]["constant"] == "champion"
-    evaluate = tasks["evaluate"]
-    assert "find-champion" in evaluate["dependentTasks"]
-    ev = evaluate["inputs"]["parameters"]
-    assert ev["reference_uri"]["taskOutputParameter"] == {"producerTask": "find-champion", "outputParameterKey": "uri"}
-    assert ev["reference_version"]["taskOutputParameter"] == {
-        "producerTask": "find-champion",
-        "outputParameterKey": "version_id",
-    }
-    condition = tasks["condition-1"]
-    reg = raw["components"][condition["componentRef"]["name"]]["dag"]["tasks"]["register"]["inputs"]["parameters"]
+    assert "find-champion" in upstream(index, "evaluate")
+    assert str(source(index, "evaluate", "reference_uri")) == "find-champion.uri"
+    assert str(source(index, "evaluate", "reference_version")) == "find-champion.version_id"
+    reg = index["register"].spec["inputs"]["parameters"]
     assert reg["check_champion"]["runtimeValue"]["constant"] is True
-    assert reg["champion_version"]["componentInputParameter"] == "pipelinechannel--find-champion-version_id"
+    assert str(source(index, "register", "champion_version")) == "find-champion.version_id"
+    # snapshot-data reads the champion's data lineage; with the same data and settings nothing trains
+    assert str(source(index, "snapshot-data", "champion_uri")) == "find-champion.uri"
+    assert index["train-lora"].group_names[-1] == "new-data-or-settings"
+    branch = index[index["train-lora"].groups[-1]].spec
+    assert branch["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--snapshot-data-up_to_date'] == false"
+    )
+    assert index["nothing-to-train"].group_names[-1] == "champion-up-to-date"
     executor = raw["deploymentSpec"]["executors"]["exec-find-champion"]["container"]
     assert executor["image"].endswith("/light:0.1.0") and executor["resources"]["resourceCpuLimit"] == "4"
     assert "components.find_champion.core" in " ".join(executor["command"])
@@ -321,13 +334,8 @@ def test_reference_base_has_no_lookup(tmp_path):
 
 def test_auto_without_a_registry_model_compares_with_the_base(tmp_path):
     raw, _ = _compiled(str(_with_eval_reference(tmp_path, None, model_id="", serving_image="")), tmp_path)
-    assert set(raw["root"]["dag"]["tasks"]) == {
-        "stage-model",
-        "validate-data",
-        "train-lora",
-        "merge-export",
-        "evaluate",
-    }
+    five = {"stage-model", "validate-data", "train-lora", "merge-export", "evaluate"}
+    assert set(raw["root"]["dag"]["tasks"]) == set(container_tasks(raw)) == {"snapshot-data"} | five  # no groups
 
 
 def test_reference_gs_folder_is_passed_to_evaluate(tmp_path):

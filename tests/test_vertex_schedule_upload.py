@@ -13,9 +13,11 @@ from kfp.registry import ApiAuth
 
 from components.register.core import RegisterError, build_upload_request, label_value, register_model
 from pipelines.config import load_config
+from pipelines.pipeline import SNAPSHOT_TASK
 from pipelines.schedule import change_schedule, create_schedule, list_schedules, schedule_cron
 from pipelines.upload import default_tags, upload_template
 from pipelines.vertex import VertexError, init_vertex
+from tests.pipeline_spec import container_tasks, source, tasks
 from tests.test_vertex_submit import PARENT, api, write_config  # noqa: F401 (fixture)
 
 CRED = AnonymousCredentials()
@@ -47,6 +49,35 @@ def test_schedule_create_sends_cron_time_zone_and_the_job(api, tmp_path):
     assert job["pipelineJob"]["pipelineSpec"]["pipelineInfo"]["name"] == "qwen3-vl-4b-lora-seed"
     assert job["pipelineJob"]["runtimeConfig"]["parameterValues"]["data_train"] == "gs://test-bucket/data/train.jsonl"
     assert schedule.resource_name.startswith(f"{PARENT}/schedules/")
+
+
+@pytest.mark.parametrize(
+    "train", ["gs://test-bucket/drawings/", "gs://test-bucket/drawings/2026-*/part-*.jsonl"], ids=["prefix", "glob"]
+)
+def test_schedule_create_with_a_prefix_or_glob_source_snapshots_the_data_each_run(api, tmp_path, train):
+    """The schedule keeps the source as written; each run's uncached snapshot-data resolves it anew."""
+    cfg = load_config(write_config(tmp_path, data={"train": train}))
+    create_schedule(cfg, credentials=CRED, api_endpoint=api.url)
+    [create] = api.calls("POST", f"{PARENT}/schedules")
+    job = create.body["createPipelineJobRequest"]["pipelineJob"]
+    assert job["runtimeConfig"]["parameterValues"]["data_train"] == train
+    spec = job["pipelineSpec"]
+    assert spec["root"]["inputDefinitions"]["parameters"]["data_train"]["defaultValue"] == train
+    found = container_tasks(spec)
+    snapshot = found[SNAPSHOT_TASK]
+    assert snapshot.groups == () and not snapshot.caches  # caching off: new objects under the prefix are seen
+    index = tasks(spec)
+    assert str(source(index, SNAPSHOT_TASK, "train_sources")) == "pipeline parameter data_train"
+    # validate-data reads the snapshot (a parameter: its cache key is the data's content), not the source
+    assert str(source(index, "validate-data", "snapshot")) == f"{SNAPSHOT_TASK}.snapshot"
+    assert all(
+        "data_train" not in str(source(index, "validate-data", k))
+        for k in found["validate-data"].spec["inputs"]["parameters"]
+    )
+    # the other tasks still cache: an unchanged snapshot is a cache hit
+    assert all(
+        found[name].caches for name in ("stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
+    )
 
 
 def test_schedule_list_pause_resume_delete(api, tmp_path):

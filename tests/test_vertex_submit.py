@@ -14,9 +14,10 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 
 from pipelines.config import load_config
-from pipelines.pipeline import CHAMPION_TASK, TASK_ORDER, pipeline_arguments
+from pipelines.pipeline import CHAMPION_TASK, SNAPSHOT_TASK, TASK_ORDER, pipeline_arguments
 from pipelines.run import RunError, submit_vertex
 from pipelines.vertex import VertexError
+from tests.pipeline_spec import container_tasks
 from tests.vertex_fake import PROJECT_NUMBER, FakeServer
 
 SEED = Path(__file__).resolve().parent.parent / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
@@ -81,7 +82,8 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
     assert body["labels"] == {"team": "vision", "pipeline": "qwen3-vl-4b-lora-seed", "config": "cfg"}
     spec = body["pipelineSpec"]
     assert spec["pipelineInfo"]["name"] == "qwen3-vl-4b-lora-seed"
-    assert set(TASK_ORDER) <= set(spec["root"]["dag"]["tasks"])
+    found = container_tasks(spec)
+    assert set(TASK_ORDER) <= set(found)
     runtime = body["runtimeConfig"]
     assert runtime["gcsOutputDirectory"] == "gs://test-bucket/root"
     values = runtime["parameterValues"]
@@ -89,10 +91,10 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
     assert values["model_source"] == expected["model_source"] == "hf://Qwen/Qwen3-VL-4B-Instruct"
     assert values["data_train"] == "gs://test-bucket/data/train.jsonl"
     assert values["swift_args"]["lora_rank"] == 8
-    # caching on: every task caches except the champion look-up (the registry changes between runs)
-    tasks = spec["root"]["dag"]["tasks"]
-    assert all(tasks[name]["cachingOptions"]["enableCache"] for name in TASK_ORDER)
-    assert not tasks[CHAMPION_TASK]["cachingOptions"].get("enableCache")
+    # caching on: every task caches except the two look-ups whose answer changes between runs:
+    # the data snapshot (new files behind the same prefix) and the registry's champion
+    assert all(found[name].caches for name in TASK_ORDER if name != SNAPSHOT_TASK)
+    assert not found[SNAPSHOT_TASK].caches and not found[CHAMPION_TASK].caches
     # the experiment was looked up / created before the job
     assert api.calls("POST", f"{PARENT}/metadataStores/default/contexts")[0].query["contextId"] == ["vlm-lora-exp"]
     [link] = api.calls("POST", "contexts/vlm-lora-exp:addContextChildren")  # run joins the experiment
@@ -107,9 +109,7 @@ def test_run_submits_the_pipeline_job_with_config_values(api, tmp_path):
 def test_run_no_cache_switch_reaches_the_request(api, tmp_path):
     _submit(write_config(tmp_path), api, enable_caching=False)
     [create] = api.calls("POST", f"{PARENT}/pipelineJobs")
-    assert not any(
-        t["cachingOptions"].get("enableCache") for t in create.body["pipelineSpec"]["root"]["dag"]["tasks"].values()
-    )
+    assert not any(t.caches for t in container_tasks(create.body["pipelineSpec"]).values())
 
 
 def test_run_wait_streams_states_until_success(api, tmp_path):
