@@ -92,7 +92,13 @@ def write_json_atomic(path: str | Path, data: Any, tmp_dir: str | Path | None = 
 
 
 def copy_verified(
-    src: str | Path, dst: str | Path, sha256: str, size: int | None = None, *, atomic: bool = False
+    src: str | Path,
+    dst: str | Path,
+    sha256: str,
+    size: int | None = None,
+    *,
+    atomic: bool = False,
+    tmp_tag: str = "",
 ) -> int:
     """Copies a file, then reads the copy back and checks it holds the expected bytes.
 
@@ -117,7 +123,8 @@ def copy_verified(
     dst.parent.mkdir(parents=True, exist_ok=True)
     target = dst
     if atomic:
-        fd, name = tempfile.mkstemp(dir=dst.parent, prefix=dst.name + ".partial-")
+        prefix = f"{dst.name}.partial-{tmp_tag}-" if tmp_tag else f"{dst.name}.partial-"
+        fd, name = tempfile.mkstemp(dir=dst.parent, prefix=prefix)
         os.close(fd)
         target = Path(name)
     try:

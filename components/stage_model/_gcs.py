@@ -14,15 +14,21 @@ them for correctness.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from components.common.storage import FUSE_ROOT, client, from_fuse_path, split_gs, to_fuse_path  # noqa: F401 - shared helpers
+from components.stage_model import _lock
+
+log = logging.getLogger("stage_model")
 
 
 class GcsEntry:
     """A cache entry under gs://bucket/prefix/ (see LocalEntry in core.py for the contract)."""
+
+    heartbeat_min_s = 1.0  # Cloud Storage takes about one write a second to one object name
 
     def __init__(self, uri: str, gcs_client=None):
         self.bucket_name, self.prefix = split_gs(uri)
@@ -123,32 +129,51 @@ class GcsEntry:
         """Creates the lock object create-only; True when this owner holds it afterwards."""
         from google.api_core import exceptions as gex
 
-        blob = self.bucket.blob(self.prefix + ".lock")
-        body = json.dumps({"owner": owner, "time": time.time()})
-        try:
-            # Look first: the emulator ignores ifGenerationMatch, real GCS enforces it below.
-            if self.bucket.get_blob(self.prefix + ".lock") is not None:
-                raise gex.PreconditionFailed("lock exists")
-            blob.upload_from_string(body, if_generation_match=0)
-        except gex.PreconditionFailed:
-            current = self.bucket.get_blob(self.prefix + ".lock")
-            if current is None:
-                return False
+        name = self.prefix + ".lock"
+        for _ in range(2):  # once more right after removing an abandoned lock
             try:
-                held = json.loads(current.download_as_bytes())
-            except (gex.NotFound, ValueError):
+                # Look first: the emulator ignores ifGenerationMatch, real GCS enforces it below.
+                if self.bucket.get_blob(name) is not None:
+                    raise gex.PreconditionFailed("lock exists")
+                self.bucket.blob(name).upload_from_string(json.dumps(_lock.record(owner)), if_generation_match=0)
+            except gex.PreconditionFailed:
+                if not self._take_over(stale_s):
+                    return False
+                continue
+            # Read back: where preconditions are not enforced (the emulator) the last writer wins.
+            try:
+                return json.loads(self.bucket.blob(name).download_as_bytes()).get("owner") == owner
+            except (gex.NotFound, ValueError, AttributeError):
                 return False
-            if time.time() - float(held.get("time", 0)) > stale_s:
-                try:  # take over a stale lock: only the stager that deletes this generation wins
-                    current.delete(if_generation_match=current.generation)
-                except (gex.NotFound, gex.PreconditionFailed):
-                    pass
-            return False
-        # Read back: where preconditions are not enforced (the emulator) the last writer wins.
+        return False
+
+    def _take_over(self, stale_s: float) -> bool:
+        """Deletes the lock if its owner is gone or its heartbeat is stale; True when it is gone."""
+        from google.api_core import exceptions as gex
+
+        current = self.bucket.get_blob(self.prefix + ".lock")
+        if current is None:
+            return True
         try:
-            return json.loads(self.bucket.blob(self.prefix + ".lock").download_as_bytes()).get("owner") == owner
-        except (gex.NotFound, ValueError):
+            held = json.loads(current.download_as_bytes())
+        except gex.NotFound:
+            return True
+        except ValueError:
+            held = {}
+        held = held if isinstance(held, dict) else {}
+        try:
+            age = time.time() - float(held.get("time", 0))
+        except (TypeError, ValueError):
+            age = float("inf")
+        why = _lock.abandoned(held, age, stale_s)
+        if not why:
             return False
+        try:  # only the stager that deletes this very generation wins
+            current.delete(if_generation_match=current.generation)
+        except (gex.NotFound, gex.PreconditionFailed):
+            return False
+        log.warning("stage-model: took over the lock of %s: %s", self.uri, why)
+        return True
 
     def refresh_lock(self, owner: str) -> None:
         """Rewrites the lock's time (heartbeat) if this owner still holds it."""
@@ -158,11 +183,13 @@ class GcsEntry:
         if blob is None:
             return
         try:
-            if json.loads(blob.download_as_bytes()).get("owner") == owner:
+            held = json.loads(blob.download_as_bytes())
+            if held.get("owner") == owner:
+                held["time"] = time.time()
                 self.bucket.blob(self.prefix + ".lock").upload_from_string(
-                    json.dumps({"owner": owner, "time": time.time()}), if_generation_match=blob.generation
+                    json.dumps(held), if_generation_match=blob.generation
                 )
-        except (gex.NotFound, gex.PreconditionFailed, ValueError):
+        except (gex.NotFound, gex.PreconditionFailed, ValueError, AttributeError):
             pass
 
     def unlock(self, owner: str) -> None:
@@ -174,7 +201,7 @@ class GcsEntry:
         try:
             if json.loads(blob.download_as_bytes()).get("owner") == owner:
                 blob.delete(if_generation_match=blob.generation)
-        except (gex.NotFound, gex.PreconditionFailed, ValueError):
+        except (gex.NotFound, gex.PreconditionFailed, ValueError, AttributeError):
             pass
 
 

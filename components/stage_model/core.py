@@ -22,17 +22,27 @@ Two stagers of one entry at once (two pipeline runs) are safe by construction:
   4. A lock `<entry>.lock` (create-only, heartbeat, taken over when stale) makes a second
      stager wait for the first and then return a cache hit instead of copying again. It is
      an optimisation: where preconditions are not enforced (the GCS emulator), both copy
-     and the end state is still one valid entry.
+     and the end state is still one valid entry. The lock records its owner (host, pid,
+     process start time); a lock whose owner ran on this host and is gone (`kill -9`) is
+     taken over at once, one of another host when its heartbeat is older than the stale
+     bound. The new holder removes the dead stager's `*.partial-*` files (see `_lock`).
+
+Hostile or careless input is refused with a StageError, never read or written through: a
+manifest (or source listing) naming a path that is not plainly inside the entry (absolute,
+`..`, backslash, drive letter, empty segment, a symlink out of the entry), a cache path
+under a file, a full disk.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import fnmatch
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import struct
@@ -56,7 +66,7 @@ from components.common.model_sources import (
     resolve_hf,
     resolve_ms,
 )
-from components.stage_model import _gcs
+from components.stage_model import _gcs, _lock
 from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
 
 log = logging.getLogger("stage_model")
@@ -78,6 +88,42 @@ DEFAULT_IGNORE = (".git/*", ".cache/*", "*.partial-*", MANIFEST)
 
 class StageError(RuntimeError):
     """Staging failed; the message names the source or file and the fix."""
+
+
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _bad_name(rel: Any) -> str:
+    """Why a file name from a manifest or a source listing is not a plain relative path ('' if it is)."""
+    if not isinstance(rel, str) or not rel:
+        return "empty name"
+    for why, bad in (
+        ("NUL character", "\0" in rel),
+        ("absolute path", rel.startswith("/")),
+        ("backslash", "\\" in rel),
+        ("drive letter", bool(_DRIVE_RE.match(rel))),
+        ("empty path segment", "" in rel.split("/")),
+        ("'.' or '..' segment", any(part in (".", "..") for part in rel.split("/"))),
+    ):
+        if bad:
+            return why
+    return ""
+
+
+def _untrusted(uri: str, rel: Any, why: str) -> StageError:
+    return StageError(
+        f"cache entry {uri}: {rel!r} is not a path inside the entry ({why}); the entry is corrupt or "
+        f"was tampered with: delete {uri} and stage again"
+    )
+
+
+def _size(n: float) -> str:
+    """Bytes for people: '1.5 GB', '12.0 MB', '640 B'."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 @dataclass
@@ -253,12 +299,21 @@ class LocalEntry:
     file), and the lock `<entry>.lock` is created with O_EXCL.
     """
 
+    heartbeat_min_s = 0.05  # shortest time between two refreshes of the lock
+
     def __init__(self, path: Path):
         self.path = Path(path)
         self.uri = str(self.path)
 
+    def _file(self, rel: str) -> Path:
+        """The path of `rel` in the entry; StageError when it resolves outside (a symlink out)."""
+        path = self.path / rel
+        if not path.resolve().is_relative_to(self.path.resolve()):
+            raise _untrusted(self.uri, rel, "a symlink leads outside the entry")
+        return path
+
     def read_manifest(self) -> tuple[dict[str, Any] | None, Any]:
-        path = self.path / MANIFEST
+        path = self._file(MANIFEST)
         try:
             raw = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -268,7 +323,7 @@ class LocalEntry:
     def verify(self, manifest: dict[str, Any]) -> tuple[bool, str]:
         files = {rel: (info["size"], info["sha256"]) for rel, info in manifest["files"].items()}
         for rel, (size, sha) in files.items():
-            path = self.path / rel
+            path = self._file(rel)
             if not path.is_file():
                 return False, f"{rel}: missing"
             if path.stat().st_size != size:
@@ -280,7 +335,7 @@ class LocalEntry:
     def good_files(self, expected: dict[str, dict[str, Any]]) -> set[str]:
         good = set()
         for rel, info in expected.items():
-            path = self.path / rel
+            path = self._file(rel)
             if path.is_file() and path.stat().st_size == info["size"] and sha256_file(path) == info["sha256"]:
                 good.add(rel)
         return good
@@ -288,7 +343,7 @@ class LocalEntry:
     def put(self, local: Path, rel: str, info: dict[str, Any]) -> int:
         """Copies a file into the entry atomically; returns bytes written."""
         try:
-            return copy_verified(local, self.path / rel, info["sha256"], atomic=True)
+            return copy_verified(local, self._file(rel), info["sha256"], atomic=True, tmp_tag=_lock.tag())
         except CopyMismatch:
             raise StageError(f"{local}: changed while being copied (sha256 differs); stage again") from None
 
@@ -297,7 +352,7 @@ class LocalEntry:
         if replace_generation is not None:
             write_json_atomic(self.path / MANIFEST, manifest, indent=2)
             return True
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=MANIFEST + ".partial-")
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f"{MANIFEST}.partial-{_lock.tag()}-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=2, sort_keys=True)
@@ -317,27 +372,70 @@ class LocalEntry:
         return self.path.parent / (self.path.name + ".lock")
 
     def try_lock(self, owner: str, stale_s: float) -> bool:
+        """Creates the lock (O_EXCL) with this process's record; True when this owner holds it."""
         lock = self._lock_path()
         lock.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        for _ in range(2):  # once more right after removing an abandoned lock
             try:
-                if time.time() - lock.stat().st_mtime > stale_s:
-                    stale = lock.with_name(f"{lock.name}.stale-{owner}")
-                    os.replace(lock, stale)  # only one stager can move this very file away
-                    stale.unlink()
-            except FileNotFoundError:
-                pass
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._take_over(lock, owner, stale_s):
+                    return False
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(_lock.record(owner), f)
+            return True
+        return False
+
+    def _take_over(self, lock: Path, owner: str, stale_s: float) -> bool:
+        """Removes the lock if its owner is gone (or its heartbeat, the mtime, is stale); True when gone."""
+        try:
+            raw = lock.read_bytes()
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return True
+        try:
+            held = json.loads(raw)
+        except ValueError:
+            held = {}
+        held = held if isinstance(held, dict) else {}
+        why = _lock.abandoned(held, age, stale_s)
+        if not why:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump({"owner": owner, "time": time.time()}, f)
+        moved = lock.with_name(f"{lock.name}.stale-{owner}")
+        try:
+            os.replace(lock, moved)  # only one stager can move this very file away
+        except FileNotFoundError:
+            return True
+        try:
+            if moved.read_bytes() != raw:  # a new holder's lock came in between: put it back
+                try:
+                    os.link(moved, lock)
+                except FileExistsError:
+                    pass
+                return False
+        finally:
+            moved.unlink(missing_ok=True)
+        log.warning("stage-model: took over the lock of %s: %s", self.uri, why)
+        self._clean_partials(held, stale_s)
         return True
 
+    def _clean_partials(self, dead: dict[str, Any], stale_s: float) -> None:
+        """Removes the `*.partial-*` files of gone stagers (see `_lock.partial_is_abandoned`)."""
+        for folder, _, names in os.walk(self.path):  # does not follow symlinks
+            for name in names:
+                path = Path(folder) / name
+                if ".partial-" in name and _lock.partial_is_abandoned(path, dead, stale_s):
+                    path.unlink(missing_ok=True)
+                    log.info("stage-model: removed %s, left by a stager that is gone", path)
+
     def refresh_lock(self, owner: str) -> None:
+        """Heartbeat: touches the lock (its mtime) while this owner holds it."""
+        lock = self._lock_path()
         try:
-            os.utime(self._lock_path())
-        except FileNotFoundError:
+            if json.loads(lock.read_text()).get("owner") == owner:
+                os.utime(lock)
+        except (FileNotFoundError, ValueError, AttributeError):
             pass
 
     def unlock(self, owner: str) -> None:
@@ -345,7 +443,7 @@ class LocalEntry:
         try:
             if json.loads(lock.read_text()).get("owner") == owner:
                 lock.unlink()
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError, AttributeError):
             pass
 
 
@@ -363,6 +461,10 @@ def _check_entry(entry) -> tuple[bool, str, dict[str, Any] | None, Any]:
         return False, f"unreadable manifest ({exc!r})", {}, None  # {}: present, must be removed
     if manifest is None:
         return False, "no manifest (incomplete entry)", None, None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    for rel in files if isinstance(files, dict) else ():
+        if why := _bad_name(rel):
+            raise _untrusted(entry.uri, rel, why)  # checked before anything is read
     try:
         valid, reason = entry.verify(manifest)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -380,9 +482,13 @@ def verify_entry(entry: Path | str) -> tuple[bool, str]:
         entry: The entry folder, or its gs:// URI.
 
     Returns:
-        (valid, reason): reason says what is wrong when not valid.
+        (valid, reason): reason says what is wrong when not valid (a manifest naming a path
+        outside the entry is not valid, and nothing outside is read).
     """
-    valid, reason, _, _ = _check_entry(_open_entry(entry))
+    try:
+        valid, reason, _, _ = _check_entry(_open_entry(entry))
+    except StageError as exc:
+        return False, str(exc)
     return valid, reason
 
 
@@ -448,10 +554,15 @@ def _parallel(fn, items: list, workers: int, total_bytes: int, progress: bool, d
     ):
         futures = [pool.submit(fn, item) for item in items]
         out = []
-        for fut in futures:
-            n = fut.result()
-            bar.update(n if isinstance(n, int) else 0)
-            out.append(n)
+        try:
+            for fut in futures:
+                n = fut.result()
+                bar.update(n if isinstance(n, int) else 0)
+                out.append(n)
+        except BaseException:
+            for fut in futures:  # the first failure stops the rest (a full disk: no more copies)
+                fut.cancel()
+            raise
         return out
 
 
@@ -482,7 +593,16 @@ def _download(
     """Fetches the files of a remote source into workdir, checks sizes and known checksums."""
 
     def fetch(rel: str) -> int:
-        path = listing.fetch(rel, workdir)
+        try:
+            path = listing.fetch(rel, workdir)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                need = sum(listing.files[r] for r in files)
+                raise StageError(
+                    f"no space left on device while downloading {rel} of {spec.uri} to {workdir}: "
+                    f"the download needs {_size(need)}; free that much there or set TMPDIR to a larger disk"
+                ) from None
+            raise
         if path != workdir / rel:
             (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, workdir / rel)
@@ -506,8 +626,6 @@ def _download(
 def _entry_for(cache: str, spec: SourceSpec, revision: str):
     if cache.startswith("gs://"):
         return _gcs.GcsEntry("/".join([cache.rstrip("/"), spec.scheme, *spec.parts, revision]))
-    if "://" in cache:
-        raise StageError(f"model cache {cache!r}: unknown scheme; use gs://bucket/prefix or a local folder")
     root = Path(cache).expanduser().resolve()
     return LocalEntry(root.joinpath(spec.scheme, *spec.parts, revision))
 
@@ -549,7 +667,7 @@ def _stage(
     locking: _Locking,
 ) -> StageResult:
     """Stages a parsed source: resolve it, reuse a valid entry, else copy it in under the entry's lock."""
-    _check_cache_bucket(cache)
+    _check_cache(cache)
     if spec.scheme == "local":
         source = _resolve_local(spec, allow, ignore, workers)
     else:
@@ -562,13 +680,26 @@ def _stage(
     return _stage_locked(entry, spec, source, workers=workers, progress=progress, locking=locking)
 
 
-def _check_cache_bucket(cache: str) -> None:
-    """Fails fast when a gs:// cache's bucket does not exist."""
+def _check_cache(cache: str) -> None:
+    """Fails fast on a cache that cannot work: a gs:// bucket that does not exist, an unknown
+    scheme, a local path that is, or lies under, a file."""
     if cache.startswith("gs://"):
         try:
             _gcs.GcsEntry(cache.rstrip("/") + "/x").check_bucket()
         except FileNotFoundError:
             raise StageError(f"model cache {cache}: bucket not found; create it or fix the cache URI") from None
+        return
+    if "://" in cache:
+        raise StageError(f"model cache {cache!r}: unknown scheme; use gs://bucket/prefix or a local folder")
+    path = Path(cache).expanduser()
+    for folder in (path, *path.parents):
+        if folder.exists():  # the nearest existing one: a folder, or nothing can be created below
+            if not folder.is_dir():
+                raise StageError(
+                    f"model cache {cache}: {folder} is a file, not a folder; "
+                    "point model.cache at a folder (or move the file)"
+                )
+            return
 
 
 def _resolve_local(spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None, workers: int) -> _Resolved:
@@ -609,6 +740,12 @@ def _resolve_remote(
     files = _select(list(listing.files), allow, ignore)
     if not files:
         raise StageError(f"model source {spec.uri}: no files to stage (after allow/ignore patterns)")
+    for rel in files:
+        if why := _bad_name(rel):
+            raise StageError(
+                f"model source {spec.uri}: file {rel!r} is not a path inside the model folder ({why}); "
+                "rename or delete it at the source, or skip it with --ignore (model.ignore)"
+            )
     if "config.json" not in files:
         raise StageError(f"model source {spec.uri}: no config.json; not a Hugging Face model repo/folder")
     if not any(f.endswith(".safetensors") for f in files):
@@ -626,15 +763,19 @@ def _stage_locked(
 ) -> StageResult:
     """Takes the entry's lock (or finds another stager's finished entry), then downloads and publishes."""
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    state, theirs = _acquire(entry, owner, locking.wait_s, locking.stale_s, locking.poll_s)
+    # Five beats per stale bound, so that a short bound never looks stale while the holder lives;
+    # the bound is at least five of the entry's shortest beats (Cloud Storage: 1 s, its write rate).
+    stale_s = max(locking.stale_s, 5 * entry.heartbeat_min_s)
+    state, theirs = _acquire(entry, owner, locking.wait_s, stale_s, locking.poll_s)
     if state == "hit":
         return _result(entry, True, 0, theirs)
-    heartbeat = _Heartbeat(entry, owner, max(1.0, locking.stale_s / 5)) if state == "locked" else None
+    heartbeat = _Heartbeat(entry, owner, stale_s / 5) if state == "locked" else None
     workdir = None
     try:
         prepared = source.prepared
         if prepared is None:
-            workdir = Path(tempfile.mkdtemp(prefix="stage-model-"))
+            _remove_dead_workdirs()
+            workdir = Path(tempfile.mkdtemp(prefix=f"stage-model-{_lock.tag()}-"))
             prepared = _download(spec, source.listing, source.files, workdir, workers, progress)
         return _publish(entry, prepared, _manifest(spec, source, prepared), workers, progress)
     finally:
@@ -642,6 +783,13 @@ def _stage_locked(
             heartbeat.stop()
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _remove_dead_workdirs() -> None:
+    """Removes download folders of stagers of this host that are gone (killed mid-download)."""
+    for folder in Path(tempfile.gettempdir()).glob("stage-model-*"):
+        if folder.is_dir() and not folder.is_symlink() and _lock.tagged_by_gone_process(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _manifest(spec: SourceSpec, source: _Resolved, prepared: _Prepared) -> dict[str, Any]:
@@ -677,6 +825,19 @@ def _publish(entry, prepared: _Prepared, manifest: dict[str, Any], workers: int,
             return entry.put(prepared.folder / rel, rel, prepared.infos[rel])
         except _gcs.ChecksumError as exc:
             raise StageError(f"{exc}; stage again") from None
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            need = sum(prepared.infos[r]["size"] for r in todo)
+            free = _free_bytes(entry.path) if isinstance(entry, LocalEntry) else 0
+            if need > free:
+                fix = f"free {_size(need - free)} (the entry needs {_size(need)}, {_size(free)} is free)"
+            else:  # the disk says there is room: a quota or the inodes ran out
+                fix = f"free {_size(need)} (the entry needs that much; a quota or the inodes may be the limit)"
+            raise StageError(
+                f"no space left on device while copying {prepared.folder / rel} to {entry.uri}/{rel}: "
+                f"{fix} or point model.cache elsewhere"
+            ) from None
 
     copied = sum(
         _parallel(put, todo, workers, sum(prepared.infos[r]["size"] for r in todo), progress, f"copy to {entry.uri}")
@@ -694,6 +855,16 @@ def _publish(entry, prepared: _Prepared, manifest: dict[str, Any], workers: int,
         entry.delete_manifest()
         raise StageError(f"cache entry {entry.uri}: does not verify after copying ({reason}); stage again")
     return _result(entry, False, copied, final)
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the file system of a path (of its nearest existing folder); 0 if unknown."""
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return 0
 
 
 def _result(entry, cache_hit: bool, copied: int, manifest: dict[str, Any]) -> StageResult:
@@ -761,6 +932,9 @@ def stage_model(
         lock_wait_s: Longest wait, in seconds, for another stager of the same entry
             before staging without the lock. Default 4 h.
         lock_stale_s: A lock not refreshed for this many seconds is taken over. Default 300.
+            The holder refreshes it five times per bound; on a gs:// cache the bound is at
+            least 5 s (one lock write a second). A lock whose owner ran on this host and is
+            gone (killed) is taken over at once, whatever the bound.
         poll_s: Seconds between checks while waiting. Default 2.
 
     Returns:
@@ -768,8 +942,10 @@ def stage_model(
 
     Raises:
         StageError: Unknown scheme, repo/revision/bucket not found, no permission, no
-            safetensors, unsupported architecture, or any copy failure. One line naming
-            the source or file and the fix; no valid-looking partial entry is left.
+            safetensors, unsupported architecture, a cache path under a file, a manifest
+            or source file name outside its folder, a full disk, or any copy failure. One
+            line naming the source or file and the fix; no valid-looking partial entry and
+            no partial file is left.
     """
     from google.api_core import exceptions as gex
     from google.auth import exceptions as gauth
@@ -810,6 +986,19 @@ def stage_model(
             f"model source {source} / cache {cache}: not found on Cloud Storage "
             f"({exc.__class__.__name__}); check the bucket and prefix"
         ) from None
+    except OSError as exc:
+        raise StageError(_os_error_message(exc, source, cache)) from None
+
+
+def _os_error_message(exc: OSError, source: str, cache: str) -> str:
+    """One line for a file system error the steps above did not name: the path and the fix."""
+    where = exc.filename or f"model source {source} / cache {cache}"
+    if exc.errno in _NO_SPACE:
+        return f"no space left on device writing {where}: free space there or point model.cache elsewhere"
+    what = exc.strerror or exc.__class__.__name__  # never str(exc): it may quote a request
+    if not exc.filename:
+        return f"{where}: {what}; check the network and the paths, then stage again"
+    return f"{where}: {what}; check that the path exists and is writable (model source {source}, cache {cache})"
 
 
 def result_summary(result: StageResult) -> dict[str, Any]:
