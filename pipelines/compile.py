@@ -6,7 +6,10 @@ The config's values become the parameters' defaults (each with a description the
 shows), so a console run needs no typing. `--target vertex` (default) runs train-lora as a
 Vertex CustomJob with the config's `resources` profile; `--target local` compiles the plain
 components that `kfp.local` runs. Shapes, regions and the schedule are checked when the
-config loads, so a bad one stops here, before anything is created.
+config loads, so a bad one stops here, before anything is created; for `--target local`
+so are a pipeline root or model cache this user cannot create or write. Exit codes: 0
+compiled, 2 a bad config or an output that cannot be written (one line on stderr, no
+traceback).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.config import ConfigError, load_config
+from pipelines.config import ConfigError, check_local_dirs, load_config
 
 DEFAULT_CONFIG = "configs/qwen3_vl_4b/lora_seed.yaml"
 
@@ -33,13 +36,17 @@ def compile_pipeline(config_path: str, output: str | None = None, target: str = 
         The written YAML path.
 
     Raises:
-        ConfigError: The config is invalid (bad key, value, machine shape, region, cron).
+        ConfigError: The config is invalid (bad key, value, machine shape, region, cron),
+            or, for the local target, its pipeline root or model cache cannot be written.
+        OSError: The output cannot be written.
     """
     from kfp import compiler
 
     from pipelines.pipeline import build_pipeline
 
     cfg = load_config(config_path)
+    if target == "local":
+        check_local_dirs(cfg)
     suffix = "" if target == "vertex" else f"-{target}"
     out = Path(output or f"build/{cfg.pipeline.name}{suffix}.yaml")
     pipeline = build_pipeline(cfg, target)
@@ -58,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         out = compile_pipeline(args.config, args.output, args.target)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the output path: under a file, read-only, ...
+        under_file = isinstance(exc, (FileExistsError, NotADirectoryError))
+        reason = "part of its path is a file, not a folder" if under_file else (exc.strerror or str(exc))
+        print(
+            f"error: cannot write {args.output or exc.filename}: {reason}; pass --output FILE in a folder you can write",
+            file=sys.stderr,
+        )
         return 2
     print(f"compiled {args.config} ({args.target}) -> {out}")
     return 0

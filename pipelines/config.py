@@ -22,7 +22,13 @@ A config is value-only YAML with ten sections (`pipeline`, `model` and `data` re
 * `schedule`: the recurring run of `python -m pipelines.schedule`.
 
 Unknown keys and wrong types are errors that name the file, the line, the key and what
-is expected: `ConfigError`, raised before any work starts.
+is expected: `ConfigError`, raised before any work starts. So are careless and hostile
+files: a duplicate key at any depth (never "last one wins"), a file over 1 MiB, YAML that
+anchors and aliases expand past a small bound (a "billion laughs" bomb), nesting deeper
+than a config needs, non-finite numbers (.inf, .nan), a hub token pasted where its name
+belongs, a local pipeline root or model cache under a file, and `swift` values of the
+wrong type or range for the ms-swift arguments whose meaning is well known
+(`SWIFT_ARG_RULES`).
 
 Which keys a run can change (pipeline parameters) and which are fixed when the pipeline
 is compiled: `pipelines.pipeline.RUN_PARAMETERS` and README.md's config table.
@@ -30,8 +36,13 @@ is compiled: `pipelines.pipeline.RUN_PARAMETERS` and README.md's config table.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import math
+import os
+import re
+import stat
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +60,19 @@ DEFAULT_LOCAL_CONFIG = CONFIG_DIR / "local" / "tiny_cpu.yaml"
 DEMO_MODEL = "demo://tiny-qwen3-vl"
 DEMO_DATA_TRAIN = "demo://drawings/train"
 DEMO_DATA_EVAL = "demo://drawings/eval"
+
+
+# A config is a few KB of a few dozen keys: anything far beyond is a mistake or an attack,
+# refused before it can take minutes or gigabytes.
+MAX_CONFIG_BYTES = 1 << 20  # refused before parsing
+MAX_YAML_NODES = 10_000  # values after aliases are expanded
+MAX_YAML_ALIASES = 100
+MAX_YAML_DEPTH = 32  # nesting of mappings and lists
+
+# A hub token pasted where its name belongs: Hugging Face `hf_...`, ModelScope `ms-<uuid>`.
+_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}|ms-[0-9a-fA-F]{8}-[0-9a-fA-F-]{20,}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET_RE = re.compile(r"projects/[^/\s]+/secrets/[A-Za-z0-9_-]{1,255}(/versions/[A-Za-z0-9_-]+)?")
 
 
 class ConfigError(ValueError):
@@ -311,6 +335,101 @@ class Config:
 _GATE_METRICS = ("f1", "precision", "recall", "json_valid_rate", "exact_match_rate")
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _steps(v: Any) -> bool:  # transformers: a step count, or below 1 a fraction of all steps
+    return (_is_int(v) and v > 0) or (isinstance(v, float) and 0 < v < 1)
+
+
+_POSITIVE_INT = (lambda v: _is_int(v) and v > 0, "a positive integer")
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_FRACTION = (lambda v: _is_number(v) and 0 <= v <= 1, "a number from 0 to 1")
+
+# The `swift sft` arguments whose type and range are well known (ms-swift 4.x / transformers),
+# checked when a config loads so a bad value stops before a GPU is booked, not minutes into
+# train-lora. {name: (check, what it must be)}. Other keys pass through unchanged (their
+# names are checked against the installed ms-swift by `components.train_lora.core`).
+SWIFT_ARG_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
+    "learning_rate": (lambda v: _is_number(v) and v > 0, "a number > 0, e.g. 1.0e-4"),
+    "num_train_epochs": (lambda v: _is_number(v) and v > 0, "a number > 0, e.g. 2"),
+    "max_steps": (lambda v: _is_int(v) and (v == -1 or v > 0), "-1 (use num_train_epochs) or a positive integer"),
+    "per_device_train_batch_size": _POSITIVE_INT,
+    "per_device_eval_batch_size": _POSITIVE_INT,
+    "gradient_accumulation_steps": _POSITIVE_INT,
+    "lora_rank": _POSITIVE_INT,
+    "lora_alpha": (lambda v: _is_number(v) and v > 0, "a number > 0, e.g. 32"),
+    "lora_dropout": (lambda v: _is_number(v) and 0 <= v < 1, "a number from 0 to 1 (1 excluded), e.g. 0.05"),
+    "max_length": _POSITIVE_INT,
+    "max_pixels": _POSITIVE_INT,
+    "warmup_ratio": _FRACTION,
+    "warmup_steps": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "weight_decay": (lambda v: _is_number(v) and v >= 0, "a number >= 0, e.g. 0.1"),
+    "max_grad_norm": (lambda v: _is_number(v) and v >= 0, "a number >= 0, e.g. 1.0"),
+    "adam_beta1": (lambda v: _is_number(v) and 0 <= v < 1, "a number from 0 to 1 (1 excluded), e.g. 0.9"),
+    "adam_beta2": (lambda v: _is_number(v) and 0 <= v < 1, "a number from 0 to 1 (1 excluded), e.g. 0.95"),
+    "save_steps": (_steps, "a positive integer (or a fraction of all steps below 1)"),
+    "eval_steps": (_steps, "a positive integer (or a fraction of all steps below 1)"),
+    "logging_steps": _POSITIVE_INT,
+    "save_total_limit": _POSITIVE_INT,
+    "seed": (lambda v: _is_int(v) and 0 <= v < 1 << 32, "an integer from 0 to 4294967295"),
+    "data_seed": (lambda v: _is_int(v) and 0 <= v < 1 << 32, "an integer from 0 to 4294967295"),
+    "dataloader_num_workers": (lambda v: _is_int(v) and v >= 0, "0 or a positive integer"),
+    "split_dataset_ratio": (lambda v: _is_number(v) and 0 <= v < 1, "a number from 0 to 1 (1 excluded)"),
+    "torch_dtype": (lambda v: v in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32"),
+    "bf16": _BOOL,
+    "fp16": _BOOL,
+    "gradient_checkpointing": _BOOL,
+    "freeze_vit": _BOOL,
+    "freeze_llm": _BOOL,
+    "freeze_aligner": _BOOL,
+    "use_liger_kernel": _BOOL,
+    "save_only_model": _BOOL,
+    "use_rslora": _BOOL,
+    "use_dora": _BOOL,
+    "packing": _BOOL,
+    "padding_free": _BOOL,
+    "target_modules": (
+        lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+        "a string or a list of strings, e.g. all-linear",
+    ),
+}
+
+
+def _check_swift(swift: dict[str, Any], where: typing.Callable[[str], str]) -> None:
+    """Checks the `swift` values in `SWIFT_ARG_RULES` and refuses a token in `swift.hub_token`.
+
+    Raises:
+        ConfigError: A value of the wrong type or range, named with file, line and key.
+    """
+    if "hub_token" in swift:
+        raise ConfigError(
+            f"{where('swift.hub_token')}: 'swift.hub_token' puts a token in the config (not echoed); remove it, "
+            "put the token in an environment variable or Secret Manager and name it in model.token_from "
+            "(env:HF_TOKEN)"
+        )
+    for name, value in swift.items():
+        if name not in SWIFT_ARG_RULES:
+            continue
+        ok, expected = SWIFT_ARG_RULES[name]
+        if ok(value):
+            continue
+        key = f"swift.{name}"
+        hint = ""
+        if isinstance(value, str):
+            try:
+                float(value)
+                hint = f" (YAML reads {value} as text, not a number: write it with a dot, e.g. 1.0e-4 for 1e-4)"
+            except ValueError:
+                hint = " (text, not a number)" if "number" in expected or "integer" in expected else ""
+        raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {value!r}{hint}")
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is dict:
         return "a mapping"
@@ -327,9 +446,200 @@ def _line_map(node: yaml.Node, prefix: str = "") -> dict[str, int]:
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = f"{prefix}{key_node.value}"
-            lines[key] = key_node.start_mark.line + 1
-            lines.update(_line_map(value_node, key + "."))
+            lines.setdefault(key, key_node.start_mark.line + 1)
+            for sub, line in _line_map(value_node, key + ".").items():
+                lines.setdefault(sub, line)
     return lines
+
+
+class _YamlTooBig(Exception):
+    """The YAML would expand past `MAX_YAML_NODES` / `MAX_YAML_ALIASES` / `MAX_YAML_DEPTH`."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A SafeLoader that counts values while composing, aliases expanded, and stops early.
+
+    PyYAML shares an aliased node instead of copying it, so a "billion laughs" file loads
+    fast and small; it explodes later, in whatever walks or serialises the data (the line
+    map, `dataclasses.asdict`, the pipeline compiler). Counting the expanded size here
+    bounds every later step.
+    """
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._sizes: dict[int, int] = {}  # id(node) -> values in it, aliases expanded
+        self._expanded = 0
+        self.aliases = 0  # alias references read so far
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            target = self.anchors.get(event.anchor)
+            if target is not None:
+                size = self._sizes.get(id(target))
+                if size is None:
+                    raise _YamlTooBig(line, f"alias *{event.anchor} is inside its own anchor (a recursive structure)")
+                self._count(line, size)
+            if self.aliases > MAX_YAML_ALIASES:
+                raise _YamlTooBig(line, f"the YAML uses more than {MAX_YAML_ALIASES} aliases (*name)")
+            return super().compose_node(parent, index)
+        self._count(line, 1)
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _YamlTooBig(line, f"the YAML nests more than {MAX_YAML_DEPTH} levels deep")
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(c)] for c in children)
+        return node
+
+    def _count(self, line: int, size: int) -> None:
+        self._expanded += size
+        if self._expanded > MAX_YAML_NODES:
+            how = " once its aliases (*name) are expanded" if self.aliases else ""
+            raise _YamlTooBig(line, f"the YAML has more than {MAX_YAML_NODES} values{how}")
+
+
+def _duplicate_key(loader: yaml.SafeLoader, node: yaml.Node) -> tuple[str, int, str] | None:
+    """Returns (dotted key, line, where the first is) of the first key repeated in one mapping, or None.
+
+    Keys are compared as loaded, so `on:` and `true:` or `1:` and `0x1:` are the same key;
+    the keys a merge (`<<: *base`) brings in may be overridden, as YAML intends.
+    """
+    stack, seen_nodes = collections.deque([(node, "")]), set()
+    while stack:
+        current, prefix = stack.popleft()
+        if id(current) in seen_nodes:
+            continue
+        seen_nodes.add(id(current))
+        if isinstance(current, yaml.SequenceNode):
+            stack.extend((child, f"{prefix}[{i}].") for i, child in enumerate(current.value))
+            continue
+        if not isinstance(current, yaml.MappingNode):
+            continue
+        first: dict[Any, yaml.Node] = {}
+        for key_node, value_node in current.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue  # a mapping or list as a key is refused when the document is constructed
+            key = loader.construct_object(key_node)
+            dotted = f"{prefix}{key}"
+            if key in first:
+                earlier = first[key]
+                spelled = f" as '{earlier.value}'" if earlier.value != key_node.value else ""
+                first_at = f"line {earlier.start_mark.line + 1}{spelled}"
+                return dotted.replace(".[", "["), key_node.start_mark.line + 1, first_at
+            first[key] = key_node
+            stack.append((value_node, dotted + "."))
+    return None
+
+
+def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    """Reads, size-checks and parses a config file into (data, its YAML node tree).
+
+    Raises:
+        ConfigError: Missing, not a regular file, over `MAX_CONFIG_BYTES`, not UTF-8, not
+            YAML, a duplicate key, or past the node / alias / depth bounds.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(
+            f"{path}: is a folder, not a config file; pass a .yaml file (e.g. configs/local/tiny_cpu.yaml)"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path}: cannot read config: not a regular file (a config is a .yaml file on disk)")
+    too_big = (
+        f"{path}: config is larger than {MAX_CONFIG_BYTES // (1 << 20)} MiB; a config is a few KB of settings: "
+        "keep data, prompts and file lists in their own files and name them (data.train)"
+    )
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(too_big)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:  # grew since stat, or a file that reports no size
+            raise ConfigError(too_big)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        duplicate = _duplicate_key(loader, node) if node is not None else None
+        if duplicate is None:
+            raw = loader.construct_document(node) if node is not None else None
+    except _YamlTooBig as exc:
+        fix = (
+            "a config needs no anchors (&name) or aliases (*name): write each value out once"
+            if loader.aliases
+            else "a config is a few dozen values, a few levels deep"
+        )
+        raise ConfigError(f"{path}:{exc.line}: {exc}; {fix}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = "; ".join(filter(None, (exc.context, exc.problem)))  # no snippet: the line may hold a secret
+        raise ConfigError(f"{where}: not valid YAML: {what}") from None
+    except ValueError as exc:  # Python refuses to convert integers of more than 4300 digits
+        raise ConfigError(f"{path}: not valid YAML: a number is too long ({str(exc).split(';')[0]})") from None
+    except yaml.YAMLError as exc:  # e.g. a control character (ReaderError)
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if duplicate is not None:
+        key, line, first = duplicate
+        raise ConfigError(f"{path}:{line}: duplicate key '{key}' (first at {first}); keep one")
+    return raw, node
+
+
+def _number_problem(value: Any) -> str | None:
+    """What is wrong with a number anywhere in a config (non-finite, too large), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}; write a number such as 0.1"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 63:
+        return "must be an integer below 2**63, got a number with more digits"
+    return None
+
+
+def _scan_values(value: Any, key: str, where: typing.Callable[[str], str]) -> None:
+    """Checks every number and string under `key`, lists and mappings included.
+
+    Raises:
+        ConfigError: A non-finite or oversized number, or a string that looks like a hub token.
+    """
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _scan_values(v, f"{key}.{k}" if key else str(k), where)
+    elif isinstance(value, list):
+        for v in value:
+            _scan_values(v, key, where)
+    elif isinstance(value, str):
+        if _TOKEN_RE.search(value):
+            raise ConfigError(
+                f"{where(key)}: '{key}' holds what looks like a hub token (not echoed); never put a token in a "
+                "config: put it in an environment variable or Secret Manager and name it in model.token_from "
+                "(env:HF_TOKEN)"
+            )
+    else:
+        problem = _number_problem(value)
+        if problem:
+            raise ConfigError(f"{where(key)}: '{key}' {problem}")
 
 
 def _check_value(value: Any, tp: Any) -> Any:
@@ -390,22 +700,14 @@ def load_config(path: str | Path) -> Config:
         The validated `Config`.
 
     Raises:
-        ConfigError: The file is missing or unreadable, not YAML, has an unknown key, a
-            missing required key, or a value of the wrong type or range. The message names
-            the file, the line and the key.
+        ConfigError: The file is missing or unreadable, over `MAX_CONFIG_BYTES`, not YAML,
+            has a duplicate key, expands past `MAX_YAML_NODES` through aliases, has an
+            unknown key, a missing required key, a value of the wrong type or range, a
+            non-finite number, a hub token in place of its name, or a local pipeline root /
+            model cache under a file. The message names the file, the line and the key.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}") from None
-    try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    raw, node = _read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config must be a mapping with sections pipeline, model, data, swift, eval")
     lines = _line_map(node) if node is not None else {}
@@ -444,7 +746,14 @@ def load_config(path: str | Path) -> Config:
                 f"{where('swift.' + str(key))}: 'swift.{key}' must be a string, number, boolean or list, got {value!r}"
             )
     cfg = Config(path=str(path), swift=dict(swift), **built)
+    _check_token_ref(cfg.model.token_from, where)
+    _scan_values(raw, "", where)
     _check_ranges(cfg, where)
+    _check_swift(cfg.swift, where)
+    for key, value in (("pipeline.root", cfg.pipeline.root), ("model.cache", cfg.model.cache)):
+        problem = local_dir_problem(value, writable=False)
+        if problem:
+            raise ConfigError(f"{where(key)}: '{key}' {problem}")
     return cfg
 
 
@@ -462,19 +771,13 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("pipeline.name", _valid_name(cfg.pipeline.name), "lowercase letters, digits and '-', starting with a letter"),
         ("model.source", bool(cfg.model.source.strip()), "a model folder or URI"),
         ("model.cache", bool(cfg.model.cache.strip()), "a folder or gs:// URI"),
-        (
-            "model.token_from",
-            _valid_token_ref(cfg.model.token_from),
-            "'' or 'env:VAR' or 'projects/P/secrets/S[/versions/V]' (a reference, never the token itself)",
-        ),
         ("data.train", bool(cfg.data.train.strip()), "a JSONL file, folder / prefix or glob (local or gs://)"),
     ]
     for key, ok, expected in checks:
         if not ok:
             section, name = key.split(".")
             value = getattr(getattr(cfg, section), name)
-            shown = "a value that is not a reference (not echoed)" if key == "model.token_from" else repr(value)
-            raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {shown}")
+            raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {value!r}")
     problem = reference_problem(e.reference)
     if problem:
         raise ConfigError(f"{where('eval.reference')}: 'eval.reference' {e.reference!r}: {problem}")
@@ -629,6 +932,72 @@ def cron_problem(cron: str) -> str | None:
     return None
 
 
+def local_dir_problem(path: str, writable: bool = True) -> str | None:
+    """Checks a local folder a task will create and write (pipeline root, model cache).
+
+    Args:
+        path: The folder; a URI (`gs://...`) is not local and never a problem.
+        writable: Also check the nearest existing folder on its path can be written (and
+            so the folder created) by this user. Default true.
+
+    Returns:
+        None when fine, else what is wrong and how to fix it.
+    """
+    if not path or "://" in path:
+        return None
+    folder = Path(path).expanduser()
+    for candidate in (folder, *folder.parents):
+        try:
+            if not candidate.exists():
+                continue
+            if not candidate.is_dir():
+                return (
+                    f"{path!r} is inside {str(candidate)!r}, which is a file, not a folder; "
+                    "name a folder (it is created if missing) or a gs:// URI"
+                )
+            if writable and not os.access(candidate, os.W_OK | os.X_OK):
+                return (
+                    f"{path!r} cannot be created or written: {str(candidate)!r} is not writable by this user; "
+                    "name a folder you can write to (e.g. runs) or a gs:// URI"
+                )
+        except OSError as exc:
+            return f"{path!r} cannot be checked: {exc.strerror or exc}; name a folder you can read and write"
+        return None
+    return None
+
+
+def check_local_dirs(cfg: Config, root_from: str = "") -> None:
+    """Checks a local run can create and write its pipeline root and model cache.
+
+    `load_config` checks neither is under a file; this also checks they can be written,
+    which only matters on the machine that runs the pipeline (`pipelines.run --local`,
+    `pipelines.compile --target local`).
+
+    Args:
+        cfg: The loaded config.
+        root_from: Where the root came from when not the config, e.g. "--root". Default "".
+
+    Raises:
+        ConfigError: The root or the cache is under a file or cannot be written.
+    """
+    for key, value in (("pipeline.root", cfg.pipeline.root), ("model.cache", cfg.model.cache)):
+        problem = local_dir_problem(value)
+        if problem:
+            if key == "pipeline.root" and root_from:
+                raise ConfigError(f"{root_from} {problem}")
+            raise ConfigError(f"{_where_in(cfg.path, key)}: '{key}' {problem}")
+
+
+def _where_in(path: str, key: str) -> str:
+    """`file:line` of `key` (or of its section) in a config that already loaded; `file` if not found."""
+    try:
+        lines = _line_map(_read_yaml(Path(path))[1])
+    except ConfigError:  # changed or removed since it loaded
+        return path
+    line = lines.get(key) or lines.get(key.split(".")[0])
+    return f"{path}:{line}" if line else path
+
+
 def _is_model_id(text: str) -> bool:
     return (
         1 <= len(text) <= 63
@@ -661,8 +1030,41 @@ def _is_label(text: str, min_len: int) -> bool:
     return min_len <= len(text) <= 63 and all(c.islower() or c.isdigit() or c in "_-" for c in text)
 
 
-def _valid_token_ref(ref: str) -> bool:
-    return ref == "" or ref.startswith("env:") or ref.startswith("projects/")
+def _looks_like_token(text: str) -> bool:
+    """A hub token or another long random string: mixed case and digits, no separators."""
+    if _TOKEN_RE.search(text):
+        return True
+    run = max(re.findall(r"[A-Za-z0-9]+", text), key=len, default="")
+    mixed = any(c.islower() for c in run) and any(c.isupper() for c in run) and any(c.isdigit() for c in run)
+    return len(run) >= 32 or (len(run) >= 16 and mixed)
+
+
+def _check_token_ref(ref: str, where: typing.Callable[[str], str]) -> None:
+    """Checks `model.token_from` is a reference to a token, never the token; never echoes it.
+
+    Raises:
+        ConfigError: The value looks like a token itself, or is not `env:NAME` or a Secret
+            Manager name.
+    """
+    key = "model.token_from"
+    if ref == "":
+        return
+    name = ref[len("env:") :] if ref.startswith("env:") else ref
+    env_name_ok = _ENV_NAME_RE.fullmatch(name) and not name.startswith("hf_") and not _looks_like_token(name)
+    if ref.startswith("env:") and env_name_ok:
+        return
+    if _SECRET_RE.fullmatch(ref) and not _looks_like_token(ref.split("/")[3]):
+        return
+    if _looks_like_token(name) or ref.startswith("env:"):
+        raise ConfigError(
+            f"{where(key)}: {key} looks like a token itself (not echoed); put the token in an environment "
+            "variable or Secret Manager and name it: env:HF_TOKEN or projects/P/secrets/S"
+        )
+    raise ConfigError(
+        f"{where(key)}: '{key}' must be '' or 'env:VAR' (an environment variable name such as HF_TOKEN) or "
+        "'projects/P/secrets/S[/versions/V]' (a reference, never the token itself); got a value that is "
+        "neither (not echoed)"
+    )
 
 
 def _valid_name(name: str) -> bool:
