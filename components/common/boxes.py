@@ -1,0 +1,225 @@
+"""Box coordinate conventions of Qwen-VL models, and conversions between them.
+
+A detection box is `[x1, y1, x2, y2]`. What the numbers mean depends on the model family,
+because each was trained on boxes of one kind:
+
+* `pixel`: absolute pixels of the original image (what annotation tools write; metrics are
+  always computed in this convention).
+* `norm1000`: relative to the image, scaled to [0, 1000] (Qwen2-VL and Qwen3-VL; the official
+  Qwen3-VL grounding cookbook writes `{"bbox_2d": [x1, y1, x2, y2], "label": ...}`).
+* `resized_pixel`: absolute pixels of the image after the processor's smart resize
+  (Qwen2.5-VL): sides rounded to multiples of `factor` (28), area kept within
+  [min_pixels, max_pixels]. The rule is `smart_resize`, the same as transformers'
+  Qwen2-VL image processor.
+
+`to_pixels` / `from_pixels` convert one box; `convention_for_model` picks the default for a
+staged model from its architecture. Pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONVENTIONS = ("pixel", "norm1000", "resized_pixel")
+AUTO = "auto"
+NORM = 1000.0
+
+# Qwen2.5-VL's processor defaults (preprocessor_config.json usually states them).
+QWEN25_FACTOR = 28
+QWEN25_MIN_PIXELS = 56 * 56
+QWEN25_MAX_PIXELS = 14 * 14 * 4 * 1280
+
+# model_type / architecture prefix -> convention the family was trained on
+_FAMILY = (
+    ("qwen2_5_vl", "resized_pixel"),
+    ("qwen2.5-vl", "resized_pixel"),
+    ("qwen2_5vl", "resized_pixel"),
+    ("qwen3_vl", "norm1000"),
+    ("qwen3vl", "norm1000"),
+    ("qwen2_vl", "norm1000"),
+    ("qwen2vl", "norm1000"),
+)
+
+
+class BoxError(ValueError):
+    """A box or convention is not usable; the message says why."""
+
+
+@dataclass(frozen=True)
+class ResizeRule:
+    """The processor's smart-resize settings (Qwen2.5-VL: factor 28 = patch 14 x merge 2).
+
+    Attributes:
+        factor: Sides become multiples of this.
+        min_pixels: Smallest area after resizing.
+        max_pixels: Largest area after resizing.
+    """
+
+    factor: int = QWEN25_FACTOR
+    min_pixels: int = QWEN25_MIN_PIXELS
+    max_pixels: int = QWEN25_MAX_PIXELS
+
+    @classmethod
+    def from_model(cls, model_dir: str | Path | None) -> ResizeRule:
+        """Reads the rule from a model folder's preprocessor_config.json (defaults where absent)."""
+        if not model_dir:
+            return cls()
+        try:
+            cfg = json.loads((Path(model_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return cls()
+        size = cfg.get("size") or {}
+        factor = int(cfg.get("patch_size", 14)) * int(cfg.get("merge_size", 2))
+        return cls(
+            factor=factor,
+            min_pixels=int(cfg.get("min_pixels") or size.get("shortest_edge") or QWEN25_MIN_PIXELS),
+            max_pixels=int(cfg.get("max_pixels") or size.get("longest_edge") or QWEN25_MAX_PIXELS),
+        )
+
+
+def smart_resize(height: int, width: int, rule: ResizeRule = ResizeRule()) -> tuple[int, int]:
+    """Returns (height, width) of an image after Qwen-VL's smart resize.
+
+    Args:
+        height: Original height, px.
+        width: Original width, px.
+        rule: The processor's settings. Default Qwen2.5-VL's.
+
+    Raises:
+        BoxError: Aspect ratio above 200 (the processor refuses such images).
+    """
+    f = rule.factor
+    if max(height, width) / max(1, min(height, width)) > 200:
+        raise BoxError(f"image {width}x{height}: aspect ratio above 200, which Qwen-VL processors refuse")
+    h_bar = max(f, round(height / f) * f)
+    w_bar = max(f, round(width / f) * f)
+    if h_bar * w_bar > rule.max_pixels:
+        beta = math.sqrt((height * width) / rule.max_pixels)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < rule.min_pixels:
+        beta = math.sqrt(rule.min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / f) * f
+        w_bar = math.ceil(width * beta / f) * f
+    return h_bar, w_bar
+
+
+def convention_for_model(architecture: str = "", model_type: str = "") -> str:
+    """Returns the box convention a Qwen-VL family was trained on ("pixel" when unknown).
+
+    Args:
+        architecture: e.g. "Qwen3VLForConditionalGeneration".
+        model_type: e.g. "qwen2_5_vl".
+    """
+    for text in (model_type, architecture):
+        key = (text or "").lower().replace("forconditionalgeneration", "")
+        for prefix, convention in _FAMILY:
+            if key.startswith(prefix):
+                return convention
+    return "pixel"
+
+
+def resolve_convention(configured: str, architecture: str = "", model_type: str = "") -> str:
+    """Returns the convention to use: the configured one, or the model's default for "auto"/"".
+
+    Raises:
+        BoxError: An unknown convention name.
+    """
+    if configured in ("", AUTO):
+        return convention_for_model(architecture, model_type)
+    if configured not in CONVENTIONS:
+        raise BoxError(f"box convention {configured!r} is not one of {', '.join((AUTO, *CONVENTIONS))}")
+    return configured
+
+
+def _scales(convention: str, image_size: tuple[int, int], rule: ResizeRule) -> tuple[float, float]:
+    """Returns (sx, sy): pixel = value * s for the convention."""
+    width, height = image_size
+    if convention == "pixel":
+        return 1.0, 1.0
+    if convention == "norm1000":
+        return width / NORM, height / NORM
+    if convention == "resized_pixel":
+        rh, rw = smart_resize(height, width, rule)
+        return width / rw, height / rh
+    raise BoxError(f"box convention {convention!r} is not one of {', '.join(CONVENTIONS)}")
+
+
+def to_pixels(
+    box: Sequence[float], convention: str, image_size: tuple[int, int], rule: ResizeRule = ResizeRule()
+) -> list[float]:
+    """Converts a box of a convention to pixels of the original image.
+
+    Args:
+        box: [x1, y1, x2, y2] in `convention`.
+        convention: One of CONVENTIONS.
+        image_size: (width, height) of the original image, px.
+        rule: Smart-resize settings (for resized_pixel). Default Qwen2.5-VL's.
+
+    Returns:
+        [x1, y1, x2, y2] in pixels (floats, not rounded).
+    """
+    sx, sy = _scales(convention, image_size, rule)
+    x1, y1, x2, y2 = box
+    return [x1 * sx, y1 * sy, x2 * sx, y2 * sy]
+
+
+def from_pixels(
+    box: Sequence[float],
+    convention: str,
+    image_size: tuple[int, int],
+    rule: ResizeRule = ResizeRule(),
+    *,
+    integers: bool = True,
+) -> list[float]:
+    """Converts a pixel box of the original image to a convention.
+
+    Args:
+        box: [x1, y1, x2, y2] in pixels of the original image.
+        convention: One of CONVENTIONS.
+        image_size: (width, height) of the original image, px.
+        rule: Smart-resize settings (for resized_pixel). Default Qwen2.5-VL's.
+        integers: Round to whole numbers, as the models write them. Default True.
+
+    Returns:
+        [x1, y1, x2, y2] in `convention`.
+    """
+    sx, sy = _scales(convention, image_size, rule)
+    x1, y1, x2, y2 = box
+    out = [x1 / sx, y1 / sy, x2 / sx, y2 / sy]
+    return [round(v) for v in out] if integers else out
+
+
+def box_problem(box: Any, convention: str, image_size: tuple[int, int], rule: ResizeRule = ResizeRule()) -> str:
+    """Returns why a box is not valid in its convention for an image ("" when it is).
+
+    Checks: four finite numbers, x1 < x2 and y1 < y2, and inside the convention's range
+    (the image for pixel, [0, 1000] for norm1000, the resized image for resized_pixel).
+    """
+    if (
+        not isinstance(box, (list, tuple))
+        or len(box) != 4
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)
+    ):
+        return "bbox must be 4 finite numbers [x1, y1, x2, y2]"
+    x1, y1, x2, y2 = box
+    if x2 <= x1 or y2 <= y1:
+        return f"bbox {list(box)}: needs x1 < x2 and y1 < y2"
+    width, height = image_size
+    if convention == "norm1000":
+        limit = (NORM, NORM)
+    elif convention == "resized_pixel":
+        rh, rw = smart_resize(height, width, rule)
+        limit = (rw, rh)
+    else:
+        limit = (width, height)
+    if min(x1, y1) < 0 or x2 > limit[0] or y2 > limit[1]:
+        return (
+            f"bbox {list(box)}: outside [0, 0, {limit[0]:g}, {limit[1]:g}] ({convention} of a {width}x{height} image)"
+        )
+    return ""
