@@ -118,6 +118,7 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         "E_ENCODING": b'{"messages": [{"role": "user", "content": "caf\xe9"}]}',
         "E_TOO_LONG": line(row("x" * 400)),
         "E_JSON": '{"messages": [{"role": "user", "content": "hi"}',
+        "E_DUPLICATE_KEY": '{"messages": [{"role": "user", "content": "hi", "content": "<image>hi"}], "images": []}',
         "E_SCHEMA": line({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ROLE": line({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ORDER": line(

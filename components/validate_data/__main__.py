@@ -5,7 +5,8 @@
 
 Writes DIR/train/, DIR/eval/ (data.jsonl + images/), DIR/quarantine.jsonl and
 DIR/report.html, prints the summary, and exits 1 when the policy fails (or a file is
-missing / empty), 0 otherwise.
+missing / empty, or DIR holds an input: re-validate a clean set into another folder),
+0 otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from components.validate_data.core import TASKS, DataError, validate_data
+from components.validate_data.core import TASKS, DataError, check_paths, validate_data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     out = Path(args.out)
+    try:  # before the old report is removed: refused here, nothing in DIR changes
+        check_paths(
+            args.data + args.eval, train_out=str(out / "train"), eval_out=str(out / "eval"),
+            quarantine_out=str(out / "quarantine.jsonl"), report_out=str(out / "report.html"),
+        )  # fmt: skip
+    except DataError as exc:
+        print(f"validate-data: FAILED: {exc}", file=sys.stderr)
+        return 1
     (out / "report.html").unlink(missing_ok=True)  # never point at an older run's report
     print(f"validate-data: {', '.join(args.data)}" + (f" (eval: {', '.join(args.eval)})" if args.eval else ""))
     try:

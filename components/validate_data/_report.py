@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import warnings
 from collections import Counter
 from html import escape
 from pathlib import Path
@@ -40,12 +41,24 @@ pre{white-space:pre-wrap;word-break:break-all;background:#f8f9fa;padding:6px;mar
 
 
 def _thumb(path: Path) -> str:
-    """Returns an <img> with a base64 JPEG thumbnail, or a note when it cannot be made."""
+    """Returns an <img> with a base64 JPEG thumbnail, or a note when it cannot be made.
+
+    Memory stays bounded: a JPEG decodes at a reduced scale (`Image.draft`), and an image
+    still above MAX_IMAGE_PIXELS (the largest that validation decodes) is not decoded.
+    """
+    from components.validate_data.core import MAX_IMAGE_PIXELS
+
     try:
-        with Image.open(path) as img:
-            img.thumbnail((THUMB_PX, THUMB_PX))
-            buf = io.BytesIO()
-            img.convert("RGB").save(buf, "JPEG", quality=70)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.draft(None, (THUMB_PX * 2, THUMB_PX * 2))  # JPEG only: decode at 1/2 .. 1/8 scale
+                if img.width * img.height > MAX_IMAGE_PIXELS:
+                    w, h = img.size
+                    return f'<span class="muted">({escape(path.name)}: {w}×{h} px, too large to preview)</span>'
+                img.thumbnail((THUMB_PX, THUMB_PX))
+                buf = io.BytesIO()
+                img.convert("RGB").save(buf, "JPEG", quality=70)
         data = base64.b64encode(buf.getvalue()).decode("ascii")
         return f'<img alt="{escape(path.name)}" src="data:image/jpeg;base64,{data}">'
     except Exception:  # noqa: BLE001 - a thumbnail never breaks the report

@@ -6,15 +6,20 @@ gs:// URIs are accepted too (read with google-cloud-storage, which honours
 `STORAGE_EMULATOR_HOST`). Remote and inline images are fetched once per run into a
 staging folder, so every later check, and the training task, reads a local file.
 
-Every failure is a `Reject` with a stable code; nothing here raises anything else and
-nothing waits longer than the fetch timeout.
+Every failure is a `Reject` with a stable code; nothing here raises anything else. An
+http(s) download has a total deadline, headers included: urllib's timeout bounds each
+socket operation only, so a server that trickles its headers a byte at a time would
+never trip it; here a timer shuts the connection's socket down at the deadline. A gs://
+download is bounded by google-cloud-storage's own (per request) timeout.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
+import http.client
 import os
 import posixpath
 import re
@@ -112,16 +117,101 @@ def resolve(ref: str, base: str) -> Source:
     return Source("file", str(resolved))
 
 
+class _Deadline:
+    """A download's total deadline: at it, the socket being read is shut down, which ends any read at once."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.expired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def remaining(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer within {self.seconds:g} s")
+        return left
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.expired:
+                self._shut()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        try:
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection whose connect uses what is left of the deadline and whose socket the deadline watches."""
+
+    def __init__(self, *args, deadline: _Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self):
+        self.timeout = self._deadline.remaining()  # TCP connect and TLS handshake: each bounded by what is left
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    """The HTTPS form of _DeadlineHTTPConnection."""
+
+    def __init__(self, *args, deadline: _Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def connect(self):
+        self.timeout = self._deadline.remaining()
+        super().connect()
+        self._deadline.watch(self.sock)
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """Returns a urllib opener whose http(s) connections (redirects included) obey `deadline`."""
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(functools.partial(_DeadlineHTTPConnection, deadline=deadline), req)
+
+    class HTTPSHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(
+                functools.partial(_DeadlineHTTPSConnection, deadline=deadline), req, context=self._context
+            )
+
+    return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
+
+
 def _fetch_http(url: str, timeout: float) -> bytes:
-    deadline = time.monotonic() + timeout
+    """Returns a URL's body, downloaded within `timeout` seconds in all (connect, headers, body)."""
+    deadline = _Deadline(timeout)
+    too_slow = Reject("E_IMAGE_FETCH", f"image {url!r}: no complete answer within {timeout:g} s")
     request = urllib.request.Request(url, headers={"User-Agent": "vlm-lora-validate-data"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http/https only)
+        with _opener(deadline).open(request, timeout=timeout) as response:
             chunks, size = [], 0
             while True:
-                if time.monotonic() > deadline:
-                    raise Reject("E_IMAGE_FETCH", f"image {url!r}: download took longer than {timeout:g} s")
                 chunk = response.read1(1 << 16)  # what has arrived, so the deadline is checked often
+                if deadline.expired:
+                    raise too_slow
                 if not chunk:
                     break
                 size += len(chunk)
@@ -129,16 +219,18 @@ def _fetch_http(url: str, timeout: float) -> bytes:
                     raise Reject("E_IMAGE_FETCH", f"image {url!r}: larger than {MAX_FETCH_BYTES} bytes")
                 chunks.append(chunk)
             return b"".join(chunks)
+    except Reject:
+        raise
     except urllib.error.HTTPError as exc:
         code = "E_IMAGE_MISSING" if exc.code in (404, 410) else "E_IMAGE_FETCH"
         raise Reject(code, f"image {url!r}: HTTP {exc.code} {exc.reason}") from None
-    except TimeoutError:
-        raise Reject("E_IMAGE_FETCH", f"image {url!r}: no answer within {timeout:g} s") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - URLError, OSError, http.client errors: a quarantine entry
         reason = getattr(exc, "reason", exc)
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise Reject("E_IMAGE_FETCH", f"image {url!r}: no answer within {timeout:g} s") from None
+        if deadline.expired or isinstance(reason, (TimeoutError, socket.timeout)):
+            raise too_slow from None
         raise Reject("E_IMAGE_FETCH", f"image {url!r}: {reason}") from None
+    finally:
+        deadline.cancel()
 
 
 _GCS_CLIENT = threading.local()

@@ -18,11 +18,20 @@ so it is self-contained and readable by the training task wherever the folder is
 (`/gcs/...` on Vertex, a local folder under kfp.local). Images given as http(s) URLs,
 gs:// URIs or base64 are fetched once and copied in like local ones.
 
-How it runs: each file is parsed line by line (text checks), then every distinct image
-is inspected once, in a thread pool: its bytes hashed and its header read (PIL's
-`Image.open` + `verify()`: size, mode, chunk checksums; no pixel decode). Token counts
-come from the image sizes and the text (see `_tokens.py`). An HTML report
-(`_report.py`) shows the counts, distributions and the first errors with thumbnails.
+How it runs: the output paths are checked first (none may be, or hold, an input file or
+an image a row uses: re-validating a clean set into its own folder is refused before
+anything is written). Each file is parsed line by line (text checks; a JSON object with
+the same key twice is quarantined, never last-wins), then every distinct image is
+inspected once, in a thread pool: its bytes hashed, its header read (PIL's `Image.open`
++ `verify()`: size, mode, chunk checksums), and, only when its size passes, its pixels
+decoded once per distinct content (a truncated or corrupt file is E_IMAGE_UNREADABLE
+here, not a crash in training). JPEGs decode at 1/8 scale (`Image.draft`: every byte is
+still read and entropy-decoded), and the pixels of all decodes in flight together stay
+under DECODE_BUDGET_BYTES. 16-bit grayscale images (modes I;16*, I) are converted, not
+rejected: the clean dataset holds an 8-bit grayscale PNG of their top 8 bits (what
+ms-swift's `convert("RGB")` would otherwise clip to white). Token counts come from the
+image sizes and the text (see `_tokens.py`). An HTML report (`_report.py`) shows the
+counts, distributions and the first errors with thumbnails.
 """
 
 from __future__ import annotations
@@ -32,8 +41,11 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,13 +64,18 @@ IMAGE_TAG = "<image>"
 MAX_LINE_BYTES = 8 * 1024 * 1024
 MIN_IMAGE_SIDE = 28  # Qwen-VL resizes to multiples of 28/32 px; smaller images are errors
 MAX_IMAGE_PIXELS = 8192 * 8192
-IMAGE_MODES = ("RGB", "RGBA", "L", "LA", "P", "I;16", "I", "1", "CMYK", "YCbCr")
+# 16-bit grayscale (mode "I" too: older Pillow opens 16-bit PNGs so; read as 0..65535) goes
+# into the clean set as an 8-bit "L" PNG of the top 8 bits
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+IMAGE_MODES = ("RGB", "RGBA", "L", "LA", "P", "1", "CMYK", "YCbCr", *SIXTEEN_BIT_MODES)
+DECODE_BUDGET_BYTES = 1 << 30  # pixels of the image decodes in flight at once (one larger image runs alone)
 
 # Stable check codes, in the order checks run.
 CODES = {
     "E_ENCODING": "line is not valid UTF-8",
     "E_TOO_LONG": f"line longer than {MAX_LINE_BYTES} bytes",
     "E_JSON": "line is not valid JSON",
+    "E_DUPLICATE_KEY": "a JSON object has the same key twice (a JSON reader keeps only the last)",
     "E_SCHEMA": "row does not match {messages: [{role, content}], images: [...]}",
     "E_ROLE": "unknown role",
     "E_ORDER": "messages out of order (alternation / last message must be the assistant's)",
@@ -67,7 +84,7 @@ CODES = {
     "E_IMAGE_PATH": "image path escapes the dataset folder or uses an unsupported form",
     "E_IMAGE_FETCH": "image URL / gs:// object could not be downloaded (timeout, HTTP or storage error)",
     "E_IMAGE_MISSING": "image file not found",
-    "E_IMAGE_UNREADABLE": "image cannot be opened",
+    "E_IMAGE_UNREADABLE": "image cannot be opened or decoded (corrupt or truncated file)",
     "E_IMAGE_SIZE": "image size, aspect ratio or mode not usable",
     "E_TOKENS": "estimated token count exceeds max_length (only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
@@ -225,8 +242,87 @@ def sha_of_file(path: Path) -> str:
 _FORMAT_SUFFIX = {"PNG": ".png", "JPEG": ".jpg", "GIF": ".gif", "WEBP": ".webp", "BMP": ".bmp", "TIFF": ".tif"}
 
 
-def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: float) -> _Image:
-    """Fetches (if remote), hashes and reads the header of one image; raises _Reject."""
+class _PixelBudget:
+    """Bounds the bytes of pixels that threads decode at once; a request above the limit runs alone."""
+
+    def __init__(self, limit: int):
+        self._limit, self._used = limit, 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def hold(self, n_bytes: int) -> Iterator[None]:
+        n_bytes = min(n_bytes, self._limit)
+        with self._changed:
+            self._changed.wait_for(lambda: self._used + n_bytes <= self._limit)
+            self._used += n_bytes
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._used -= n_bytes
+                self._changed.notify_all()
+
+
+_DECODE_BUDGET = _PixelBudget(DECODE_BUDGET_BYTES)
+
+
+def _decode(path: Path, sha: str, size: tuple[int, int], mode: str, out_dir: Path) -> tuple[str, Path | None]:
+    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", 8-bit copy or None).
+
+    A JPEG decodes at 1/8 scale (`Image.draft`): its whole stream is still read and
+    entropy-decoded, so truncation fails the same, with 1/64 of the pixels. A 16-bit
+    grayscale image (SIXTEEN_BIT_MODES) is scaled to its top 8 bits and saved as an 8-bit
+    "L" PNG `out_dir/<sha>.png`.
+    """
+    wide = mode in SIXTEEN_BIT_MODES
+    with _DECODE_BUDGET.hold(size[0] * size[1] * (10 if wide else 4)):  # Pillow keeps RGB in 4 bytes a pixel
+        try:
+            with Image.open(path) as img:
+                if img.format == "JPEG":
+                    img.draft(img.mode, (size[0] // 8, size[1] // 8))
+                img.load()
+                if not wide:
+                    return "", None
+                eight_bit = img.convert("I").point(lambda v: v / 256).convert("L")  # v >> 8, clipped to 0..255
+        except Exception as exc:  # noqa: BLE001 - a decoder may raise anything on hostile bytes
+            return str(exc) or type(exc).__name__, None
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"{sha}.png"
+        tmp = out.with_name(f"{out.name}.{threading.get_ident()}.tmp")
+        eight_bit.save(tmp, "PNG")
+        os.replace(tmp, out)
+    return "", out
+
+
+class _Decoder:
+    """Decodes each distinct image content once per run: every path with the same bytes shares the result."""
+
+    def __init__(self, out_dir: Path):
+        self._out_dir = out_dir
+        self._lock = threading.Lock()
+        self._results: dict[str, Future] = {}
+
+    def __call__(self, path: Path, sha: str, size: tuple[int, int], mode: str) -> tuple[str, Path | None]:
+        with self._lock:
+            future = self._results.get(sha)
+            mine = future is None
+            if mine:
+                future = self._results[sha] = Future()
+        if mine:
+            try:
+                future.set_result(_decode(path, sha, size, mode, self._out_dir))
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+        return future.result()
+
+
+def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: float, decoder: _Decoder) -> _Image:
+    """Fetches (if remote), hashes, reads the header of, and decodes one image; raises _Reject.
+
+    The size, aspect and mode checks use the header alone, so an image over
+    MAX_IMAGE_PIXELS is rejected without decoding it.
+    """
     path = _sources.fetch(source, ref, staging, timeout)
     if not path.is_file():
         raise _Reject("E_IMAGE_MISSING", f"image {ref!r} not found (looked at {path})")
@@ -239,7 +335,9 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
                 mode, fmt = img.mode, img.format
                 img.verify()
     except Image.DecompressionBombError as exc:
-        raise _Reject("E_IMAGE_SIZE", f"image {ref!r}: {exc}") from None
+        raise _Reject(
+            "E_IMAGE_SIZE", f"image {ref!r}: {exc}; downscale it to at most {MAX_IMAGE_PIXELS} px in area"
+        ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise _Reject("E_IMAGE_UNREADABLE", f"image {ref!r} cannot be opened: {exc}") from None
     if min(width, height) < MIN_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
@@ -252,6 +350,15 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} is {width}x{height}; aspect ratio above {MAX_ASPECT_RATIO}")
     if mode not in IMAGE_MODES:
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} has mode {mode!r}, not one of {', '.join(IMAGE_MODES)}")
+    problem, eight_bit = decoder(path, sha, (width, height), mode)
+    if problem:
+        raise _Reject(
+            "E_IMAGE_UNREADABLE",
+            f"image {ref!r} cannot be decoded ({problem}): the file is corrupt or cut short; export or download "
+            "it again",
+        )
+    if eight_bit is not None:  # the clean set holds the 8-bit copy: training reads that
+        return _Image(eight_bit, sha_of_file(eight_bit), width, height, "L", ".png")
     suffix = path.suffix.lower() if source.kind == "file" else ""
     return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""))
 
@@ -389,6 +496,42 @@ def _open_input(name: str, staging: Path, index: int, entry: dict[str, Any] | No
     return path, str(path.parent)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: the object as a dict; _Reject when a key repeats (no silent last-wins)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Reject("E_DUPLICATE_KEY", "")  # _load_json says which key, off the fast path
+    return obj
+
+
+def _load_json(text: str) -> Any:
+    """Parses one line's JSON; raises _Reject E_JSON, or E_DUPLICATE_KEY naming the first repeated key."""
+    repeated: list[tuple[str, list[str]]] = []
+
+    def note_repeated(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        if not repeated and len(set(keys)) != len(keys):
+            repeated.append((next(k for i, k in enumerate(keys) if k in keys[:i]), keys))
+        return dict(pairs)
+
+    try:
+        try:
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        except _Reject:  # parse again to name the key, or to find that the line is not JSON at all
+            json.loads(text, object_pairs_hook=note_repeated)
+    except json.JSONDecodeError as exc:
+        raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise _Reject("E_JSON", "JSON nested too deeply") from None
+    key, keys = repeated[0]
+    shown = ", ".join(map(repr, keys[:12])) + (", ..." if len(keys) > 12 else "")
+    raise _Reject(
+        "E_DUPLICATE_KEY",
+        f"key {key!r} appears {keys.count(key)} times in one object (keys {shown}); "
+        "a JSON reader keeps only the last one: remove the duplicate",
+    )
+
+
 def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
     """Runs the text checks of one non-blank line; returns its row or raises _Reject."""
     if length > MAX_LINE_BYTES:
@@ -397,12 +540,7 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _Reject("E_ENCODING", f"not UTF-8 at byte {exc.start}") from None
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
-    except RecursionError:
-        raise _Reject("E_JSON", "JSON nested too deeply") from None
+    row = _load_json(text)
     try:  # a \\ud800-style escape decodes to a lone surrogate, which no UTF-8 writer accepts
         json.dumps(row, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -443,13 +581,14 @@ def _parse_file(
 def _inspect_images(
     pending: list[_Pending], *, staging: Path, timeout: float, pool: ThreadPoolExecutor
 ) -> dict[_sources.Source, _Image | _Reject]:
-    """Inspects every distinct image of the pending rows once, in parallel."""
+    """Inspects every distinct image of the pending rows once, in parallel (pixels decoded once per content)."""
     distinct = list(dict.fromkeys(src for p in pending for _, src in p.sources))
     refs = {src: ref for p in pending for ref, src in p.sources}
+    decoder = _Decoder(staging / "8bit")
 
     def inspect(src: _sources.Source) -> _Image | _Reject:
         try:
-            return _inspect_image(src, refs[src], staging, timeout)
+            return _inspect_image(src, refs[src], staging, timeout, decoder)
         except _Reject as rej:
             return rej
 
@@ -550,12 +689,28 @@ def _check_line_accounting(
     return n_rows
 
 
+def _copy_file(src: Path, dst: Path) -> None:
+    """Copies src to dst through a temporary file and a rename: a file hard-linked to dst is never written through."""
+    tmp = dst.with_name(f".{dst.name}.{threading.get_ident()}.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _write_text_lines(path: Path, lines: Iterator[str]) -> None:
+    """Writes a text file through a temporary file and a rename (never through a hard link, never half)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    os.replace(tmp, path)
+
+
 def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecutor) -> int:
     """Writes rows + their images into a self-contained dataset folder; returns image count."""
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
     to_copy: dict[str, Path] = {}
-    with open(out_dir / "data.jsonl", "w", encoding="utf-8") as f:
+
+    def data_lines() -> Iterator[str]:
         for checked in rows:
             refs = []
             for image in checked.images:
@@ -565,9 +720,11 @@ def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecu
             out = dict(checked.row)
             if refs or "images" in checked.row:
                 out["images"] = refs
-            f.write(json.dumps(out, ensure_ascii=False) + "\n")
+            yield json.dumps(out, ensure_ascii=False) + "\n"
+
+    _write_text_lines(out_dir / "data.jsonl", data_lines())
     # a copy, not a link: a validated dataset must not change with its source
-    list(pool.map(lambda item: shutil.copyfile(item[1], image_dir / item[0]), to_copy.items()))
+    list(pool.map(lambda item: _copy_file(item[1], image_dir / item[0]), to_copy.items()))
     return len(to_copy)
 
 
@@ -577,9 +734,7 @@ def _write_outputs(
 ) -> int:  # fmt: skip
     """Writes the quarantine and both datasets; returns the number of images written."""
     outputs.quarantine.parent.mkdir(parents=True, exist_ok=True)
-    with open(outputs.quarantine, "w", encoding="utf-8") as f:
-        for r in rejected:
-            f.write(json.dumps(r.issue.__dict__, ensure_ascii=False) + "\n")
+    _write_text_lines(outputs.quarantine, (json.dumps(r.issue.__dict__, ensure_ascii=False) + "\n" for r in rejected))
     return _write_dataset(train, outputs.train, pool) + _write_dataset(held_out, outputs.eval, pool)
 
 
@@ -627,6 +782,82 @@ def _enforce_policy(result: ValidationResult, max_invalid_fraction: float) -> No
         raise DataError("no valid training rows left\n" + result.summary())
     if not c["n_eval"]:
         raise DataError("no valid eval rows: pass an eval file or more training rows\n" + result.summary())
+
+
+_OTHER_FOLDER = "write the outputs to another folder (CLI: --out OTHER_DIR)"
+
+
+def _local_path(name: str) -> str:
+    """Returns the absolute real path of a file or folder name; gs://b/o is /gcs/b/o (Cloud Storage FUSE)."""
+    return os.path.realpath("/gcs/" + name[len("gs://") :] if name.startswith("gs://") else name)
+
+
+def _is_in(path: str, folder: str) -> bool:
+    """Whether real path `path` is `folder` or lies under it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_paths(inputs: list[str], *, train_out: str, eval_out: str, quarantine_out: str, report_out: str = "") -> None:
+    """Refuses outputs that would overwrite an input or each other; reads and writes nothing.
+
+    Args:
+        inputs: The JSONL files to validate (train and eval; paths or gs:// URIs).
+        train_out: Folder for the clean training set.
+        eval_out: Folder for the clean held-out set.
+        quarantine_out: JSONL file for the rejected lines.
+        report_out: HTML report file; "" = none. Default "".
+
+    Raises:
+        DataError: An input file lies in an output dataset folder or is an output file
+            (re-validating a clean set into its own folder), the two dataset folders are
+            one, or an output file lies in a dataset folder. The message names both paths.
+    """
+    folders = {"train_out": train_out, "eval_out": eval_out}
+    files = {"quarantine_out": quarantine_out, **({"report_out": report_out} if report_out else {})}
+    real = {arg: _local_path(name) for arg, name in {**folders, **files}.items()}
+    if real["train_out"] == real["eval_out"]:
+        raise DataError(f"train_out and eval_out are the same folder {train_out}: {_OTHER_FOLDER} for each")
+    if real.get("report_out") == real["quarantine_out"]:
+        raise DataError(f"quarantine_out and report_out are the same file {quarantine_out}: {_OTHER_FOLDER}")
+    for file_arg, file_name in files.items():
+        for folder_arg, folder in folders.items():
+            if _is_in(real[file_arg], real[folder_arg]):
+                raise DataError(f"{file_arg} {file_name} is inside {folder_arg} {folder}: {_OTHER_FOLDER}")
+    for name in inputs:
+        path = _local_path(name)
+        for folder_arg, folder in folders.items():
+            if _is_in(path, real[folder_arg]):
+                raise DataError(
+                    f"{name}: this input file is inside the output folder {folder} ({folder_arg}); validating "
+                    f"into it would overwrite the data while it is read: {_OTHER_FOLDER}"
+                )
+        for file_arg, file_name in files.items():
+            if path == real[file_arg]:
+                raise DataError(
+                    f"{name}: this input file is the output {file_arg} {file_name}; validating would overwrite "
+                    f"it: {_OTHER_FOLDER}"
+                )
+
+
+def _check_image_paths(pending: list[_Pending], outputs: _Outputs) -> None:
+    """Refuses a local image that lies in an output dataset folder (it would be overwritten while read)."""
+    folders = {"train_out": outputs.train, "eval_out": outputs.eval}
+    real = {arg: _local_path(str(folder)) for arg, folder in folders.items()}
+    seen: set[str] = set()
+    for p in pending:
+        for ref, src in p.sources:
+            if src.kind != "file" or src.location in seen:
+                continue
+            seen.add(src.location)
+            # a relative reference is already resolved (_sources.resolve); an absolute one may hold links
+            path = os.path.realpath(src.location) if os.path.isabs(ref.strip()) else src.location
+            for folder_arg, folder in folders.items():
+                if _is_in(path, real[folder_arg]):
+                    raise DataError(
+                        f"{p.file}:{p.line}: image {ref!r} ({path}) is inside the output folder {folder} "
+                        f"({folder_arg}); validating into it would overwrite the image while it is read: "
+                        f"{_OTHER_FOLDER}"
+                    )
 
 
 def split_key(row_key: str, salt: str) -> float:
@@ -699,7 +930,9 @@ def validate_data(
         The ValidationResult.
 
     Raises:
-        DataError: A file is missing, empty, or changed since the snapshot; the model folder has no tokenizer, the task
+        DataError: An output would overwrite an input (`check_paths`; a local image in an
+            output folder too: checked before anything is written); a file is missing,
+            empty, or changed since the snapshot; the model folder has no tokenizer, the task
             is unknown, fewer than one valid train row, or the invalid fraction exceeds
             `max_invalid_fraction` (message holds the summary).
         LineAccountingError: Clean + quarantined rows differ from the non-blank lines read
@@ -707,6 +940,10 @@ def validate_data(
     """
     if task not in TASKS:
         raise DataError(f"task {task!r} is not one of {TASKS}")
+    check_paths(
+        [str(f) for f in [*train_files, *(eval_files or [])]], train_out=str(train_out), eval_out=str(eval_out),
+        quarantine_out=str(quarantine_out), report_out=report_out or "",
+    )  # fmt: skip
     try:
         counter = TokenCounter(model_dir, max_pixels)
     except ValueError as exc:
@@ -755,7 +992,8 @@ def _validate(
     lineage: dict[str, Any] | None = None,
     previous_lineage: dict[str, Any] | None = None,
 ) -> ValidationResult:
-    """Runs the phases in order: read, inspect images, check rows, split, account, write, report, policy."""
+    """Runs the phases in order: read, check image paths, inspect images, check rows, split, account, write,
+    report, policy."""
     inputs = [(name, False) for name in train_files] + [(name, True) for name in eval_files]
     entries = _snapshot_entries(snapshot, train_files, eval_files)
     files = [
@@ -763,6 +1001,7 @@ def _validate(
         for i, (name, is_eval) in enumerate(inputs)
     ]
     pending = [p for f in files for p in f.pending]
+    _check_image_paths(pending, outputs)
     inspected = _inspect_images(pending, staging=staging, timeout=fetch_timeout, pool=pool)
     checked, rejected_rows = _check_rows(pending, inspected, counter=counter, max_length=max_length)
     rejected = [r for f in files for r in f.rejected] + rejected_rows
