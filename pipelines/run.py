@@ -13,14 +13,17 @@ containers, no cloud): each task runs in this Python environment, artifacts go t
 pipeline root. With the default config it builds the tiny offline Qwen3-VL and the
 synthetic drawings dataset first (cached), so it needs no download.
 
-It prints the run folder, each task's time and the evaluation metrics, and exits 0 only
-when every task succeeded.
+It prints the run folder, each task's time or that it came from the kfp.local cache, the
+data lineage (snapshot fingerprint, files, rows) and the evaluation metrics, and exits 0
+only when every task succeeded. When validate-data and train-lora were cache hits it says
+so: no new data since the snapshot, no training ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import logging
 import os
@@ -37,9 +40,14 @@ from pipelines.config import (
     DEMO_MODEL,
     Config,
     ConfigError,
+    check_local_dirs,
     load_config,
 )
 from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight
+
+# The tasks that read the data snapshot, in order: all cache hits when the data did not change.
+TRAIN_TASKS = ("validate-data", "train-lora", "merge-export", "evaluate")
+_DAG_ORDER = ("snapshot-data", "stage-model", *TRAIN_TASKS)  # the order the summary lists tasks in
 
 # Everything local runs offline: no hub look-ups from transformers, ms-swift or datasets.
 OFFLINE_ENV = {
@@ -94,8 +102,12 @@ def resolve_demo_inputs(cfg: Config) -> Config:
 def preflight_local(cfg: Config) -> None:
     """Checks local inputs exist before any task starts.
 
+    Data sources may be files, folders or globs (snapshot-data resolves them); a file or
+    folder must exist, a glob must match something.
+
     Raises:
-        RunError: The model folder or a data file is missing, or the root is remote.
+        RunError: The model folder or a data file / folder is missing, a glob matches
+            nothing, or the root is remote.
     """
     if "://" in cfg.pipeline.root:
         raise RunError(
@@ -104,34 +116,52 @@ def preflight_local(cfg: Config) -> None:
     if "://" not in cfg.model.source and not Path(cfg.model.source).expanduser().is_dir():
         raise RunError(f"{cfg.path}: model.source: model folder not found: {cfg.model.source}")
     for key, value in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
-        for item in filter(None, value.split(",")):
-            if "://" not in item and not Path(item).expanduser().is_file():
+        for item in filter(None, (s.strip() for s in value.split(","))):
+            if "://" in item:
+                continue
+            if any(c in item for c in "*?["):  # a glob: snapshot-data says which JSONL files it matches
+                if not glob.glob(os.path.expanduser(item), recursive=True):
+                    raise RunError(f"{cfg.path}: {key}: no file matches the glob: {item}")
+            elif not Path(item).expanduser().exists():
                 raise RunError(f"{cfg.path}: {key}: data file not found: {item}")
 
 
 class _TaskTimer(logging.Filter):
-    """Records when kfp.local starts and finishes each task (from its log lines).
+    """Records when kfp.local starts and finishes each task, and its cache hits (from its log lines).
 
     A filter on the root logger, not a handler: kfp.local replaces the root's handlers
-    while a pipeline runs, but keeps its filters.
+    while a task runs, but keeps its filters. It logs a cache hit at INFO outside that
+    context, so `run_local` lowers the root's level to INFO for the run; this filter then
+    keeps other records quieter than the level before the run from being shown.
     """
 
     _start = re.compile(r"Executing task (?:\x1b\[\d+m)?'([\w-]+)'")
     _end = re.compile(r"Task (?:\x1b\[\d+m)?'([\w-]+)'(?:\x1b\[\d+m)? finished with status (?:\x1b\[\d+m)?(\w+)")
+    _hit = re.compile(r"Task (?:\x1b\[\d+m)?'?([\w-]+)'?(?:\x1b\[\d+m)? cache hit \(key=([0-9a-f]+)\)")
 
-    def __init__(self):
+    def __init__(self, floor: int = logging.WARNING):
         super().__init__()
+        self.floor = floor  # the root logger's level before the run: quieter records are not shown
+        self.handlers = logging.getLogger().handlers[:]  # kfp.local swaps these while a task runs
         self.started: dict[str, float] = {}
         self.times: dict[str, tuple[float, str]] = {}
+        self.hits: dict[str, str] = {}  # task -> the first hex digits of its cache key
+        self.order: list[str] = []  # tasks in the order they started or were served from the cache
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         if m := self._start.search(msg):
             self.started[m.group(1)] = record.created
+            self.order.append(m.group(1))
         elif m := self._end.search(msg):
             name = m.group(1)
             self.times[name] = (record.created - self.started.get(name, record.created), m.group(2))
-        return True
+        elif m := self._hit.search(msg):
+            self.hits[m.group(1)] = m.group(2)
+            self.order.append(m.group(1))
+            return True  # shown: which tasks were reused
+        # kfp.local's task logs (its own handlers) pass; other records only at the level set before the run
+        return record.levelno >= self.floor or logging.getLogger().handlers != self.handlers
 
 
 def _newest_run_dir(root: Path, name: str, after: float) -> Path | None:
@@ -139,15 +169,111 @@ def _newest_run_dir(root: Path, name: str, after: float) -> Path | None:
     return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
 
 
-def read_eval_metrics(run_dir: Path) -> dict[str, Any]:
-    """Returns the evaluate task's metrics from a local run folder (empty if absent)."""
-    out = run_dir / "evaluate" / "executor_output.json"
-    if not out.is_file():
+def read_task_outputs(run_dir: Path | None, cache_dir: Path, hits: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Returns every task's outputs, whether it ran in this run or came from the kfp.local cache.
+
+    A task that ran wrote `<run_dir>/<task>/executor_output.json`; a cache hit's outputs are
+    the cache entry `<cache_dir>/<key>.json` (its artifacts point into the run that made them).
+
+    Args:
+        run_dir: This run's folder under the pipeline root (None: no task ran).
+        cache_dir: kfp.local's cache folder (`<pipeline root>/.kfp_cache`).
+        hits: {task: first hex digits of its cache key}, as kfp.local logs them.
+
+    Returns:
+        {task: {output name: parameter value, or {"uri", "metadata"} for an artifact}}.
+    """
+    outputs: dict[str, dict[str, Any]] = {}
+    for path in sorted(run_dir.glob("*/executor_output.json")) if run_dir else []:
+        data = json.loads(path.read_text())
+        task = dict(data.get("parameterValues", {}))
+        for name, value in data.get("artifacts", {}).items():
+            for artifact in value.get("artifacts", [])[:1]:
+                task[name] = {"uri": artifact.get("uri", ""), "metadata": artifact.get("metadata", {})}
+        outputs[path.parent.name] = task
+    for name, key in hits.items():
+        entries = sorted(cache_dir.glob(f"{key}*.json"))
+        if len(entries) != 1:
+            continue
+        task = {}
+        for out, value in json.loads(entries[0].read_text()).items():
+            if isinstance(value, dict) and value.get("__kfp_artifact__"):
+                value = {"uri": value.get("uri", ""), "metadata": value.get("metadata", {})}
+            task[out] = value
+        outputs[name] = task
+    return outputs
+
+
+def write_metrics_files(cache_dir: Path, root_dir: Path) -> list[str]:
+    """Writes each cached Metrics artifact's figures (JSON) to its file, so the next run can reuse the task.
+
+    kfp.local (2.17, `kfp/local/cache.py`) treats a cache entry whose local artifact file
+    does not exist as a miss. A `Metrics` output has no file (its figures are metadata in
+    the executor output), so without this every task with a Metrics output (validate-data,
+    train-lora, evaluate) would run again on every run with unchanged inputs, and the tasks
+    after them too, because their input artifacts would be new.
+
+    Args:
+        cache_dir: kfp.local's cache folder (`<pipeline root>/.kfp_cache`); absent = nothing to do.
+        root_dir: The pipeline root: only artifact files under it are written.
+
+    Returns:
+        The files written.
+    """
+    written = []
+    root = str(root_dir.resolve()) + os.sep
+    for entry in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
+        try:
+            outputs = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue  # kfp.local ignores an unreadable entry too
+        for value in outputs.values() if isinstance(outputs, dict) else []:
+            if not (isinstance(value, dict) and value.get("schema_title") == "system.Metrics"):
+                continue
+            uri = str(value.get("uri") or "")
+            if uri.startswith(root) and not os.path.exists(uri) and os.path.isdir(os.path.dirname(uri)):
+                Path(uri).write_text(json.dumps(value.get("metadata") or {}, indent=1, sort_keys=True))
+                written.append(uri)
+    return written
+
+
+def data_lineage(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Returns the run's data lineage: the snapshot, and how many files and rows the model learnt from.
+
+    Args:
+        outputs: `read_task_outputs(...)`.
+
+    Returns:
+        {"fingerprint": snapshot-data's fingerprint, "files", "rows", "train_rows",
+        "eval_rows", "from": where the counts were read}: the counts from the merged
+        model's lineage.json `data` section, else from validate-data's metrics; {} when
+        there is no snapshot-data output.
+    """
+    fingerprint = outputs.get("snapshot-data", {}).get("fingerprint", "")
+    if not fingerprint:
         return {}
-    data = json.loads(out.read_text())
-    for artifact in data.get("artifacts", {}).get("metrics", {}).get("artifacts", []):
-        return artifact.get("metadata", {})
-    return {}
+    merged = outputs.get("merge-export", {}).get("merged_model", {}).get("uri", "")
+    lineage_file = Path(merged) / "lineage.json" if merged else None
+    if lineage_file is not None and lineage_file.is_file():
+        data = json.loads(lineage_file.read_text()).get("data") or {}
+        if data:
+            return {
+                "fingerprint": fingerprint,
+                "files": data.get("files"),
+                "rows": data.get("rows"),
+                "train_rows": data.get("train_rows"),
+                "eval_rows": data.get("eval_rows"),
+                "from": str(lineage_file),
+            }
+    metrics = outputs.get("validate-data", {}).get("metrics", {}).get("metadata", {})
+    return {
+        "fingerprint": fingerprint,
+        "files": metrics.get("data_files"),
+        "rows": metrics.get("n_lines"),
+        "train_rows": metrics.get("n_train"),
+        "eval_rows": metrics.get("n_eval"),
+        "from": "validate-data metrics" if metrics else "",
+    }
 
 
 def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None = None) -> dict[str, Any]:
@@ -159,7 +285,10 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
         enable_caching: Reuse unchanged tasks' outputs; default the config's setting.
 
     Returns:
-        {"run_dir", "passed", "wall_s", "tasks": {name: seconds}, "metrics": {...}}.
+        {"run_dir", "passed", "wall_s", "tasks": {name: seconds} of the tasks that ran,
+        "cached": [names of the tasks that came from the kfp.local cache], "metrics":
+        evaluate's metrics (also when evaluate was a cache hit), "data": `data_lineage`
+        (the snapshot fingerprint, files and rows)}.
 
     Raises:
         RunError: Inputs missing, or a task failed (the task's own message is above).
@@ -170,6 +299,7 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
 
     if root:
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=root))
+    check_local_dirs(cfg, root_from="--root" if root else "")  # under a file / not writable: a named error
     cfg = resolve_demo_inputs(cfg)
     preflight_local(cfg)
     root_dir = Path(cfg.pipeline.root).expanduser().resolve()
@@ -177,10 +307,15 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching
     local.init(local.SubprocessRunner(use_venv=False), pipeline_root=str(root_dir), enable_caching=caching)
 
-    timer = _TaskTimer()
+    root_logger = logging.getLogger()
+    saved_level = root_logger.level
+    timer = _TaskTimer(floor=root_logger.getEffectiveLevel())
     saved_env = dict(os.environ)
     os.environ.update(OFFLINE_ENV)  # the tasks are subprocesses: they inherit it
-    logging.getLogger().addFilter(timer)
+    # kfp.local logs a cache hit at INFO outside its own logging context: let the record reach the filter
+    if root_logger.getEffectiveLevel() > logging.INFO:
+        root_logger.setLevel(logging.INFO)
+    root_logger.addFilter(timer)
     start = time.time()
     try:
         passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
@@ -191,17 +326,24 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
             f"{str(exc).splitlines()[0]}"
         ) from None
     finally:
-        logging.getLogger().removeFilter(timer)
+        root_logger.removeFilter(timer)
+        root_logger.setLevel(saved_level)
         os.environ.clear()
         os.environ.update(saved_env)
+        if caching:
+            write_metrics_files(root_dir / ".kfp_cache", root_dir)
     wall = time.time() - start
     run_dir = _newest_run_dir(root_dir, cfg.pipeline.name, start)
+    outputs = read_task_outputs(run_dir, root_dir / ".kfp_cache", timer.hits)
+    metrics = outputs.get("evaluate", {}).get("metrics", {}).get("metadata", {})
     return {
         "run_dir": str(run_dir) if run_dir else str(root_dir),
         "passed": bool(passed),
         "wall_s": round(wall, 1),
         "tasks": {name: round(sec, 1) for name, (sec, _) in timer.times.items()},
-        "metrics": read_eval_metrics(run_dir) if run_dir else {},
+        "cached": [name for name in timer.order if name in timer.hits],
+        "metrics": metrics,
+        "data": data_lineage(outputs),
     }
 
 
@@ -292,8 +434,26 @@ def wait_for(job: Any, poll_s: float, out: Any) -> str:
 
 def format_summary(result: dict[str, Any]) -> str:
     """Returns the human-readable end-of-run summary."""
+    cached = list(result.get("cached", []))
     lines = [f"run folder: {result['run_dir']}", f"wall time: {result['wall_s']:.1f} s", "tasks:"]
-    lines += [f"  {name:<16} {sec:7.1f} s" for name, sec in result["tasks"].items()]
+    shown = sorted([*result["tasks"], *cached], key=lambda t: _DAG_ORDER.index(t) if t in _DAG_ORDER else 99)
+    for name in shown:
+        if name in result["tasks"]:
+            lines.append(f"  {name:<16} {result['tasks'][name]:7.1f} s")
+        else:
+            lines.append(f"  {name:<16} from the cache (kfp.local cache hit)")
+    data = result.get("data") or {}
+    if data:
+        counts = f"{data.get('files')} files, {data.get('rows')} rows"
+        if data.get("train_rows") is not None:
+            counts += f" ({data['train_rows']} train, {data['eval_rows']} eval)"
+        lines.append(f"data: snapshot {data['fingerprint']}, {counts}")
+    if "validate-data" in cached and "train-lora" in cached:
+        tail = [t for t in TRAIN_TASKS if t in cached]
+        which = f"{TRAIN_TASKS[0]} .. {TRAIN_TASKS[-1]}" if tail == list(TRAIN_TASKS) else ", ".join(tail)
+        lines.append(
+            f"no new data since snapshot {data.get('fingerprint', '?')}: {which} came from the cache, no training ran"
+        )
     metrics = result["metrics"]
     if metrics:
         reference = str(metrics.get("reference") or "base")

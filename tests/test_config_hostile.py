@@ -476,3 +476,10 @@ def test_cli_run_local_refuses_a_duplicate_key(tmp_path):
     result = cli("pipelines.run", "--local", "--config", str(path))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and f"{path}:10: duplicate key 'eval'" in result.stderr
+
+
+def test_cli_run_local_refuses_a_root_under_a_file(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    result = cli("pipelines.run", "--local", "--root", str(tmp_path / "f.txt" / "runs"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--root '{tmp_path / 'f.txt' / 'runs'}' is inside '{tmp_path / 'f.txt'}', which is a file" in result.stderr

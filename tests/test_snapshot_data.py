@@ -277,3 +277,31 @@ def test_cli_prints_the_snapshot_and_fails_cleanly_on_a_source_that_matches_noth
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert bad.returncode == 1 and "matches no .jsonl file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_kfp_wrapper_returns_every_declared_output(tmp_path):
+    from kfp import dsl
+
+    from components.snapshot_data import snapshot_data as component
+
+    _write(tmp_path / "d" / "a.jsonl")
+    manifest = dsl.Dataset(uri=str(tmp_path / "manifest"))
+    manifest.path = str(tmp_path / "manifest.json")
+    out = component.python_func(
+        train_sources=str(tmp_path / "d"),
+        eval_sources="",
+        manifest=manifest,
+        model_source="gs://b/models/qwen",
+        model_revision="",
+        model_token_from="",
+        swift_args={"learning_rate": 1e-4},
+        eval_fraction=0.1,
+        max_invalid_fraction=0.0,
+        split_seed="split-v1",
+        task="detection",
+    )
+    declared = component.component_spec.outputs
+    assert set(out._fields) == set(declared) - {"manifest"}
+    assert out.model_source == "gs://b/models/qwen" and out.up_to_date is False
+    assert json.loads(out.snapshot)["fingerprint"] == out.fingerprint == manifest.metadata["fingerprint"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["training_key"] == out.training_key

@@ -75,6 +75,7 @@ def snapshot_data(
             eval_=eval_sources,
             champion_dir=champion_uri,
             manifest_out=manifest.path,
+            token_from=model_token_from,
             training={
                 "model_source": model_source,
                 "model_revision": model_revision,
@@ -89,8 +90,14 @@ def snapshot_data(
         raise SystemExit(f"snapshot-data: {exc}") from None
     print(result.summary, flush=True)
     manifest.metadata.update(result.metadata)
-    return namedtuple("Outputs", ["snapshot", "fingerprint", "training_key", "up_to_date"])(
-        result.snapshot_json, result.fingerprint, result.training_key, result.up_to_date
+    names = ["snapshot", "fingerprint", "training_key", "up_to_date", "model_source", "model_revision"]
+    return namedtuple("Outputs", names)(
+        result.snapshot_json,
+        result.fingerprint,
+        result.training_key,
+        result.up_to_date,
+        result.model_source,
+        result.model_revision,
     )
 
 
