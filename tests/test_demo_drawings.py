@@ -163,3 +163,41 @@ def test_cli(tmp_path, capsys):
 def test_prompt_mentions_every_label():
     for label in LABELS:
         assert label in PROMPT
+
+
+def _answers(jsonl: Path) -> list[list[dict]]:
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    return [json.loads(r["messages"][1]["content"].removeprefix("```json\n").removesuffix("\n```")) for r in rows]
+
+
+def test_norm1000_answers_round_trip_to_the_pixel_boxes(tmp_path):
+    from components.common.answers import parse_findings
+    from components.common.boxes import to_pixels
+
+    pixel = generate_dataset(tmp_path / "px", n_train=6, n_eval=2, image_size=256, seed=3)
+    norm = generate_dataset(tmp_path / "n", n_train=6, n_eval=2, image_size=256, seed=3, convention="norm1000")
+    assert (tmp_path / "px/images/train_00000.png").read_bytes() == (tmp_path / "n/images/train_00000.png").read_bytes()
+    for split in ("train", "eval"):
+        for px_findings, n_findings in zip(_answers(Path(pixel[split])), _answers(Path(norm[split]))):
+            assert all(list(f) == ["bbox_2d", "label"] for f in n_findings)  # the cookbook's form
+            assert all(isinstance(v, int) and 0 <= v <= 1000 for f in n_findings for v in f["bbox_2d"])
+            assert [f["label"] for f in n_findings] == [f["label"] for f in px_findings]
+            for p, n in zip(px_findings, n_findings):
+                assert to_pixels(n["bbox_2d"], "norm1000", (256, 256)) == pytest.approx(p["bbox"], abs=1.0)
+    row = json.loads(Path(norm["train"]).read_text().splitlines()[0])
+    assert "[0, 1000]" in row["messages"][0]["content"]
+    assert parse_findings(row["messages"][1]["content"])[1] is None  # evaluate and validate-data read it
+
+
+def test_pixel_convention_is_the_default_output(tmp_path):
+    a = generate_dataset(tmp_path / "a", n_train=2, n_eval=0, seed=1)
+    b = generate_dataset(tmp_path / "b", n_train=2, n_eval=0, seed=1, convention="pixel")
+    assert Path(a["train"]).read_text() == Path(b["train"]).read_text()
+    assert all(list(f) == ["label", "bbox"] for f in _answers(Path(a["train"]))[0])
+    with pytest.raises(ValueError, match="convention"):
+        generate_dataset(tmp_path / "c", convention="auto")
+
+
+def test_cli_convention_flag(tmp_path, capsys):
+    drawings.main([str(tmp_path), "--n-train", "1", "--n-eval", "0", "--convention", "norm1000"])
+    assert "bbox_2d" in (tmp_path / "train.jsonl").read_text()

@@ -191,3 +191,77 @@ def test_run_summary_names_a_non_base_reference():
     run["metrics"]["reference"] = "/models/golden"
     text = format_summary(run)
     assert "reference model: /models/golden" in text and " ref      tuned" in text
+
+
+def _image_dataset(tmp_path: Path, golds, size) -> Path:
+    from PIL import Image
+
+    ds = _dataset(tmp_path, golds)
+    (ds / "images").mkdir()
+    for i in range(len(golds)):
+        Image.new("RGB", size, "white").save(ds / f"images/{i}.png")
+    return ds
+
+
+def test_norm1000_answers_of_the_base_model_match_pixel_gold(tmp_path):
+    # 640 x 480 image, gold in pixels; the base model (Qwen3-VL) answers the same box in 0-1000
+    ds = _image_dataset(tmp_path, ['```json\n[{"label": "hole", "bbox": [64, 48, 320, 240]}]\n```'], (640, 480))
+    norm = '```json\n[\n\t{"bbox_2d": [100, 100, 500, 500], "label": "hole"}\n]\n```'
+    gen, _ = _fake({"tuned": ['[{"label": "hole", "bbox": [64, 48, 320, 240]}]'], "base": [norm]})
+    out = tmp_path / "p.jsonl"
+    result = evaluate(
+        "tuned", "base", "qwen3_vl", str(ds), str(out), generate_fn=gen, reference_box_convention="norm1000"
+    )
+    assert result.reference["f1"] == 1.0 and result.tuned["f1"] == 1.0
+    # read as pixels (what the pipeline did before), the base model's answer misses
+    before = evaluate("tuned", "base", "qwen3_vl", str(ds), str(out), generate_fn=gen)
+    assert before.reference["f1"] == 0.0 and before.tuned["f1"] == 1.0
+
+
+def test_norm1000_dataset_scores_in_pixels(tmp_path):
+    gold = '```json\n[{"bbox_2d": [100, 100, 500, 500], "label": "hole"}]\n```'
+    ds = _image_dataset(tmp_path, [gold], (640, 480))
+    gen, _ = _fake({"tuned": [gold], "base": ['[{"bbox_2d": [100, 100, 500, 520], "label": "hole"}]']})
+    result = evaluate(
+        "tuned", "base", "", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen, box_convention="norm1000"
+    )
+    assert result.tuned["f1"] == 1.0 and result.reference["f1"] == 1.0
+    assert result.samples[0]["box_convention"] == "norm1000" and result.samples[0]["image_size"] == [640, 480]
+
+
+def test_resized_pixel_answers_on_an_image_that_is_not_a_multiple_of_28(tmp_path):
+    from components.common.boxes import ResizeRule, from_pixels, smart_resize
+
+    size = (250, 130)  # smart resize: 252 x 140
+    assert smart_resize(130, 250) == (140, 252)
+    gold_px = [50, 26, 150, 104]
+    ds = _image_dataset(tmp_path, [json.dumps([{"label": "a", "bbox": gold_px}])], size)
+    resized = from_pixels(gold_px, "resized_pixel", size)
+    assert resized != gold_px
+    gen, _ = _fake(
+        {
+            "tuned": [json.dumps([{"label": "a", "bbox": gold_px}])],
+            "base": [json.dumps([{"bbox_2d": resized, "label": "a"}])],
+        }
+    )
+    result = evaluate(
+        "tuned",
+        "base",
+        "",
+        str(ds),
+        str(tmp_path / "p.jsonl"),
+        iou_threshold=0.95,
+        generate_fn=gen,
+        reference_box_convention="resized_pixel",
+        resize_rule=ResizeRule(),
+    )
+    assert result.reference["f1"] == 1.0
+
+
+def test_unknown_convention_and_missing_image_are_named_errors(tmp_path):
+    ds = _dataset(tmp_path)  # images do not exist
+    gen, _ = _fake({"tuned": GOLD, "base": GOLD})
+    with pytest.raises(EvalError, match="box_convention 'auto'"):
+        evaluate("tuned", "base", "", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen, box_convention="auto")
+    with pytest.raises(EvalError, match="cannot read its size"):
+        evaluate("tuned", "base", "", str(ds), str(tmp_path / "p.jsonl"), generate_fn=gen, box_convention="norm1000")

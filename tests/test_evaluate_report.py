@@ -162,3 +162,71 @@ def test_write_report_and_champion_column(tmp_path):
     page = open(out, encoding="utf-8").read()
     assert "champion" in page and "FAILED" in page and "<img" not in page
     assert "&lt;script&gt;" in render_report(TUNED, BASE, [], reason="<script>")  # escaped
+
+
+def _card_sample(tmp_path, gold, tuned, convention, size=(200, 100)):
+    path = tmp_path / f"{convention}.png"
+    Image.new("RGB", size, "white").save(path)
+    return {
+        "line": 7,
+        "images": [str(path)],
+        "box_convention": convention,
+        "image_size": list(size),
+        "gold": gold,
+        "tuned": tuned,
+        "tuned_score": {"json_valid": True, "tp": 0, "fp": 1, "fn": 1},
+        "reference_score": {},
+    }
+
+
+def test_report_draws_boxes_in_pixels_for_each_convention(tmp_path):
+    # the same boxes on a 200 x 100 image: gold (20, 10)-(100, 50), prediction (120, 60)-(180, 90)
+    pixel = _card_sample(
+        tmp_path,
+        _answer([{"label": "a", "bbox": [20, 10, 100, 50]}]),
+        _answer([{"label": "a", "bbox": [120, 60, 180, 90]}]),
+        "pixel",
+    )
+    norm = _card_sample(
+        tmp_path,
+        _answer([{"bbox_2d": [100, 100, 500, 500], "label": "a"}]),
+        _answer([{"bbox_2d": [600, 600, 900, 900], "label": "a"}]),
+        "norm1000",
+    )
+    page = render_report(TUNED, BASE, [pixel, norm], iou_threshold=0.5, worst_n=2)
+    assert "IoU ≥ 0.5" in page and "norm1000" in page
+    parser = _Collector()
+    parser.feed(page)
+    for src in parser.imgs:
+        thumb = _decode(src)
+        assert thumb.size == (200, 100)
+        assert thumb.getpixel((20, 30)) == GOLD_COLOR and thumb.getpixel((60, 10)) == GOLD_COLOR
+        assert thumb.getpixel((120, 75)) == PRED_COLOR and thumb.getpixel((150, 89)) == PRED_COLOR
+        assert thumb.getpixel((60, 30)) == (255, 255, 255)  # inside the gold box: untouched
+
+
+def test_invalid_prediction_is_marked_not_drawn_as_a_large_box(tmp_path):
+    # x2 < x1: the metric scores it as zero area; min/max would draw (20, 10)-(180, 90)
+    sample = _card_sample(
+        tmp_path,
+        _answer([{"label": "a", "bbox": [40, 40, 60, 60]}]),
+        _answer([{"label": "a", "bbox": [180, 10, 20, 90]}]),
+        "pixel",
+    )
+    page = render_report(TUNED, BASE, [sample], worst_n=1)
+    parser = _Collector()
+    parser.feed(page)
+    thumb = _decode(parser.imgs[0])
+    assert thumb.getpixel((20, 50)) == (255, 255, 255) and thumb.getpixel((100, 90)) == (255, 255, 255)
+    assert thumb.getpixel((180, 10)) == PRED_COLOR  # a small cross at (x1, y1)
+    assert "1 invalid" in page
+
+
+def test_thumbnail_with_an_explicit_convention(tmp_path):
+    path = tmp_path / "img.png"
+    Image.new("RGB", (200, 100), "white").save(path)
+    png = draw_thumbnail(path, [{"label": "a", "bbox": [100, 100, 500, 500]}], [], convention="norm1000")
+    assert Image.open(io.BytesIO(png)).convert("RGB").getpixel((20, 30)) == GOLD_COLOR
+    # pixel: the same numbers are not rescaled
+    png = draw_thumbnail(path, [{"label": "a", "bbox": [100, 10, 150, 50]}], [], convention="pixel")
+    assert Image.open(io.BytesIO(png)).convert("RGB").getpixel((100, 30)) == GOLD_COLOR

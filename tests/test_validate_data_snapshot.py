@@ -47,7 +47,7 @@ def test_rows_added_since_the_champion_are_reported(tmp_path):
     assert since["changed"] == [str(tmp_path / "d" / "part-0.jsonl")] and not since["added"]
     assert (since["rows_before"], since["rows_now"]) == (6, 14)
     html = report.read_text()
-    assert "Since the champion's data" in html and "+8 rows" in html
+    assert "Since the champion's data" in html and "+8 rows" in html and "(6 → 14 rows)" in html
 
 
 def test_a_file_overwritten_after_the_snapshot_is_a_named_error_not_a_mix(tmp_path):

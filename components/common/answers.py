@@ -4,8 +4,10 @@ Shared by validate-data (a training answer must have the shape evaluate reads) a
 evaluate (scores the model's answers), so both read an answer the same way. Pure Python.
 
 A detection answer is a JSON list of findings, each ``{"label": str, "bbox": [x1, y1,
-x2, y2]}``, usually inside a ```` ```json ```` fenced block; :func:`parse_findings` says
-exactly what is accepted.
+x2, y2]}`` (or ``"bbox_2d"``, the key of the Qwen-VL grounding cookbook), usually inside a
+```` ```json ```` fenced block; :func:`parse_findings` says exactly what is accepted. What
+the numbers mean (pixels, 0-1000, resized pixels) is not the parser's business: see
+`components.common.boxes` and `components.common.tasks`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not valid JSON")
 
 
+BOX_KEYS: tuple[str, ...] = ("bbox", "bbox_2d")
+"""Keys a finding's box may have, in order of preference; parsed findings use "bbox"."""
+
+
+def _first_json_list(text: str) -> list | None:
+    """Returns the first JSON list that starts at some "[" of text (prose around it is fine), or None."""
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    start = text.find("[")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            value = None
+        if isinstance(value, list):
+            return value
+        start = text.find("[", start + 1)
+    return None
+
+
 def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
     """Extracts the list of findings from a model answer.
 
@@ -73,7 +94,9 @@ def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
     2. otherwise the body of the first fenced block without an info string;
     3. otherwise (no such fenced block) the whole stripped text if it starts
        with ``[`` or ``{``, else the substring from the first ``[`` to the
-       last ``]``.
+       last ``]``; when that substring is not valid JSON (prose that holds
+       other brackets, such as "boxes [x1, y1, x2, y2]: [...]"), the first
+       JSON list that starts at a ``[`` of the text.
 
     A fence left unclosed (e.g. a generation cut by ``max_new_tokens``) runs
     to the end of the text. Fenced blocks with another info string (e.g.
@@ -84,11 +107,13 @@ def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
     is an object with:
 
     * ``"label"``: a non-empty string;
-    * ``"bbox"``: a list of exactly 4 finite numbers (int or float, not bool).
+    * ``"bbox"`` or ``"bbox_2d"`` (the Qwen-VL cookbook's key; ``"bbox"`` wins
+      when both are present): a list of exactly 4 finite numbers (int or
+      float, not bool).
 
-    Other keys are allowed and dropped. Coordinates are not required to be
+    Other keys are allowed and dropped; key order does not matter. Coordinates are not required to be
     ordered; a box with ``x2 <= x1`` or ``y2 <= y1`` has zero area and never
-    matches (see ``components.evaluate.metrics.iou``).
+    matches (see ``components.common.boxes.iou``).
 
     Args:
         text: The model answer.
@@ -106,7 +131,10 @@ def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
     try:
         data = json.loads(candidate, parse_constant=_reject_constant)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        return None, f"invalid JSON: {exc}"
+        in_prose = not FENCE_RE.search(text) and not text.strip().startswith(("[", "{"))
+        data = _first_json_list(text) if in_prose else None
+        if data is None:
+            return None, f"invalid JSON: {exc}"
     if not isinstance(data, list):
         return None, f"JSON is a {type(data).__name__}, not a list"
     findings: list[dict] = []
@@ -116,7 +144,7 @@ def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
         label = item.get("label")
         if not isinstance(label, str) or not label:
             return None, f"item {i} has no non-empty string 'label'"
-        bbox = item.get("bbox")
+        bbox = next((item[key] for key in BOX_KEYS if key in item), None)
         if not isinstance(bbox, list) or len(bbox) != 4 or not all(map(is_finite_number, bbox)):
             return None, f"item {i} 'bbox' is not a list of 4 finite numbers: {bbox!r}"
         findings.append({"label": label, "bbox": list(bbox)})

@@ -13,7 +13,7 @@ because each was trained on boxes of one kind:
   Qwen2-VL image processor.
 
 `to_pixels` / `from_pixels` convert one box; `convention_for_model` picks the default for a
-staged model from its architecture. Pure Python.
+staged model from its architecture; `iou` compares two boxes of one convention. Pure Python.
 """
 
 from __future__ import annotations
@@ -223,3 +223,41 @@ def box_problem(box: Any, convention: str, image_size: tuple[int, int], rule: Re
             f"bbox {list(box)}: outside [0, 0, {limit[0]:g}, {limit[1]:g}] ({convention} of a {width}x{height} image)"
         )
     return ""
+
+
+def _area(box: Sequence[float]) -> float:
+    x1, y1, x2, y2 = box
+    return max(0.0, x2 - x1) * max(0.0, y2 - y1)
+
+
+def is_proper(box: Sequence[float]) -> bool:
+    """Returns whether a box has x1 < x2 and y1 < y2 (else it has zero area and never matches)."""
+    return box[2] > box[0] and box[3] > box[1]
+
+
+def iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Intersection over union of two ``[x1, y1, x2, y2]`` boxes of the same convention.
+
+    Boxes are continuous (``x2 - x1`` is the width). A box with ``x2 <= x1``
+    or ``y2 <= y1`` is degenerate and has zero area. When the union has zero
+    area (both boxes degenerate, even if equal) the result is ``0.0``.
+
+    Args:
+        a: First box.
+        b: Second box.
+
+    Returns:
+        IoU in ``[0, 1]``.
+
+    Raises:
+        ValueError: If a box does not have 4 coordinates.
+    """
+    if len(a) != 4 or len(b) != 4:
+        raise ValueError(f"boxes must have 4 coordinates [x1, y1, x2, y2], got {a!r} and {b!r}")
+    iw = min(a[2], b[2]) - max(a[0], b[0])
+    ih = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(0.0, iw) * max(0.0, ih) if _area(a) > 0 and _area(b) > 0 else 0.0
+    union = _area(a) + _area(b) - inter
+    if union <= 0:
+        return 0.0
+    return float(inter / union)

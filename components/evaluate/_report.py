@@ -3,7 +3,11 @@
 `render_report` returns one self-contained HTML page (inline CSS, images as base64 PNG
 `data:` URIs, no scripts, no external requests), which the Vertex AI console shows for an
 `Output[HTML]` artifact. The worst samples (invalid JSON first, then lowest tuned F1) are
-drawn as thumbnails with the expected boxes in green and the tuned model's boxes in red.
+drawn as thumbnails with the expected boxes in green and the tuned model's boxes in red,
+each with its label. Boxes are drawn as the metric scores them (`components.common.tasks`):
+in pixels of the original image, converted from the dataset's convention; a box with
+x2 <= x1 or y2 <= y1 has zero area and never matches, so it is drawn as a small cross
+marked "invalid", never as a rectangle spanning its corners.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from components.common.answers import parse_findings
+from components.common.boxes import BoxError, ResizeRule
+from components.common.tasks import Geometry, Shape, get_task
 
+INVALID_MARK = 4  # half-size of the cross drawn for an invalid box, thumbnail px
 GOLD_COLOR = (0, 170, 0)
 PRED_COLOR = (220, 0, 0)
 THUMB_SIZE = 320
@@ -48,19 +54,31 @@ def worst_samples(samples: Sequence[dict[str, Any]], n: int) -> list[dict[str, A
     return ranked[:n]
 
 
-def _boxes(text: str) -> list[dict[str, Any]]:
-    findings, _ = parse_findings(text)
-    return findings or []
+def _label_origin(box: list[float], text_h: int, height: int) -> tuple[float, float]:
+    """Where a box's label goes: above the box, else below it, else inside its top-left corner."""
+    x1, y1, _, y2 = box
+    if y1 - text_h - 2 >= 0:
+        return x1, y1 - text_h - 2
+    if y2 + text_h + 2 <= height:
+        return x1, y2 + 2
+    return x1 + 3, y1 + 3
 
 
-def draw_thumbnail(image_path: str | Path | None, gold: list[dict], pred: list[dict], size: int = THUMB_SIZE) -> bytes:
-    """Draws gold (green) and predicted (red) boxes on the image, scaled to fit `size`; PNG bytes.
+def draw_shapes(
+    image_path: str | Path | None,
+    gold: Sequence[Shape],
+    pred: Sequence[Shape],
+    size: int = THUMB_SIZE,
+) -> bytes:
+    """Draws gold (green) and predicted (red) shapes with their labels on the image; PNG bytes.
 
-    Boxes are in pixels of the original image; if every coordinate lies in [0, 1000] and
-    some exceed the image, they are read as Qwen's 0-1000 normalised coordinates. A missing
-    or unreadable image becomes a grey canvas (the boxes are still drawn).
+    Shapes are in pixels of the original image (`Task.shapes`); the image is scaled to fit
+    `size`. A valid shape is a rectangle; an invalid one (x2 <= x1 or y2 <= y1, which the
+    metric never matches) is a small cross at (x1, y1), clamped into the image, labelled
+    "<label> (invalid)". Labels are drawn first, so box outlines keep their colour. A missing
+    or unreadable image becomes a grey `size` x `size` canvas (the boxes are still drawn).
     """
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
 
     try:
         image = Image.open(image_path).convert("RGB") if image_path else None
@@ -69,22 +87,82 @@ def draw_thumbnail(image_path: str | Path | None, gold: list[dict], pred: list[d
     if image is None:
         image = Image.new("RGB", (size, size), (200, 200, 200))
     width, height = image.size
-    coords = [float(v) for f in gold + pred for v in f["bbox"]]
-    norm = bool(coords) and max(coords) <= 1000 and max(coords) > max(width, height)
-    sx, sy = (width / 1000, height / 1000) if norm else (1.0, 1.0)
     scale = min(1.0, size / max(width, height))
     if scale < 1.0:
         image = image.resize((max(1, round(width * scale)), max(1, round(height * scale))))
     draw = ImageDraw.Draw(image)
-    for findings, color in ((gold, GOLD_COLOR), (pred, PRED_COLOR)):
-        for finding in findings:
-            x1, y1, x2, y2 = (float(v) for v in finding["bbox"])
-            box = [x1 * sx * scale, y1 * sy * scale, x2 * sx * scale, y2 * sy * scale]
-            box = [min(box[0], box[2]), min(box[1], box[3]), max(box[0], box[2]), max(box[1], box[3])]
+    font = ImageFont.load_default()
+    text_h = draw.textbbox((0, 0), "Ag", font=font)[3]
+    w, h = image.size
+    placed = []
+    for shapes, color in ((gold, GOLD_COLOR), (pred, PRED_COLOR)):
+        for shape in shapes:
+            box = [v * scale for v in shape.box]
+            if shape.valid:
+                placed.append((color, box, shape.label, _label_origin(box, text_h, h)))
+            else:
+                x = min(max(box[0], INVALID_MARK), w - 1 - INVALID_MARK)
+                y = min(max(box[1], INVALID_MARK), h - 1 - INVALID_MARK)
+                placed.append((color, None, f"{shape.label} (invalid)", (x + INVALID_MARK + 2, y - text_h // 2), x, y))
+    for item in placed:
+        draw.text(item[3], item[2], fill=item[0], font=font)
+    for item in placed:
+        color, box = item[0], item[1]
+        if box is not None:
             draw.rectangle(box, outline=color, width=2)
+        else:
+            x, y, m = item[4], item[5], INVALID_MARK
+            draw.line([(x - m, y - m), (x + m, y + m)], fill=color, width=2)
+            draw.line([(x - m, y + m), (x + m, y - m)], fill=color, width=2)
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def _image_size(image_path: str | Path | None) -> tuple[int, int] | None:
+    from PIL import Image
+
+    try:
+        with Image.open(image_path) as image:
+            return image.size
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _finding_shapes(findings: list[dict], geometry: Geometry) -> list[Shape]:
+    out = []
+    for finding in findings:
+        x1, y1, x2, y2 = geometry.to_pixels(finding["bbox"])
+        out.append(Shape(finding["label"], (x1, y1, x2, y2), x2 > x1 and y2 > y1))
+    return out
+
+
+def draw_thumbnail(
+    image_path: str | Path | None,
+    gold: list[dict],
+    pred: list[dict],
+    size: int = THUMB_SIZE,
+    convention: str | None = None,
+    rule: ResizeRule | None = None,
+) -> bytes:
+    """Draws gold (green) and predicted (red) findings on the image, scaled to fit `size`; PNG bytes.
+
+    Args:
+        image_path: The sample's image; missing or unreadable = a grey canvas.
+        gold: Gold findings ``{"label", "bbox"}`` in `convention`.
+        pred: Predicted findings in `convention`.
+        size: Longest side of the thumbnail, px. Default THUMB_SIZE.
+        convention: Box convention of the findings (`components.common.boxes`); None = a guess
+            for records that do not say: 0-1000 if every coordinate lies in [0, 1000] and some
+            exceed the image, else pixels. Default None.
+        rule: Smart-resize settings (resized_pixel); None = Qwen2.5-VL's. Default None.
+    """
+    image_size = _image_size(image_path) or (size, size)
+    if convention is None:
+        coords = [float(v) for f in gold + pred for v in f["bbox"]]
+        convention = "norm1000" if coords and max(coords) <= 1000 and max(coords) > max(image_size) else "pixel"
+    geometry = Geometry(convention, image_size, rule or ResizeRule())
+    return draw_shapes(image_path, _finding_shapes(gold, geometry), _finding_shapes(pred, geometry), size)
 
 
 def _fmt(fmt: str, value: Any) -> str:
@@ -105,10 +183,23 @@ def _metric_table(tuned: dict, reference: dict, reference_name: str) -> str:
     return f'<table class="metrics">{head}{"".join(rows)}</table>'
 
 
-def _sample_card(sample: dict[str, Any]) -> str:
-    gold, pred = _boxes(sample["gold"]), _boxes(sample["tuned"])
+def _describe(shapes: Sequence[Shape]) -> str:
+    invalid = sum(not shape.valid for shape in shapes)
+    return f"{len(shapes)}" + (f", {invalid} invalid: x2 ≤ x1 or y2 ≤ y1, never matches" if invalid else "")
+
+
+def _sample_card(sample: dict[str, Any], task: str = "detection", rule: ResizeRule | None = None) -> str:
     images = sample.get("images") or [None]
-    png = draw_thumbnail(images[0], gold, pred)
+    convention = sample.get("box_convention") or "pixel"
+    size = sample.get("image_size") or _image_size(images[0])
+    geometry = Geometry(convention, tuple(size) if size else None, rule or ResizeRule())
+    shapes_of = get_task(task).shapes
+    try:
+        gold, pred = shapes_of(sample["gold"], geometry), shapes_of(sample["tuned"], geometry)
+        problem = ""
+    except BoxError as exc:
+        gold, pred, problem = [], [], f" · boxes not drawn: {exc}"
+    png = draw_shapes(images[0], gold, pred)
     uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     score = sample["tuned_score"]
     status = "valid JSON" if score.get("json_valid") else f"invalid: {score.get('error') or 'no JSON'}"
@@ -118,9 +209,10 @@ def _sample_card(sample: dict[str, Any]) -> str:
         f'<img src="{uri}" alt="line {sample.get("line")}">'
         f"<div><b>line {sample.get('line')}</b> · tuned F1 {sample_f1(score):.3f} "
         f"(tp {score.get('tp', 0)}, fp {score.get('fp', 0)}, fn {score.get('fn', 0)}) · {html.escape(status)}"
-        f" · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}"
-        f'<div class="label gold">expected ({len(gold)})</div><pre>{html.escape(sample["gold"][:1500])}</pre>'
-        f'<div class="label pred">tuned ({len(pred)})</div><pre>{html.escape(sample["tuned"][:1500])}</pre>'
+        f" · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}{html.escape(problem)}"
+        f'<div class="label gold">expected ({_describe(gold)})</div><pre>{html.escape(sample["gold"][:1500])}</pre>'
+        f'<div class="label pred">tuned ({html.escape(_describe(pred))})</div>'
+        f"<pre>{html.escape(sample['tuned'][:1500])}</pre>"
         "</div></div>"
     )
 
@@ -148,6 +240,8 @@ def render_report(
     reference_detail: str = "",
     worst_n: int = 8,
     title: str = "Evaluation: tuned vs reference",
+    iou_threshold: float | None = None,
+    resize_rule: ResizeRule | None = None,
 ) -> str:
     """Renders the evaluation report (pure apart from reading the sample images).
 
@@ -164,6 +258,10 @@ def render_report(
             gate decision. Default "" (not shown).
         worst_n: How many worst samples to draw. Default 8.
         title: Page title. Default "Evaluation: tuned vs reference".
+        iou_threshold: The IoU at which boxes matched, stated above the samples; None = not
+            stated. Default None.
+        resize_rule: Smart-resize settings for samples whose box_convention is
+            resized_pixel; None = Qwen2.5-VL's. Default None.
 
     Returns:
         A self-contained HTML document.
@@ -186,11 +284,19 @@ def render_report(
     worst = worst_samples(samples, worst_n)
     if worst:
         n_invalid = sum(1 for s in samples if not s["tuned_score"].get("json_valid"))
+        conventions = sorted({s.get("box_convention") or "pixel" for s in worst})
         parts.append(
             f"<h2>Worst {len(worst)} of {len(samples)} samples (tuned model; {n_invalid} with invalid JSON)</h2>"
-            '<p>Boxes: <span class="gold">■ expected</span> · <span class="pred">■ tuned prediction</span></p>'
+            '<p>Boxes: <span class="gold">■ expected</span> · <span class="pred">■ tuned prediction</span>'
+            f", drawn in pixels of the original image (dataset boxes: {html.escape(', '.join(conventions))})"
+            + (
+                f"; a prediction matches an expected box of the same label at IoU ≥ {iou_threshold:g}"
+                if iou_threshold is not None
+                else ""
+            )
+            + "; × = an invalid box (x2 ≤ x1 or y2 ≤ y1), which never matches.</p>"
         )
-        parts.extend(_sample_card(s) for s in worst)
+        parts.extend(_sample_card(s, rule=resize_rule) for s in worst)
     parts.append("</body></html>")
     return "".join(parts)
 

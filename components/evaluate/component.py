@@ -24,6 +24,8 @@ def evaluate(
     report: dsl.Output[dsl.HTML],
     reference_uri: str = "",
     reference_version: str = "",
+    box_convention: str = "pixel",
+    base_box_convention: str = "",
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -48,14 +50,23 @@ def evaluate(
             mount). "" = the base model (also when find-champion found none). Default "".
         reference_version: The champion's registry version ID when reference_uri is the
             champion; "" otherwise. Default "".
+        box_convention: Convention of the eval dataset's boxes, resolved: "pixel", "norm1000"
+            or "resized_pixel" (components.common.boxes). Boxes are scored in pixels of each
+            original image; resized_pixel uses the base model's preprocessor_config.json.
+            Default "pixel".
+        base_box_convention: Convention the untuned base model answers in (its family's,
+            boxes.convention_for_model of the staged model); used for the reference's answers
+            when the reference is the base model. "" = box_convention. Default "".
     """
     from collections import namedtuple
 
+    from components.common.boxes import ResizeRule
     from components.evaluate._report import write_report
     from components.evaluate.core import EvalError, resolve_reference
     from components.evaluate.core import evaluate as run_eval
 
     reference = resolve_reference(reference_uri, reference_version, base_model.path)
+    resize_rule = ResizeRule.from_model(base_model.path)
     print(f"evaluate: reference model: {reference.label} ({reference_uri or base_model.uri})", flush=True)
     try:
         result = run_eval(
@@ -71,6 +82,9 @@ def evaluate(
             gate_metric=gate_metric,
             gate_min_value=gate_min_value,
             gate_min_margin=gate_min_margin,
+            box_convention=box_convention,
+            resize_rule=resize_rule,
+            reference_box_convention=base_box_convention if reference.kind == "base" else "",
         )
     except (EvalError, ValueError) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
@@ -90,6 +104,8 @@ def evaluate(
         result.reason,
         reference_name=reference.label,
         reference_detail=reference_uri or base_model.uri,
+        iou_threshold=iou_threshold,
+        resize_rule=resize_rule,
     )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri

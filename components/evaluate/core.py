@@ -2,9 +2,15 @@
 
 Both models answer every held-out prompt with greedy, batched, KV-cached generation
 through ms-swift's TransformersEngine, so prompts are formatted by the same chat
-template that training used. Answers are scored with `components.evaluate.metrics`
-(JSON validity, detection precision/recall/F1 at an IoU threshold, exact match), and the
-gate compares the tuned model with the reference.
+template that training used. Answers are scored with the task's definition
+(`components.common.tasks`, through `components.evaluate.metrics`: JSON validity,
+detection precision/recall/F1 at an IoU threshold, exact match), and the gate compares
+the tuned model with the reference.
+
+Boxes are scored in pixels of the original image: the dataset's boxes (and so the
+models' answers, trained on them) are in one convention (`box_convention`: pixel,
+norm1000 or resized_pixel, see `components.common.boxes`), and each row's boxes are
+converted with the size of the row's first image (read from the image header only).
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 # The reference model is decided in one shared place; evaluate's component resolves it through this module.
+from components.common.boxes import CONVENTIONS, ResizeRule
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
 from components.common.storage import to_fuse_path
+from components.common.tasks import Geometry
 from components.evaluate.metrics import aggregate, gate, score_sample
 
 # (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens)
@@ -84,6 +92,52 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
     if not rows:
         raise EvalError(f"{src}: eval set is empty; provide held-out rows (data.eval or a larger data.eval_fraction)")
     return rows
+
+
+def image_size(path: str | Path) -> tuple[int, int]:
+    """Returns (width, height) of an image, px, from its header (the pixels are not decoded).
+
+    Raises:
+        EvalError: The file is missing or not an image.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, UnidentifiedImageError) as exc:
+        raise EvalError(f"image {path}: cannot read its size ({exc})") from None
+
+
+def row_geometries(
+    rows: list[dict[str, Any]], box_convention: str = "pixel", rule: ResizeRule | None = None
+) -> list[Geometry]:
+    """Returns each row's box geometry: the convention and the size of its first image.
+
+    Args:
+        rows: Rows of `load_eval_rows`.
+        box_convention: Convention of the dataset's boxes, one of `boxes.CONVENTIONS`. Default
+            "pixel" (no image is read).
+        rule: Smart-resize settings for resized_pixel; None = Qwen2.5-VL's defaults. Default None.
+
+    Raises:
+        EvalError: An unknown convention ("auto" must be resolved before), or a row without a
+            readable image when the convention needs its size.
+    """
+    if box_convention not in CONVENTIONS:
+        raise EvalError(
+            f"box_convention {box_convention!r} is not one of {', '.join(CONVENTIONS)} "
+            "(resolve 'auto' with components.common.boxes.resolve_convention first)"
+        )
+    rule = rule or ResizeRule()
+    if box_convention == "pixel":
+        return [Geometry("pixel", None, rule) for _ in rows]
+    out = []
+    for row in rows:
+        if not row["images"]:
+            raise EvalError(f"eval row {row['line']}: no image, so its {box_convention} boxes cannot be read in pixels")
+        out.append(Geometry(box_convention, image_size(row["images"][0]), rule))
+    return out
 
 
 def same_model(a: str, b: str) -> bool:
@@ -161,13 +215,18 @@ def _score_model(
     max_new_tokens: int,
     iou_threshold: float,
     generate_fn: GenerateFn,
+    geometries: list[Geometry],
+    pred_geometries: list[Geometry],
 ) -> tuple[dict[str, float], list[str], list[dict[str, Any]]]:
     start = time.time()
     answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens)
     seconds = max(time.time() - start, 1e-9)
     if len(answers) != len(rows):
         raise EvalError(f"{name} model returned {len(answers)} answers for {len(rows)} prompts")
-    scores = [score_sample(answer, row["gold"], iou_threshold) for answer, row in zip(answers, rows)]
+    scores = [
+        score_sample(answer, row["gold"], iou_threshold, geometry=geometry, pred_geometry=pred_geometry)
+        for answer, row, geometry, pred_geometry in zip(answers, rows, geometries, pred_geometries)
+    ]
     metrics = aggregate(scores)
     metrics.update(
         {
@@ -193,6 +252,9 @@ def evaluate(
     gate_min_value: float = 0.0,
     gate_min_margin: float = 0.0,
     generate_fn: GenerateFn = swift_generate,
+    box_convention: str = "pixel",
+    resize_rule: ResizeRule | None = None,
+    reference_box_convention: str = "",
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows and applies the gate.
 
@@ -210,6 +272,16 @@ def evaluate(
         gate_min_value: Minimum tuned value. Default 0.0.
         gate_min_margin: Minimum tuned - reference difference. Default 0.0.
         generate_fn: The generator (tests pass a fake). Default ms-swift's engine.
+        box_convention: Convention of the dataset's boxes (resolved: "pixel", "norm1000" or
+            "resized_pixel"); gold and answers are converted to pixels of each row's original
+            image before IoU. Default "pixel".
+        resize_rule: Smart-resize settings of the base model's processor (for resized_pixel,
+            `ResizeRule.from_model(base model folder)`); None = Qwen2.5-VL's defaults.
+            Default None.
+        reference_box_convention: Convention the reference model answers in, when it is
+            not the dataset's: the untuned base model answers in its family's convention
+            (`boxes.convention_for_model`), while a champion was tuned on the dataset's.
+            "" = box_convention. Default "".
 
     Returns:
         The EvalResult.
@@ -220,7 +292,8 @@ def evaluate(
 
     Raises:
         EvalError: Empty eval set, missing dataset, a model folder that is missing (with
-            the real generator), or a model returned too few answers.
+            the real generator), a model returned too few answers, an unknown
+            box_convention, or (not pixel) a row whose image size cannot be read.
         ValueError: Unknown gate metric.
     """
     itself = same_model(tuned_dir, reference_dir)
@@ -228,14 +301,39 @@ def evaluate(
         reference_dir = check_model_dir(reference_dir, "reference")
         tuned_dir = check_model_dir(tuned_dir, "tuned")
     rows = load_eval_rows(dataset_dir, max_samples)
+    geometries = row_geometries(rows, box_convention, resize_rule)
+    reference_box_convention = reference_box_convention or box_convention
+    ref_geometries = (
+        geometries
+        if reference_box_convention == box_convention
+        else row_geometries(rows, reference_box_convention, resize_rule)
+    )
     ref_metrics, ref_answers, ref_scores = _score_model(
-        "reference", reference_dir, model_type, rows, batch_size, max_new_tokens, iou_threshold, generate_fn
+        "reference",
+        reference_dir,
+        model_type,
+        rows,
+        batch_size,
+        max_new_tokens,
+        iou_threshold,
+        generate_fn,
+        geometries,
+        ref_geometries,
     )
     if itself:
         tuned_metrics, tuned_answers, tuned_scores = dict(ref_metrics), ref_answers, ref_scores
     else:
         tuned_metrics, tuned_answers, tuned_scores = _score_model(
-            "tuned", tuned_dir, model_type, rows, batch_size, max_new_tokens, iou_threshold, generate_fn
+            "tuned",
+            tuned_dir,
+            model_type,
+            rows,
+            batch_size,
+            max_new_tokens,
+            iou_threshold,
+            generate_fn,
+            geometries,
+            geometries,
         )
     passed, reason = gate(tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin)
     if itself:
@@ -249,10 +347,15 @@ def evaluate(
     samples = []
     Path(predictions_out).parent.mkdir(parents=True, exist_ok=True)
     with open(predictions_out, "w", encoding="utf-8") as f:
-        for row, t_ans, t_score, r_ans, r_score in zip(rows, tuned_answers, tuned_scores, ref_answers, ref_scores):
+        for row, geometry, t_ans, t_score, r_ans, r_score in zip(
+            rows, geometries, tuned_answers, tuned_scores, ref_answers, ref_scores
+        ):
             sample = {
                 "line": row["line"],
                 "images": row["images"],
+                "box_convention": geometry.convention,
+                "reference_box_convention": reference_box_convention,
+                "image_size": list(geometry.image_size) if geometry.image_size else None,
                 "gold": row["gold"],
                 "tuned": t_ans,
                 "tuned_score": t_score,

@@ -1,7 +1,8 @@
 """Metrics of the evaluate step: parse model answers, match boxes, score, gate.
 
 Pure Python (scipy optional), no torch and no kfp, so it can be unit tested
-and reused anywhere.
+and reused anywhere. What a task's answer is and how one sample is scored is defined
+once, in ``components.common.tasks``; this module aggregates and gates.
 
 A model answer is expected to contain a JSON list of findings, each finding an
 object ``{"label": str, "bbox": [x1, y1, x2, y2]}``, usually inside a
@@ -14,22 +15,21 @@ threshold. Each gold finding is matched at most once and each prediction at
 most once, so duplicated predictions are false positives. The assignment is
 optimal (maximum number of matches, then maximum total IoU) via the Hungarian
 algorithm when scipy is importable, otherwise greedy; see
-:func:`match_findings`.
+:func:`match_findings`. Boxes are compared in pixels of the original image: a row's
+boxes in another convention (norm1000, resized_pixel) are converted first (``geometry``
+of :func:`score_sample`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
-from components.common.answers import is_finite_number, parse_findings
+from components.common import tasks
+from components.common.answers import is_finite_number, parse_findings  # noqa: F401 (re-exported)
+from components.common.boxes import iou  # noqa: F401 (re-exported)
+from components.common.tasks import MATCH_METHODS, PIXEL, Geometry  # noqa: F401 (re-exported)
 
-try:  # Optional: optimal assignment.
-    from scipy.optimize import linear_sum_assignment as _linear_sum_assignment
-except ImportError:  # pragma: no cover - depends on the environment
-    _linear_sum_assignment = None
-
-HAVE_SCIPY: bool = _linear_sum_assignment is not None
+HAVE_SCIPY: bool = tasks.HAVE_SCIPY
 
 GATE_METRICS: tuple[str, ...] = (
     "f1",
@@ -43,42 +43,7 @@ GATE_METRICS: tuple[str, ...] = (
 GATE_TOLERANCE: float = 1e-9
 """Slack in :func:`gate` comparisons, to absorb float rounding (0.7 - 0.6)."""
 
-MATCH_METHODS: tuple[str, ...] = ("auto", "hungarian", "greedy")
-
 _SAMPLE_KEYS: tuple[str, ...] = ("json_valid", "exact_match", "tp", "fp", "fn")
-
-
-def _area(box: Sequence[float]) -> float:
-    x1, y1, x2, y2 = box
-    return max(0.0, x2 - x1) * max(0.0, y2 - y1)
-
-
-def iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """Intersection over union of two ``[x1, y1, x2, y2]`` boxes.
-
-    Boxes are continuous (``x2 - x1`` is the width). A box with ``x2 <= x1``
-    or ``y2 <= y1`` is degenerate and has zero area. When the union has zero
-    area (both boxes degenerate, even if equal) the result is ``0.0``.
-
-    Args:
-        a: First box.
-        b: Second box.
-
-    Returns:
-        IoU in ``[0, 1]``.
-
-    Raises:
-        ValueError: If a box does not have 4 coordinates.
-    """
-    if len(a) != 4 or len(b) != 4:
-        raise ValueError(f"boxes must have 4 coordinates [x1, y1, x2, y2], got {a!r} and {b!r}")
-    iw = min(a[2], b[2]) - max(a[0], b[0])
-    ih = min(a[3], b[3]) - max(a[1], b[1])
-    inter = max(0.0, iw) * max(0.0, ih) if _area(a) > 0 and _area(b) > 0 else 0.0
-    union = _area(a) + _area(b) - inter
-    if union <= 0:
-        return 0.0
-    return float(inter / union)
 
 
 def match_findings(
@@ -87,23 +52,9 @@ def match_findings(
     iou_threshold: float = 0.5,
     method: str = "auto",
 ) -> list[tuple[int, int]]:
-    """Matches predicted findings to gold findings one-to-one.
+    """Matches predicted findings to gold findings one-to-one; see `components.common.tasks.match_findings`.
 
-    A pair ``(p, g)`` is eligible when ``pred[p]["label"] == gold[g]["label"]``
-    and ``iou(pred[p]["bbox"], gold[g]["bbox"]) >= iou_threshold``. Each pred
-    and each gold index appears in at most one pair, so a duplicated
-    prediction can match only once and the copies are false positives.
-
-    Methods:
-
-    * ``"hungarian"``: optimal assignment with
-      ``scipy.optimize.linear_sum_assignment``; it maximises the number of
-      matched pairs first and, among those, the total IoU.
-    * ``"greedy"``: repeatedly takes the eligible pair with the highest IoU
-      (ties: lower pred index, then lower gold index) whose pred and gold are
-      both still free. It can match fewer pairs than the optimum, e.g. when
-      the best-overlapping pred steals the only gold another pred could match.
-    * ``"auto"``: ``"hungarian"`` if scipy is importable, else ``"greedy"``.
+    ``"auto"`` resolves with this module's :data:`HAVE_SCIPY`.
 
     Args:
         pred: Predicted findings (``{"label", "bbox"}`` dicts).
@@ -118,60 +69,33 @@ def match_findings(
         ValueError: On an unknown method, a threshold outside ``[0, 1]``, or
             ``"hungarian"`` without scipy.
     """
-    if method not in MATCH_METHODS:
-        raise ValueError(f"unknown match method {method!r}; expected one of {MATCH_METHODS}")
-    if not 0.0 <= iou_threshold <= 1.0:
-        raise ValueError(f"iou_threshold must be in [0, 1], got {iou_threshold}")
-    if method == "auto":
-        method = "hungarian" if HAVE_SCIPY else "greedy"
-    if method == "hungarian" and not HAVE_SCIPY:
-        raise ValueError("method 'hungarian' needs scipy, which is not importable")
-
-    eligible: dict[tuple[int, int], float] = {}
-    for p, pf in enumerate(pred):
-        for g, gf in enumerate(gold):
-            if pf["label"] != gf["label"]:
-                continue
-            score = iou(pf["bbox"], gf["bbox"])
-            # A zero IoU never matches, even with iou_threshold == 0.
-            if score > 0 and score >= iou_threshold:
-                eligible[(p, g)] = score
-    if not eligible:
-        return []
-
-    if method == "greedy":
-        used_p: set[int] = set()
-        used_g: set[int] = set()
-        pairs = []
-        for (p, g), _ in sorted(eligible.items(), key=lambda kv: (-kv[1], kv[0])):
-            if p not in used_p and g not in used_g:
-                used_p.add(p)
-                used_g.add(g)
-                pairs.append((p, g))
-        return sorted(pairs)
-
-    # Weight = bonus + IoU with bonus > any total IoU, so that one more match
-    # always beats a higher IoU sum: maximum cardinality, then maximum IoU.
-    bonus = float(min(len(pred), len(gold)) + 1)
-    cost = [[0.0] * len(gold) for _ in pred]
-    for (p, g), score in eligible.items():
-        cost[p][g] = -(bonus + score)
-    rows, cols = _linear_sum_assignment(cost)
-    return sorted((int(p), int(g)) for p, g in zip(rows, cols) if (int(p), int(g)) in eligible)
+    method = tasks.resolve_method(method, HAVE_SCIPY)
+    return tasks.match_findings(pred, gold, iou_threshold=iou_threshold, method=method)
 
 
-def _as_key(finding: dict) -> tuple:
-    return (finding["label"], tuple(float(v) for v in finding["bbox"]))
+def score_sample(
+    pred_text: str,
+    gold_text: str,
+    iou_threshold: float = 0.5,
+    method: str = "auto",
+    geometry: Geometry = PIXEL,
+    task: str = "detection",
+    pred_geometry: Geometry | None = None,
+) -> dict:
+    """Scores one model answer against the gold answer with the task's definition.
 
-
-def score_sample(pred_text: str, gold_text: str, iou_threshold: float = 0.5, method: str = "auto") -> dict:
-    """Scores one model answer against the gold answer.
+    Detection (the default) maps both answers' boxes to pixels of the original image with
+    ``geometry`` before matching; see `components.common.tasks.score_detection`.
 
     Args:
         pred_text: The model answer.
         gold_text: The gold answer (the assistant turn of the dataset row).
-        iou_threshold: Minimum IoU of a match.
-        method: Matching method, see :func:`match_findings`.
+        iou_threshold: Minimum IoU of a match. Default 0.5.
+        method: Matching method, see :func:`match_findings`. Default "auto".
+        geometry: Box convention and image size of the row. Default pixel (no conversion).
+        task: A name of `components.common.tasks.TASKS`. Default "detection".
+        pred_geometry: Convention of the answer's boxes when it differs from the gold's;
+            None = `geometry`. Default None.
 
     Returns:
         A dict with:
@@ -187,35 +111,10 @@ def score_sample(pred_text: str, gold_text: str, iou_threshold: float = 0.5, met
         * ``error``: ``None``, or why the answer is invalid.
 
     Raises:
-        ValueError: If the gold answer itself is invalid (a dataset bug).
+        ValueError: If the gold answer itself is invalid (a dataset bug), or the task is unknown.
     """
-    gold, gold_error = parse_findings(gold_text)
-    if gold is None:
-        raise ValueError(f"gold answer is invalid ({gold_error}): {gold_text!r}")
-    pred, error = parse_findings(pred_text)
-    if pred is None:
-        return {
-            "json_valid": False,
-            "exact_match": False,
-            "tp": 0,
-            "fp": 0,
-            "fn": len(gold),
-            "n_pred": 0,
-            "n_gold": len(gold),
-            "error": error,
-        }
-    matches = match_findings(pred, gold, iou_threshold=iou_threshold, method=method)
-    tp = len(matches)
-    return {
-        "json_valid": True,
-        "exact_match": Counter(map(_as_key, pred)) == Counter(map(_as_key, gold)),
-        "tp": tp,
-        "fp": len(pred) - tp,
-        "fn": len(gold) - tp,
-        "n_pred": len(pred),
-        "n_gold": len(gold),
-        "error": None,
-    }
+    method = tasks.resolve_method(method, HAVE_SCIPY)
+    return tasks.get_task(task).score(pred_text, gold_text, geometry, iou_threshold, method, pred_geometry)
 
 
 def aggregate(samples: Sequence[dict]) -> dict:

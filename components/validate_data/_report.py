@@ -151,10 +151,18 @@ def _data_section(stats: dict) -> str:
         f"<p>{len(since['added'])} file(s) added, {len(since['removed'])} removed, {len(since['changed'])} changed, "
         f"{since['unchanged']} unchanged; {delta:+d} rows ({since['rows_before']} → {since['rows_now']})</p>"
     )
+    before, now = since.get("file_rows_before") or {}, lineage.get("files") or {}
+
+    def rows(name: str) -> str:
+        a, b = before.get(name), (now.get(name) or {}).get("rows")
+        return "".join(
+            [f" ({a} → {b} rows)" if a is not None and b is not None else "", f" ({b} rows)" if a is None and b else ""]
+        )
+
     for label in ("added", "removed", "changed"):
         names = since[label]
         if names:
-            shown = "".join(f"<li><code>{escape(n)}</code></li>" for n in names[:20])
+            shown = "".join(f"<li><code>{escape(n)}</code>{rows(n)}</li>" for n in names[:20])
             more = f"<li>… and {len(names) - 20} more</li>" if len(names) > 20 else ""
             out.append(f"<p>{label}:</p><ul>{shown}{more}</ul>")
     return "".join(out)

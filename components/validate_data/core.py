@@ -53,8 +53,8 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from components.common import snapshot as snap
-from components.common.answers import extract_fenced, parse_findings
 from components.common.files import sha256_file
+from components.common.tasks import get_task
 from components.validate_data import _sources
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -195,23 +195,11 @@ def _check_messages(row: Any) -> list[dict[str, Any]]:
 
 
 def _check_answer(messages: list[dict[str, Any]], task: str) -> None:
-    """Checks that every assistant answer is fenced JSON of the task's shape."""
+    """Checks that every assistant answer has the task's shape (`components.common.tasks`)."""
+    check = get_task(task).check_answer
     for i, msg in enumerate(messages):
-        if msg["role"] != "assistant":
-            continue
-        text = msg["content"]
-        body = extract_fenced(text, "json")
-        if body is None:
-            raise _Reject("E_ANSWER", f"messages[{i}] (assistant) has no ```json fenced block")
-        if task == "json":
-            try:
-                json.loads(body)
-            except ValueError as exc:
-                raise _Reject("E_ANSWER", f"messages[{i}] (assistant): invalid JSON in the fence: {exc}") from None
-        else:
-            _, reason = parse_findings(text)
-            if reason:
-                raise _Reject("E_ANSWER", f"messages[{i}] (assistant): {reason}")
+        if msg["role"] == "assistant" and (reason := check(msg["content"])):
+            raise _Reject("E_ANSWER", f"messages[{i}] (assistant): {reason}")
 
 
 @dataclass
@@ -1070,6 +1058,7 @@ def _write_lineage(
             "added": change.added, "removed": change.removed, "changed": change.changed,
             "unchanged": change.unchanged,
             "rows_before": int(previous.get("n_rows", 0) or 0), "rows_now": c["n_lines"],
+            "file_rows_before": {k: v.get("rows") for k, v in (previous.get("files") or {}).items()},
         }  # fmt: skip
 
 

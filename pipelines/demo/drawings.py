@@ -24,6 +24,16 @@ inked column/row and ``x2``/``y2`` are one past the last inked column/row, so
 drawing every annotated element on its own mask, so they are tight by
 construction.
 
+Box conventions (``convention``, see :mod:`components.common.boxes`): the
+default ``"pixel"`` writes the pixel boxes above under the key ``"bbox"``
+(output unchanged). ``"norm1000"`` (Qwen2-VL, Qwen3-VL) writes them relative to
+the image in [0, 1000] and ``"resized_pixel"`` (Qwen2.5-VL) in pixels of the
+processor's smart-resized image (default Qwen2.5-VL rule), both as integers
+from :func:`components.common.boxes.from_pixels`, under the key ``"bbox_2d"``
+and in the order ``{"bbox_2d": ..., "label": ...}`` of the Qwen-VL grounding
+cookbook, so answers match the form each model family was trained on. The
+prompt names the convention.
+
 Rows use the ms-swift messages format with image paths relative to the
 JSONL's folder::
 
@@ -38,6 +48,7 @@ which :mod:`random` hashes with SHA-512, independent of ``PYTHONHASHSEED``).
 CLI::
 
     python -m pipelines.demo.drawings OUT_DIR [--n-train N] [--n-eval N] [--seed S]
+        [--convention pixel|norm1000|resized_pixel]
 """
 
 from __future__ import annotations
@@ -52,6 +63,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from components.common import boxes
+
 LABELS: tuple[str, ...] = ("title_block", "part_outline", "hole", "dimension")
 """Labels that can appear in a finding, in no particular order."""
 
@@ -60,7 +73,22 @@ PROMPT: str = (
     'engineering drawing. Answer with a JSON list of {"label": ..., "bbox": '
     "[x1, y1, x2, y2]} in pixels, top to bottom."
 )
-"""User prompt that follows the ``<image>`` tag in every row."""
+"""User prompt that follows the ``<image>`` tag in every row (pixel convention)."""
+
+PROMPTS: dict[str, str] = {
+    "pixel": PROMPT,
+    "norm1000": (
+        "Detect the title_block, part_outline, hole and dimension elements of this "
+        'engineering drawing. Answer with a JSON list of {"bbox_2d": [x1, y1, x2, y2], '
+        '"label": ...} with coordinates relative to the image in [0, 1000], top to bottom.'
+    ),
+    "resized_pixel": (
+        "Detect the title_block, part_outline, hole and dimension elements of this "
+        'engineering drawing. Answer with a JSON list of {"bbox_2d": [x1, y1, x2, y2], '
+        '"label": ...} in pixels of the resized image, top to bottom.'
+    ),
+}
+"""User prompt per box convention."""
 
 IMAGE_TAG = "<image>"
 MIN_IMAGE_SIZE = 128
@@ -362,20 +390,48 @@ def _sort_key(finding: dict) -> tuple:
     return (y1, x1, y2, x2, finding["label"])
 
 
-def render_drawing(image_size: int, rng: random.Random) -> tuple[Image.Image, list[dict]]:
+def convert_findings(findings: list[dict], convention: str, image_size: tuple[int, int]) -> list[dict]:
+    """Converts pixel findings to a convention: ``"bbox"`` for pixel, else integer ``"bbox_2d"``.
+
+    Args:
+        findings: ``{"label", "bbox"}`` dicts in pixels.
+        convention: One of ``components.common.boxes.CONVENTIONS``.
+        image_size: (width, height) of the image, px.
+
+    Returns:
+        New dicts: the same for pixel, ``{"bbox_2d", "label"}`` otherwise (order kept).
+
+    Raises:
+        ValueError: An unknown convention.
+    """
+    if convention not in boxes.CONVENTIONS:
+        raise ValueError(f"convention must be one of {boxes.CONVENTIONS}, got {convention!r}")
+    if convention == "pixel":
+        return [{"label": f["label"], "bbox": list(f["bbox"])} for f in findings]
+    return [{"bbox_2d": boxes.from_pixels(f["bbox"], convention, image_size), "label": f["label"]} for f in findings]
+
+
+def render_drawing(image_size: int, rng: random.Random, convention: str = "pixel") -> tuple[Image.Image, list[dict]]:
     """Renders one synthetic drawing.
 
     Args:
         image_size: Width and height of the square image in pixels (>= 128).
         rng: Random source; the output is a pure function of its state.
+        convention: Box convention of the findings (see the module docstring).
+            Default "pixel".
 
     Returns:
         ``(image, findings)`` where ``image`` is an RGB PIL image and
-        ``findings`` is the sorted list of ``{"label", "bbox"}`` dicts.
+        ``findings`` is the list of ``{"label", "bbox"}`` dicts (pixel) or
+        ``{"bbox_2d", "label"}`` dicts (other conventions), sorted by their
+        pixel boxes.
 
     Raises:
-        ValueError: If ``image_size`` is too small for the layout.
+        ValueError: If ``image_size`` is too small for the layout, or the
+            convention is unknown.
     """
+    if convention not in boxes.CONVENTIONS:
+        raise ValueError(f"convention must be one of {boxes.CONVENTIONS}, got {convention!r}")
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be >= {MIN_IMAGE_SIZE}, got {image_size}")
     size = image_size
@@ -433,27 +489,27 @@ def render_drawing(image_size: int, rng: random.Random) -> tuple[Image.Image, li
         _dimension(sheet, rng, part, holes, scale_mm, frame, title, font)
 
     findings = sorted(sheet.findings, key=_sort_key)
-    return sheet.image, findings
+    return sheet.image, convert_findings(findings, convention, sheet.image.size)
 
 
 def format_answer(findings: list[dict]) -> str:
-    """Formats findings as the assistant answer: a fenced ```json block."""
+    """Formats findings (of any convention, keys as given) as the assistant answer: a fenced ```json block."""
     return "```json\n" + json.dumps(findings) + "\n```"
 
 
-def _write_split(out_dir: Path, split: str, n: int, image_size: int, seed: int) -> Path:
+def _write_split(out_dir: Path, split: str, n: int, image_size: int, seed: int, convention: str) -> Path:
     images_dir = out_dir / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
     jsonl = out_dir / f"{split}.jsonl"
     lines = []
     for i in range(n):
         rng = random.Random(f"drawings:{seed}:{split}:{i}")
-        image, findings = render_drawing(image_size, rng)
+        image, findings = render_drawing(image_size, rng, convention)
         rel = f"images/{split}_{i:05d}.png"
         image.save(out_dir / rel, format="PNG", optimize=False)
         row = {
             "messages": [
-                {"role": "user", "content": IMAGE_TAG + PROMPT},
+                {"role": "user", "content": IMAGE_TAG + PROMPTS[convention]},
                 {"role": "assistant", "content": format_answer(findings)},
             ],
             "images": [rel],
@@ -469,6 +525,7 @@ def generate_dataset(
     n_eval: int = 16,
     image_size: int = 256,
     seed: int = 0,
+    convention: str = "pixel",
 ) -> dict:
     """Generates the synthetic drawing dataset.
 
@@ -483,22 +540,28 @@ def generate_dataset(
         n_eval: Number of evaluation rows (>= 0).
         image_size: Side of the square images in pixels (>= 128).
         seed: Seed; equal arguments give byte-identical files.
+        convention: Box convention of the answers: "pixel" (key "bbox", the
+            default, output unchanged), "norm1000" or "resized_pixel" (integer
+            "bbox_2d"); the images are the same for every convention.
 
     Returns:
         ``{"train": str, "eval": str, "n_train": int, "n_eval": int}`` with
         the paths of the two JSONL files.
 
     Raises:
-        ValueError: On a negative count or a too small ``image_size``.
+        ValueError: On a negative count, a too small ``image_size`` or an
+            unknown convention.
     """
+    if convention not in boxes.CONVENTIONS:
+        raise ValueError(f"convention must be one of {boxes.CONVENTIONS}, got {convention!r}")
     if n_train < 0 or n_eval < 0:
         raise ValueError(f"n_train and n_eval must be >= 0, got {n_train} and {n_eval}")
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be >= {MIN_IMAGE_SIZE}, got {image_size}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train = _write_split(out, "train", n_train, image_size, seed)
-    evl = _write_split(out, "eval", n_eval, image_size, seed)
+    train = _write_split(out, "train", n_train, image_size, seed, convention)
+    evl = _write_split(out, "eval", n_eval, image_size, seed, convention)
     return {"train": str(train), "eval": str(evl), "n_train": n_train, "n_eval": n_eval}
 
 
@@ -510,8 +573,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n-eval", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--convention", default="pixel", choices=boxes.CONVENTIONS, help="box convention of the answers"
+    )
     args = parser.parse_args(argv)
-    result = generate_dataset(args.out_dir, args.n_train, args.n_eval, args.image_size, args.seed)
+    result = generate_dataset(args.out_dir, args.n_train, args.n_eval, args.image_size, args.seed, args.convention)
     print(json.dumps(result, indent=2))
 
 

@@ -1,0 +1,404 @@
+"""Tasks, each defined once: answer shape, parser, scoring, metric names, what a report draws.
+
+validate-data checks training answers with `Task.check_answer`, evaluate scores model answers
+with `Task.score` and draws samples with `Task.shapes`, so they all read an answer the same way.
+
+Tasks (`TASKS`, looked up with `get_task`):
+
+* ``""``: free text. Every answer is valid; exact match is equality after stripping.
+* ``"json"``: the answer holds JSON (a ```` ```json ```` block in training data). Exact match
+  is equality of the parsed values.
+* ``"detection"``: a JSON list of ``{"label", "bbox"}`` findings (``"bbox_2d"`` accepted, see
+  `components.common.answers.parse_findings`). Gold and predicted boxes are both in the
+  dataset's box convention (`components.common.boxes`: pixel, norm1000, resized_pixel); both
+  are mapped to pixels of the ORIGINAL image before IoU, so the metrics mean the same for
+  every model family. A prediction matches a gold finding of the same label at IoU >= the
+  threshold, one-to-one (`match_findings`).
+
+Every `Task.score` returns the per-sample dict that `components.evaluate.metrics.aggregate`
+reads: json_valid, exact_match, tp, fp, fn, n_pred, n_gold, error. Pure Python (scipy
+optional).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.common import boxes
+from components.common.answers import extract_fenced, extract_json_text, parse_findings
+
+try:  # Optional: optimal assignment.
+    from scipy.optimize import linear_sum_assignment as _linear_sum_assignment
+except ImportError:  # pragma: no cover - depends on the environment
+    _linear_sum_assignment = None
+
+HAVE_SCIPY: bool = _linear_sum_assignment is not None
+MATCH_METHODS: tuple[str, ...] = ("auto", "hungarian", "greedy")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How to read the box numbers of one sample: their convention and the image they belong to.
+
+    Attributes:
+        convention: One of `boxes.CONVENTIONS`. Default "pixel".
+        image_size: (width, height) of the original image, px; needed unless pixel. Default None.
+        rule: Smart-resize settings (for resized_pixel). Default Qwen2.5-VL's.
+    """
+
+    convention: str = "pixel"
+    image_size: tuple[int, int] | None = None
+    rule: boxes.ResizeRule = field(default_factory=boxes.ResizeRule)
+
+    def to_pixels(self, box: Sequence[float]) -> list[float]:
+        """Returns the box in pixels of the original image.
+
+        Raises:
+            boxes.BoxError: An unknown convention, or no image size for a convention that needs one.
+        """
+        if self.convention == "pixel":
+            return [float(v) for v in box]
+        if self.image_size is None:
+            raise boxes.BoxError(f"a {self.convention} box needs the image size to be read in pixels")
+        return boxes.to_pixels(box, self.convention, self.image_size, self.rule)
+
+
+PIXEL = Geometry()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One finding as a report draws it.
+
+    Attributes:
+        label: The finding's label.
+        box: (x1, y1, x2, y2) in pixels of the original image, in the answer's order (not sorted).
+        valid: x1 < x2 and y1 < y2. An invalid box has zero area: the metric never matches it,
+            so a report must not draw it as a rectangle spanning its corners.
+    """
+
+    label: str
+    box: tuple[float, float, float, float]
+    valid: bool
+
+
+ScoreFn = Callable[..., dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task's definition.
+
+    Attributes:
+        name: Key in `TASKS`.
+        summary: One line for help texts and reports.
+        metrics: Metric names of `components.evaluate.metrics.aggregate` that mean something for
+            this task (the gate and reports use these).
+        parse: answer text -> (parsed value, None) or (None, reason).
+        check_answer: training answer text -> "" when it has the task's shape, else why not.
+        score: (pred_text, gold_text, geometry=PIXEL, iou_threshold=0.5, method="auto",
+            pred_geometry=None) -> the per-sample score dict. Raises ValueError when the gold
+            answer is invalid.
+        shapes: (answer text, geometry) -> the `Shape`s a report draws ([] when nothing to draw
+            or the answer does not parse).
+    """
+
+    name: str
+    summary: str
+    metrics: tuple[str, ...]
+    parse: Callable[[str], tuple[Any, str | None]]
+    check_answer: Callable[[str], str]
+    score: ScoreFn
+    shapes: Callable[[str, Geometry], list[Shape]]
+
+
+def resolve_method(method: str, have_scipy: bool = HAVE_SCIPY) -> str:
+    """Returns "hungarian" or "greedy" for a match method.
+
+    Raises:
+        ValueError: An unknown method, or "hungarian" without scipy.
+    """
+    if method not in MATCH_METHODS:
+        raise ValueError(f"unknown match method {method!r}; expected one of {MATCH_METHODS}")
+    if method == "auto":
+        method = "hungarian" if have_scipy else "greedy"
+    if method == "hungarian" and not have_scipy:
+        raise ValueError("method 'hungarian' needs scipy, which is not importable")
+    return method
+
+
+def match_findings(
+    pred: Sequence[dict],
+    gold: Sequence[dict],
+    iou_threshold: float = 0.5,
+    method: str = "auto",
+) -> list[tuple[int, int]]:
+    """Matches predicted findings to gold findings one-to-one (boxes of one convention).
+
+    A pair ``(p, g)`` is eligible when the labels are equal (exact, case-sensitive) and
+    ``boxes.iou`` is at least ``iou_threshold`` and above 0. ``"hungarian"`` maximises the
+    number of pairs, then the total IoU (scipy); ``"greedy"`` repeatedly takes the eligible
+    pair with the highest IoU (ties: lower pred, then lower gold index); ``"auto"`` is
+    hungarian when scipy is importable, else greedy.
+
+    Args:
+        pred: Predicted findings (``{"label", "bbox"}`` dicts).
+        gold: Gold findings.
+        iou_threshold: Minimum IoU of a match, in [0, 1]. Default 0.5.
+        method: One of `MATCH_METHODS`. Default "auto".
+
+    Returns:
+        ``[(pred_index, gold_index), ...]`` sorted by pred index.
+
+    Raises:
+        ValueError: An unknown method, a threshold outside [0, 1], or "hungarian" without scipy.
+    """
+    method = resolve_method(method)
+    if not 0.0 <= iou_threshold <= 1.0:
+        raise ValueError(f"iou_threshold must be in [0, 1], got {iou_threshold}")
+    eligible: dict[tuple[int, int], float] = {}
+    for p, pf in enumerate(pred):
+        for g, gf in enumerate(gold):
+            if pf["label"] != gf["label"]:
+                continue
+            score = boxes.iou(pf["bbox"], gf["bbox"])
+            if score > 0 and score >= iou_threshold:  # a zero IoU never matches, even at threshold 0
+                eligible[(p, g)] = score
+    if not eligible:
+        return []
+    if method == "greedy":
+        used_p: set[int] = set()
+        used_g: set[int] = set()
+        pairs = []
+        for (p, g), _ in sorted(eligible.items(), key=lambda kv: (-kv[1], kv[0])):
+            if p not in used_p and g not in used_g:
+                used_p.add(p)
+                used_g.add(g)
+                pairs.append((p, g))
+        return sorted(pairs)
+    # Weight = bonus + IoU with bonus > any total IoU: maximum cardinality, then maximum IoU.
+    bonus = float(min(len(pred), len(gold)) + 1)
+    cost = [[0.0] * len(gold) for _ in pred]
+    for (p, g), score in eligible.items():
+        cost[p][g] = -(bonus + score)
+    rows, cols = _linear_sum_assignment(cost)
+    return sorted((int(p), int(g)) for p, g in zip(rows, cols) if (int(p), int(g)) in eligible)
+
+
+def _invalid(error: str | None, n_gold: int) -> dict[str, Any]:
+    return {
+        "json_valid": False,
+        "exact_match": False,
+        "tp": 0,
+        "fp": 0,
+        "fn": n_gold,
+        "n_pred": 0,
+        "n_gold": n_gold,
+        "error": error,
+    }
+
+
+def _valid(exact: bool, tp: int, n_pred: int, n_gold: int) -> dict[str, Any]:
+    return {
+        "json_valid": True,
+        "exact_match": exact,
+        "tp": tp,
+        "fp": n_pred - tp,
+        "fn": n_gold - tp,
+        "n_pred": n_pred,
+        "n_gold": n_gold,
+        "error": None,
+    }
+
+
+# ------------------------------------------------------------------------------ detection
+
+
+def _finding_key(finding: dict) -> tuple:
+    return (finding["label"], tuple(float(v) for v in finding["bbox"]))
+
+
+def _rounded_key(finding: dict) -> tuple:
+    return (finding["label"], tuple(round(v) for v in finding["bbox"]))
+
+
+def _in_pixels(findings: list[dict], geometry: Geometry) -> list[dict]:
+    return [{"label": f["label"], "bbox": geometry.to_pixels(f["bbox"])} for f in findings]
+
+
+def score_detection(
+    pred_text: str,
+    gold_text: str,
+    geometry: Geometry = PIXEL,
+    iou_threshold: float = 0.5,
+    method: str = "auto",
+    pred_geometry: Geometry | None = None,
+) -> dict[str, Any]:
+    """Scores one detection answer against the gold answer, in pixels of the original image.
+
+    Args:
+        pred_text: The model answer.
+        gold_text: The gold answer (the dataset row's assistant turn).
+        geometry: Convention of the gold boxes and the image size. Default pixel.
+        iou_threshold: Minimum IoU of a match. Default 0.5.
+        method: Matching method, see `match_findings`. Default "auto".
+        pred_geometry: Convention of the answer's boxes when it differs from the gold's (an
+            untuned base model answers in its own family's convention); None = `geometry`.
+            Default None.
+
+    Returns:
+        ``json_valid``; ``exact_match`` (the parsed answer equals the gold as multisets of
+        (label, box); numbers compared by value in the answers' own convention when both
+        are in one convention, else as pixel boxes rounded to whole pixels); ``tp``, ``fp``,
+        ``fn``; ``n_pred``, ``n_gold``; ``error`` (None, or why the answer is invalid). An
+        invalid answer has tp = fp = 0 and fn = n_gold.
+
+    Raises:
+        ValueError: The gold answer is invalid (a dataset bug), or its boxes cannot be read
+            in pixels (`boxes.BoxError`).
+    """
+    gold, gold_error = parse_findings(gold_text)
+    if gold is None:
+        raise ValueError(f"gold answer is invalid ({gold_error}): {gold_text!r}")
+    pred, error = parse_findings(pred_text)
+    if pred is None:
+        return _invalid(error, len(gold))
+    pred_geometry = pred_geometry or geometry
+    pred_px, gold_px = _in_pixels(pred, pred_geometry), _in_pixels(gold, geometry)
+    matches = match_findings(pred_px, gold_px, iou_threshold, method)
+    if pred_geometry.convention == geometry.convention:
+        exact = Counter(map(_finding_key, pred)) == Counter(map(_finding_key, gold))
+    else:
+        exact = Counter(map(_rounded_key, pred_px)) == Counter(map(_rounded_key, gold_px))
+    return _valid(exact, len(matches), len(pred), len(gold))
+
+
+def detection_shapes(text: str, geometry: Geometry = PIXEL) -> list[Shape]:
+    """Returns the findings of a detection answer as pixel `Shape`s ([] when it does not parse)."""
+    findings, _ = parse_findings(text)
+    shapes = []
+    for finding in findings or []:
+        x1, y1, x2, y2 = geometry.to_pixels(finding["bbox"])
+        shapes.append(Shape(finding["label"], (x1, y1, x2, y2), boxes.is_proper((x1, y1, x2, y2))))
+    return shapes
+
+
+def _check_detection(text: str) -> str:
+    if extract_fenced(text, "json") is None:
+        return "has no ```json fenced block"
+    _, reason = parse_findings(text)
+    return reason or ""
+
+
+# ----------------------------------------------------------------------------------- json
+
+
+def parse_json(text: str) -> tuple[Any, str | None]:
+    """Parses the JSON of an answer (fenced or not, as `parse_findings` looks for it)."""
+    if not isinstance(text, str):
+        return None, f"answer is not a string but {type(text).__name__}"
+    candidate = extract_json_text(text)
+    if candidate is None:
+        return None, "no JSON found (no ```json fence and no '[...]')"
+    try:
+        return json.loads(candidate), None
+    except ValueError as exc:
+        return None, f"invalid JSON: {exc}"
+
+
+def _check_json(text: str) -> str:
+    body = extract_fenced(text, "json")
+    if body is None:
+        return "has no ```json fenced block"
+    try:
+        json.loads(body)
+    except ValueError as exc:
+        return f"invalid JSON in the fence: {exc}"
+    return ""
+
+
+def score_json(
+    pred_text: str,
+    gold_text: str,
+    geometry: Geometry = PIXEL,
+    iou_threshold: float = 0.5,
+    method: str = "auto",
+    pred_geometry: Geometry | None = None,
+) -> dict[str, Any]:
+    """Scores a JSON answer: valid, and exact match of the parsed values (geometry, threshold unused).
+
+    Raises:
+        ValueError: The gold answer is not JSON.
+    """
+    gold, gold_error = parse_json(gold_text)
+    if gold_error:
+        raise ValueError(f"gold answer is invalid ({gold_error}): {gold_text!r}")
+    pred, error = parse_json(pred_text)
+    if error:
+        return _invalid(error, 0)
+    return _valid(pred == gold, 0, 0, 0)
+
+
+# ----------------------------------------------------------------------------------- text
+
+
+def score_text(
+    pred_text: str,
+    gold_text: str,
+    geometry: Geometry = PIXEL,
+    iou_threshold: float = 0.5,
+    method: str = "auto",
+    pred_geometry: Geometry | None = None,
+) -> dict[str, Any]:
+    """Scores a free-text answer: exact match after stripping (geometry, threshold unused)."""
+    return _valid(str(pred_text).strip() == str(gold_text).strip(), 0, 0, 0)
+
+
+def _no_shapes(text: str, geometry: Geometry = PIXEL) -> list[Shape]:
+    return []
+
+
+TASKS: dict[str, Task] = {
+    "": Task(
+        name="",
+        summary="free text; exact match after stripping",
+        metrics=("exact_match_rate",),
+        parse=lambda text: (text, None),
+        check_answer=lambda text: "",
+        score=score_text,
+        shapes=_no_shapes,
+    ),
+    "json": Task(
+        name="json",
+        summary="a ```json block; exact match of the parsed values",
+        metrics=("json_valid_rate", "exact_match_rate"),
+        parse=parse_json,
+        check_answer=_check_json,
+        score=score_json,
+        shapes=_no_shapes,
+    ),
+    "detection": Task(
+        name="detection",
+        summary='JSON list of {"label", "bbox" | "bbox_2d"}; boxes matched by label and IoU in pixels',
+        metrics=("f1", "precision", "recall", "json_valid_rate", "exact_match_rate"),
+        parse=parse_findings,
+        check_answer=_check_detection,
+        score=score_detection,
+        shapes=detection_shapes,
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    """Returns the task called name.
+
+    Raises:
+        ValueError: No such task (the message lists them).
+    """
+    if name not in TASKS:
+        raise ValueError(f"task {name!r} is not one of {', '.join(repr(k) for k in TASKS)}")
+    return TASKS[name]
