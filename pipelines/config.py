@@ -50,6 +50,8 @@ from typing import Any
 
 import yaml
 
+from components.common.boxes import AUTO as AUTO_CONVENTION
+from components.common.boxes import CONVENTIONS
 from components.common.reference import CHAMPION, reference_problem
 from pipelines import shapes
 
@@ -132,6 +134,11 @@ class DataSection:
         max_invalid_fraction: Largest fraction of invalid lines tolerated (they are
             quarantined and reported); above it validation fails. Default 0.0.
         split_seed: Salt of the deterministic hash split. Default "split-v1".
+        box_convention: What the detection boxes' numbers mean (components.common.boxes):
+            "pixel" (pixels of the original image), "norm1000" (relative, [0, 1000]:
+            Qwen2-VL / Qwen3-VL), "resized_pixel" (pixels after the processor's smart resize:
+            Qwen2.5-VL), or "auto" (the staged model family's own). evaluate maps boxes to
+            pixels of the original image before IoU. Default "pixel".
         task: Check of the assistant answers: "" (none), "json" (fenced JSON) or
             "detection" (fenced JSON list of {label, bbox}). Default "".
     """
@@ -142,6 +149,7 @@ class DataSection:
     max_invalid_fraction: float = 0.0
     split_seed: str = "split-v1"
     task: str = ""
+    box_convention: str = "pixel"
 
 
 @dataclass(frozen=True)
@@ -757,12 +765,16 @@ def load_config(path: str | Path) -> Config:
     return cfg
 
 
+_BOX_CONVENTIONS = (AUTO_CONVENTION, *CONVENTIONS)
+
+
 def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     d, e = cfg.data, cfg.eval
     checks = [
         ("data.eval_fraction", 0.0 < d.eval_fraction < 1.0, "a number between 0 and 1 (exclusive)"),
         ("data.max_invalid_fraction", 0.0 <= d.max_invalid_fraction <= 1.0, "a number between 0 and 1"),
         ("data.task", d.task in ("", "json", "detection"), "'', 'json' or 'detection'"),
+        ("data.box_convention", d.box_convention in _BOX_CONVENTIONS, "one of " + ", ".join(_BOX_CONVENTIONS)),
         ("eval.max_new_tokens", e.max_new_tokens > 0, "a positive integer"),
         ("eval.batch_size", e.batch_size > 0, "a positive integer"),
         ("eval.max_samples", e.max_samples >= 0, "0 (all) or a positive integer"),

@@ -94,6 +94,7 @@ RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("data_max_invalid_fraction", "data.max_invalid_fraction"),
     ("data_split_seed", "data.split_seed"),
     ("data_task", "data.task"),
+    ("data_box_convention", "data.box_convention"),
     ("swift_args", "swift"),
     ("eval_max_new_tokens", "eval.max_new_tokens"),
     ("eval_batch_size", "eval.batch_size"),
@@ -211,6 +212,7 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
         data_max_invalid_fraction: float = a["data_max_invalid_fraction"],
         data_split_seed: str = a["data_split_seed"],
         data_task: str = a["data_task"],
+        data_box_convention: str = a["data_box_convention"],
         swift_args: dict = a["swift_args"],
         eval_max_new_tokens: int = a["eval_max_new_tokens"],
         eval_batch_size: int = a["eval_batch_size"],
@@ -236,6 +238,8 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
             data_max_invalid_fraction: Largest tolerated fraction of invalid data lines.
             data_split_seed: Salt of the deterministic train/eval hash split.
             data_task: Answer check in validation: "", "json" or "detection".
+            data_box_convention: What the data's boxes mean: "pixel", "norm1000",
+                "resized_pixel" or "auto" (the staged model family's own).
             swift_args: `swift sft` arguments (ms-swift names).
             eval_max_new_tokens: Greedy generation budget per held-out sample.
             eval_batch_size: Held-out samples generated together.
@@ -344,6 +348,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             gate_metric=p["eval_metric"],
             gate_min_value=p["eval_min_value"],
             gate_min_margin=p["eval_min_margin"],
+            box_convention=p["data_box_convention"],
             **reference_args,
         ),
         "evaluate",

@@ -25,7 +25,7 @@ def evaluate(
     reference_uri: str = "",
     reference_version: str = "",
     box_convention: str = "pixel",
-    base_box_convention: str = "",
+    base_box_convention: str = "auto",
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -50,24 +50,32 @@ def evaluate(
             mount). "" = the base model (also when find-champion found none). Default "".
         reference_version: The champion's registry version ID when reference_uri is the
             champion; "" otherwise. Default "".
-        box_convention: Convention of the eval dataset's boxes, resolved: "pixel", "norm1000"
-            or "resized_pixel" (components.common.boxes). Boxes are scored in pixels of each
-            original image; resized_pixel uses the base model's preprocessor_config.json.
-            Default "pixel".
-        base_box_convention: Convention the untuned base model answers in (its family's,
-            boxes.convention_for_model of the staged model); used for the reference's answers
-            when the reference is the base model. "" = box_convention. Default "".
+        box_convention: Convention of the eval dataset's boxes: "pixel", "norm1000",
+            "resized_pixel" or "auto" (the staged model family's own, from its metadata;
+            components.common.boxes). Boxes are scored in pixels of each original image;
+            resized_pixel uses the base model's preprocessor_config.json. Default "pixel".
+        base_box_convention: Convention the untuned base model answers in; used for the
+            reference's answers when the reference is the base model. "auto" = its family's
+            (Qwen2-VL / Qwen3-VL norm1000, Qwen2.5-VL resized_pixel); "" = box_convention.
+            Default "auto".
     """
     from collections import namedtuple
 
-    from components.common.boxes import ResizeRule
+    from components.common.boxes import ResizeRule, resolve_convention
     from components.evaluate._report import write_report
     from components.evaluate.core import EvalError, resolve_reference
     from components.evaluate.core import evaluate as run_eval
 
+    family = (base_model.metadata.get("architecture", ""), base_model.metadata.get("model_type", ""))
+    box_convention = resolve_convention(box_convention, *family)
+    base_box_convention = resolve_convention(base_box_convention, *family) if base_box_convention else ""
     reference = resolve_reference(reference_uri, reference_version, base_model.path)
     resize_rule = ResizeRule.from_model(base_model.path)
     print(f"evaluate: reference model: {reference.label} ({reference_uri or base_model.uri})", flush=True)
+    print(
+        f"evaluate: boxes: data {box_convention}, base model answers {base_box_convention or box_convention}",
+        flush=True,
+    )
     try:
         result = run_eval(
             tuned_dir=tuned_model.path,
