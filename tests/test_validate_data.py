@@ -145,6 +145,7 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         "E_IMAGE_MISSING": line(row("q", ["img/nope.png"])),
         "E_IMAGE_UNREADABLE": line(row("q", ["broken.png"])),
         "E_IMAGE_SIZE": line(row("q", ["tiny.png"])),
+        "E_BOX": line(row("q", ["img/d0.png"], answer='```json\n[{"label": "hole", "bbox": [10, 2, 300, 40]}]\n```')),
         "E_TOKENS": line(row("q", ["big.png"])),
         "E_DUPLICATE": line(good_rows()[0]),
     }
@@ -689,3 +690,41 @@ def test_unchanged_image_is_hashed_once_per_process(tmp_path, data, monkeypatch)
     Run(tmp_path / "one")([path])
     Run(tmp_path / "two")([path])
     assert sorted(p.name for p in hashed) == [f"d{i}.png" for i in range(4)]
+
+
+# --- box conventions (issue #18) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("convention", "bbox", "fragment"),
+    [
+        ("pixel", [10, 2, 65, 40], "outside [0, 0, 64, 48]"),  # the image is 64 x 48
+        ("pixel", [30, 2, 10, 40], "x1 < x2"),
+        ("norm1000", [10, 2, 1200, 40], "outside [0, 0, 1000, 1000]"),
+        ("resized_pixel", [0, 0, 70, 40], "outside [0, 0, 56, 56]"),  # smart resize of 64 x 48: 56 x 56
+    ],
+)
+def test_boxes_are_checked_in_their_convention(data, run, convention, bbox, fragment):
+    answer = f'```json\n[{{"label": "hole", "bbox": {bbox}}}]\n```'
+    good = [line(r) for r in good_rows()]
+    path = write_lines(data / "train.jsonl", [*good, line(row("q", ["img/d0.png"], answer=answer))])
+    result = run([path], max_invalid_fraction=0.5, task="detection", box_convention=convention)
+    (issue,) = result.issues
+    assert (issue.line, issue.code) == (5, "E_BOX") and fragment in issue.message, issue.message
+
+
+def test_a_norm1000_box_beyond_a_small_image_is_fine_in_norm1000_but_not_in_pixel(data, run):
+    answer = '```json\n[{"label": "hole", "bbox_2d": [100, 200, 900, 800]}]\n```'  # cookbook form
+    rows = [line(r) for r in good_rows()] + [line(row(f"q{i}", ["img/d0.png"], answer=answer)) for i in range(3)]
+    path = write_lines(data / "train.jsonl", rows)
+    assert run([path], task="detection", box_convention="norm1000").counts["n_valid"] == 7
+    assert run([path], task="detection", box_convention="pixel", max_invalid_fraction=0.5).counts["E_BOX"] == 3
+
+
+def test_a_finding_without_a_label_is_a_box_error(data, run):
+    answer = '```json\n[{"label": " ", "bbox": [1, 2, 30, 40]}]\n```'
+    path = write_lines(
+        data / "train.jsonl", [line(r) for r in good_rows()] + [line(row("q", ["img/d0.png"], answer=answer))]
+    )
+    result = run([path], task="detection", max_invalid_fraction=0.5)
+    assert [i.code for i in result.issues] == ["E_BOX"] and "no label" in result.issues[0].message

@@ -20,6 +20,7 @@ def snapshot_data(
     max_invalid_fraction: float,
     split_seed: str,
     task: str,
+    box_convention: str = "pixel",
     champion_uri: str = "",
 ) -> NamedTuple(
     "Outputs",
@@ -49,6 +50,7 @@ def snapshot_data(
         max_invalid_fraction: Largest tolerated fraction of invalid lines.
         split_seed: Salt of the split hash.
         task: validate-data's answer check.
+        box_convention: What the data's detection boxes mean (part of the training key).
         manifest: Output: the snapshot (every file with generation / hash, size, CRC32C)
             and the skipped non-JSONL files.
         champion_uri: The champion's merged model folder ("" = none): its data lineage says
@@ -84,6 +86,7 @@ def snapshot_data(
                 "max_invalid_fraction": max_invalid_fraction,
                 "split_seed": split_seed,
                 "task": task,
+                "box_convention": box_convention,
             },
         )
     except SnapshotError as exc:

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=0, help="largest token count of a row (0 = no check)")
     parser.add_argument("--max-pixels", type=int, default=0, help="image area cap for the token count (0 = model's)")
     parser.add_argument("--task", default="", choices=TASKS, help="answer check: json or detection (default none)")
+    parser.add_argument(
+        "--box-convention", default="pixel", choices=("auto", "pixel", "norm1000", "resized_pixel"),
+        help="what detection boxes mean (pixel); auto = the family of --model",
+    )  # fmt: skip
     parser.add_argument("--eval-fraction", type=float, default=0.1, help="held-out fraction of the split (0.1)")
     parser.add_argument("--max-invalid-fraction", type=float, default=0.0, help="tolerated invalid fraction (0)")
     parser.add_argument("--split-seed", default="split-v1", help="salt of the split hash (split-v1)")
@@ -59,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             max_length=args.max_length,
             max_pixels=args.max_pixels,
             task=args.task,
+            box_convention=args.box_convention,
             fetch_timeout=args.fetch_timeout,
         )
     except DataError as exc:

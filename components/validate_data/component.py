@@ -21,6 +21,7 @@ def validate_data(
     report: dsl.Output[dsl.HTML],
     swift_args: dict,
     task: str = "",
+    box_convention: str = "pixel",
     training_key: str = "",
     champion_uri: str = "",
 ) -> NamedTuple("Outputs", [("n_train", int), ("n_eval", int)]):
@@ -43,6 +44,8 @@ def validate_data(
         swift_args: `swift sft` arguments; rows whose estimated token count exceeds
             their max_length are rejected (no check without max_length).
         task: Answer check: "" none, "json" or "detection". Default "".
+        box_convention: What detection boxes mean: "pixel", "norm1000", "resized_pixel" or
+            "auto" (the staged model family's); boxes are checked in it (E_BOX). Default "pixel".
         training_key: Key of the data and training settings (snapshot-data), recorded in
             the data lineage. Default "".
         champion_uri: The champion's merged model folder ("" = none): the report says what
@@ -66,6 +69,7 @@ def validate_data(
             report_out=report.path,
             max_length=int(swift_args.get("max_length", 0) or 0),
             task=task,
+            box_convention=box_convention,
             model_dir=base_model.path,
         )
     except DataError as exc:

@@ -53,6 +53,8 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from components.common import snapshot as snap
+from components.common.answers import parse_findings
+from components.common.boxes import BoxError, ResizeRule, box_problem, resolve_convention
 from components.common.files import sha256_file
 from components.common.tasks import get_task
 from components.validate_data import _sources
@@ -86,6 +88,8 @@ CODES = {
     "E_IMAGE_MISSING": "image file not found",
     "E_IMAGE_UNREADABLE": "image cannot be opened or decoded (corrupt or truncated file)",
     "E_IMAGE_SIZE": "image size, aspect ratio or mode not usable",
+    "E_BOX": "a detection box is not 4 numbers with x1 < x2, y1 < y2 inside the image / the convention's range "
+    "(only with task=detection)",
     "E_TOKENS": "estimated token count exceeds max_length (only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
 }
@@ -583,6 +587,51 @@ def _inspect_images(
     return dict(zip(distinct, pool.map(inspect, distinct)))
 
 
+@dataclass(frozen=True)
+class _BoxCheck:
+    """The detection box check of a run: the boxes' convention and the processor's resize rule."""
+
+    convention: str
+    rule: ResizeRule
+
+    def check(self, messages: list[dict[str, Any]], images: list[_Image]) -> None:
+        """Raises _Reject E_BOX for the first box of an assistant answer that is not valid."""
+        # a box is relative to the row's image; with several images only the convention's own range is known
+        size = (images[0].width, images[0].height) if len(images) == 1 else (10**9, 10**9)
+        for i, msg in enumerate(messages):
+            if msg["role"] != "assistant":
+                continue
+            findings, _ = parse_findings(msg["content"])
+            for k, finding in enumerate(findings or []):
+                if not isinstance(finding.get("label"), str) or not finding["label"].strip():
+                    raise _Reject("E_BOX", f"messages[{i}] finding {k}: no label; every box needs a non-empty label")
+                problem = box_problem(finding.get("bbox"), self.convention, size, self.rule)
+                if problem:
+                    raise _Reject(
+                        "E_BOX",
+                        f"messages[{i}] finding {k}: {problem}; fix the box, or set "
+                        "data.box_convention to what the numbers mean (pixel, norm1000, resized_pixel)",
+                    )
+
+
+def _box_check(task: str, convention: str, model_dir: str | None) -> _BoxCheck | None:
+    """Returns the box check for a detection task ("auto": the convention of the model's family)."""
+    if task != "detection":
+        return None
+    family = ("", "")
+    if model_dir:
+        try:
+            cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+            family = ((cfg.get("architectures") or [""])[0], cfg.get("model_type", ""))
+        except (OSError, ValueError):
+            pass
+    try:
+        resolved = resolve_convention(convention, *family)
+    except BoxError as exc:
+        raise DataError(str(exc)) from None
+    return _BoxCheck(resolved, ResizeRule.from_model(model_dir))
+
+
 def _check_row(
     p: _Pending,
     inspected: dict[_sources.Source, _Image | _Reject],
@@ -590,6 +639,7 @@ def _check_row(
     counter: TokenCounter,
     max_length: int,
     seen: dict[str, str],
+    boxes: _BoxCheck | None = None,
 ) -> _CheckedRow:
     """Runs the image, token and duplicate checks of one row; records it in `seen`; raises _Reject."""
     images: list[_Image] = []
@@ -598,6 +648,8 @@ def _check_row(
         if isinstance(info, _Reject):
             raise _Reject(info.code, info.message)
         images.append(info)
+    if boxes is not None:
+        boxes.check(p.row["messages"], images)  # E_BOX
     try:
         n_tokens = counter.text_tokens(p.row["messages"]) + sum(counter.image_tokens(i.width, i.height) for i in images)
     except ValueError as exc:
@@ -631,13 +683,14 @@ def _check_rows(
     *,
     counter: TokenCounter,
     max_length: int,
+    boxes: _BoxCheck | None = None,
 ) -> tuple[list[_CheckedRow], list[_Rejected]]:
     """Runs the row checks in input order; returns (clean rows, rejected rows)."""
     seen: dict[str, str] = {}  # row key -> file:line of its first occurrence
     checked, rejected = [], []
     for p in pending:
         try:
-            checked.append(_check_row(p, inspected, counter=counter, max_length=max_length, seen=seen))
+            checked.append(_check_row(p, inspected, counter=counter, max_length=max_length, seen=seen, boxes=boxes))
         except _Reject as rej:
             issue = Issue(p.file, p.line, rej.code, rej.message, _raw_text(p.raw))
             rejected.append(_Rejected(issue, _thumbnails(p, inspected)))
@@ -871,6 +924,7 @@ def validate_data(
     task: str = "",
     fetch_timeout: float = 30.0,
     workers: int = 0,
+    box_convention: str = "pixel",
     snapshot: dict[str, Any] | None = None,
     lineage: dict[str, Any] | None = None,
     previous_lineage: dict[str, Any] | None = None,
@@ -905,6 +959,10 @@ def validate_data(
         fetch_timeout: Seconds a single image download (http(s), gs://) may take in all.
             Default 30.
         workers: Threads inspecting images; 0 = 4 per CPU, at most 32. Default 0.
+        box_convention: What detection boxes mean (components.common.boxes): "pixel",
+            "norm1000", "resized_pixel" or "auto" (the family of the model in `model_dir`).
+            With task "detection" every box must be 4 numbers with x1 < x2, y1 < y2, inside
+            the row's image in that convention (E_BOX). Default "pixel".
         snapshot: A data snapshot (components.common.snapshot): when given, `train_files`
             and `eval_files` must be its files (`snapshot_files`), each read only if it is
             still the snapshot's, and the data lineage (`LINEAGE_FILE`: the snapshot, rows
@@ -936,6 +994,7 @@ def validate_data(
         counter = TokenCounter(model_dir, max_pixels)
     except ValueError as exc:
         raise DataError(str(exc)) from None
+    boxes = _box_check(task, box_convention, model_dir)
     workers = workers or min(32, 4 * (os.cpu_count() or 1))
     outputs = _Outputs(Path(train_out), Path(eval_out), Path(quarantine_out), report_out or "")
     staging = Path(tempfile.mkdtemp(prefix="validate-data-"))
@@ -948,6 +1007,7 @@ def validate_data(
                 task=task,
                 counter=counter,
                 max_length=max_length,
+                boxes=boxes,
                 fetch_timeout=fetch_timeout,
                 eval_fraction=eval_fraction,
                 split_seed=split_seed,
@@ -970,6 +1030,7 @@ def _validate(
     task: str,
     counter: TokenCounter,
     max_length: int,
+    boxes: _BoxCheck | None = None,
     fetch_timeout: float,
     eval_fraction: float,
     split_seed: str,
@@ -991,7 +1052,7 @@ def _validate(
     pending = [p for f in files for p in f.pending]
     _check_image_paths(pending, outputs)
     inspected = _inspect_images(pending, staging=staging, timeout=fetch_timeout, pool=pool)
-    checked, rejected_rows = _check_rows(pending, inspected, counter=counter, max_length=max_length)
+    checked, rejected_rows = _check_rows(pending, inspected, counter=counter, max_length=max_length, boxes=boxes)
     rejected = [r for f in files for r in f.rejected] + rejected_rows
     order = [name for name, _ in inputs]
     rejected.sort(key=lambda r: (order.index(r.issue.file), r.issue.line))
