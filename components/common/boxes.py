@@ -261,3 +261,42 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
     if union <= 0:
         return 0.0
     return float(inter / union)
+
+
+def box_key(convention: str) -> str:
+    """Returns the key a convention's boxes are written under: "bbox" for pixel, "bbox_2d" (the Qwen cookbooks') else."""
+    return "bbox" if convention == "pixel" else "bbox_2d"
+
+
+def convert_findings(
+    findings: Sequence[dict],
+    to: str,
+    image_size: tuple[int, int],
+    rule: ResizeRule = ResizeRule(),
+    source: str = "pixel",
+) -> list[dict]:
+    """Converts detection findings between conventions.
+
+    Args:
+        findings: `{"label", "bbox"}` dicts (as `answers.parse_findings` returns them), in `source`.
+        to: The target convention.
+        image_size: (width, height) of the original image, px.
+        rule: Smart-resize settings (for resized_pixel). Default Qwen2.5-VL's.
+        source: The findings' convention. Default "pixel".
+
+    Returns:
+        New dicts in the target's written form: `{"label", "bbox"}` for pixel (numbers kept
+        when nothing changes), else `{"bbox_2d": integers, "label"}`, in the same order.
+
+    Raises:
+        BoxError: An unknown convention.
+    """
+    for name in (to, source):
+        if name not in CONVENTIONS:
+            raise BoxError(f"box convention {name!r} is not one of {', '.join(CONVENTIONS)}")
+    out = []
+    for f in findings:
+        pixels = to_pixels(f["bbox"], source, image_size, rule)
+        box = list(f["bbox"]) if to == source else from_pixels(pixels, to, image_size, rule)
+        out.append({"label": f["label"], "bbox": box} if to == "pixel" else {"bbox_2d": box, "label": f["label"]})
+    return out

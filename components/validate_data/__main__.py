@@ -1,7 +1,9 @@
 """Validate ms-swift JSONL data on your own machine, with the pipeline's core.
 
     python -m components.validate_data DATA.jsonl [DATA2.jsonl ...] [--eval EVAL.jsonl]
-        [--model DIR] [--max-length N] [--task detection] [--out DIR]
+        [--model DIR] [--max-length N] [--task detection] [--box-convention C] [--out DIR]
+    python -m components.validate_data convert DATA.jsonl --to norm1000 --out NEW.jsonl
+        [--from pixel] [--model DIR]     (rewrite the boxes into a model's convention)
 
 Writes DIR/train/, DIR/eval/ (data.jsonl + images/), DIR/quarantine.jsonl and
 DIR/report.html, prints the summary, and exits 1 when the policy fails (or a file is
@@ -19,6 +21,11 @@ from components.validate_data.core import TASKS, DataError, check_paths, validat
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["convert"]:
+        from components.validate_data._convert import main as convert
+
+        return convert(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m components.validate_data", description=__doc__.split("\n\n")[0])
     parser.add_argument("data", nargs="+", help="ms-swift JSONL file(s): local paths or gs:// URIs")
     parser.add_argument("--eval", action="append", default=[], help="held-out JSONL (repeatable); default: hash split")

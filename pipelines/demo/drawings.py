@@ -404,11 +404,7 @@ def convert_findings(findings: list[dict], convention: str, image_size: tuple[in
     Raises:
         ValueError: An unknown convention.
     """
-    if convention not in boxes.CONVENTIONS:
-        raise ValueError(f"convention must be one of {boxes.CONVENTIONS}, got {convention!r}")
-    if convention == "pixel":
-        return [{"label": f["label"], "bbox": list(f["bbox"])} for f in findings]
-    return [{"bbox_2d": boxes.from_pixels(f["bbox"], convention, image_size), "label": f["label"]} for f in findings]
+    return boxes.convert_findings(findings, convention, image_size)
 
 
 def render_drawing(image_size: int, rng: random.Random, convention: str = "pixel") -> tuple[Image.Image, list[dict]]:
