@@ -728,3 +728,14 @@ def test_a_finding_without_a_label_is_a_box_error(data, run):
     )
     result = run([path], task="detection", max_invalid_fraction=0.5)
     assert [i.code for i in result.issues] == ["E_BOX"] and "no label" in result.issues[0].message
+
+
+def test_a_convention_other_than_the_models_own_is_a_warning(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl"})
+    )
+    with pytest.warns(UserWarning, match="trained on norm1000"):
+        check = core._box_check("detection", "pixel", str(tmp_path))
+    assert check.convention == "pixel"
+    assert core._box_check("detection", "auto", str(tmp_path)).convention == "norm1000"
+    assert core._box_check("json", "pixel", str(tmp_path)) is None

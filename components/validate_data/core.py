@@ -54,7 +54,7 @@ from PIL import Image, UnidentifiedImageError
 
 from components.common import snapshot as snap
 from components.common.answers import parse_findings
-from components.common.boxes import BoxError, ResizeRule, box_problem, resolve_convention
+from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
 from components.common.files import sha256_file
 from components.common.tasks import get_task
 from components.validate_data import _sources
@@ -629,6 +629,14 @@ def _box_check(task: str, convention: str, model_dir: str | None) -> _BoxCheck |
         resolved = resolve_convention(convention, *family)
     except BoxError as exc:
         raise DataError(str(exc)) from None
+    native = convention_for_model(*family)
+    if any(family) and resolved != native:  # a warning, not an error: the model can learn it, from further away
+        warnings.warn(
+            f"the data's boxes are {resolved}, but {family[0] or family[1]} was trained on {native}: fine-tuning "
+            f"must unlearn its grounding; convert the data (python -m components.validate_data convert --to "
+            f"{native}) and set data.box_convention: {native}",
+            stacklevel=2,
+        )
     return _BoxCheck(resolved, ResizeRule.from_model(model_dir))
 
 
