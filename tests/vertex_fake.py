@@ -43,6 +43,8 @@ class FakeApis:
     job_states: list[str] = field(default_factory=lambda: ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"])
     # Resource paths (unquoted, without /v1/) answered with an error: path -> (HTTP code, status).
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Answers of an endpoint's :rawPredict (an OpenAI chat completion), in turn (the last one repeats).
+    raw_answers: list[str] = field(default_factory=lambda: ['[{"label": "hole", "bbox": [1, 2, 3, 4]}]'])
     url: str = ""
 
     def calls(self, method: str, contains: str) -> list[Recorded]:
@@ -131,7 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
             aliases = list(model.get("versionAliases") or [])
             if version == "1" and "default" not in aliases:
                 aliases.insert(0, "default")
-            item = {**model, "name": name, "versionId": version, "versionAliases": aliases}
+            # a custom-container model deploys to dedicated machines, as Vertex says of an uploaded model
+            item = {"supportedDeploymentResourcesTypes": ["DEDICATED_RESOURCES"], **model}
+            item.update(name=name, versionId=version, versionAliases=aliases)
             for alias in aliases:
                 old = res.get(f"{name}@{alias}")
                 if old is not None and old is not item:
@@ -150,6 +154,17 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                 ),
             )
+        if self.command == "POST" and path.endswith("/endpoints"):  # create: a long-running operation
+            name = f"{path}/{_kind_id(query) or uuid.uuid4().hex[:12]}"
+            res[name] = {**body, "name": name, "deployedModels": [], "trafficSplit": {}}
+            return self._send(
+                200,
+                self._done_operation(
+                    path, {"@type": "type.googleapis.com/google.cloud.aiplatform.v1.Endpoint", **res[name]}
+                ),
+            )
+        if self.command == "POST" and path.rsplit(":", 1)[-1] in ("deployModel", "undeployModel", "rawPredict"):
+            return self._endpoint_method(*path.rsplit(":", 1), body)
         if self.command == "POST" and ":" in path.rsplit("/", 1)[-1]:  # custom methods: name:pause, ...
             name, verb = path.rsplit(":", 1)
             if name in res and verb in ("pause", "resume"):
@@ -183,10 +198,35 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, item)
             collection = path.rsplit("/", 1)[-1]
             children = [r for k, r in res.items() if k.rsplit("/", 1)[0] == path and "@" not in k]
-            if collection in ("schedules", "pipelineJobs", "models"):
+            if collection in ("schedules", "pipelineJobs", "models", "endpoints"):
                 return self._send(200, {collection: children})
             return self._not_found(path)
         return self._send(400, {"error": {"code": 400, "message": "unsupported", "status": "INVALID_ARGUMENT"}})
+
+    def _endpoint_method(self, name: str, verb: str, body: dict) -> None:
+        """An endpoint's deployModel / undeployModel (traffic "0" = the new model) and rawPredict."""
+        endpoint = self.fake.resources.get(name)
+        if endpoint is None:
+            return self._not_found(name)
+        if verb == "rawPredict":
+            answers = self.fake.raw_answers
+            answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            return self._send(200, {"object": "chat.completion", "choices": [{"message": {"content": answer}}]})
+        split = dict(body.get("trafficSplit") or {})
+        if verb == "deployModel":
+            deployed = {**body.get("deployedModel", {}), "id": uuid.uuid4().hex[:10]}
+            endpoint["deployedModels"].append(deployed)
+            split = {(deployed["id"] if k == "0" else k): v for k, v in split.items()} or {deployed["id"]: 100}
+            response = {"@type": "type.googleapis.com/google.cloud.aiplatform.v1.DeployModelResponse"}
+            response["deployedModel"] = deployed
+        else:
+            gone = body.get("deployedModelId")
+            endpoint["deployedModels"] = [m for m in endpoint["deployedModels"] if m["id"] != gone]
+            if not split:
+                split = {k: v for k, v in endpoint.get("trafficSplit", {}).items() if k != gone}
+            response = {"@type": "type.googleapis.com/google.cloud.aiplatform.v1.UndeployModelResponse"}
+        endpoint["trafficSplit"] = split
+        return self._send(200, self._done_operation(name, response))
 
     @staticmethod
     def _done_operation(parent: str, response: dict) -> dict:

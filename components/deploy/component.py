@@ -1,0 +1,72 @@
+"""KFP wrapper of the deploy core: deploy the registered version, smoke-test it, retire the old champion."""
+
+from kfp import dsl
+
+from components.images import LIGHT_IMAGE
+
+
+@dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
+def deploy(
+    registered_model: dsl.Input[dsl.Artifact],
+    eval_dataset: dsl.Input[dsl.Dataset],
+    endpoint: str,
+    machine_type: str,
+    task: str,
+    deployment: dsl.Output[dsl.Artifact],
+    accelerator_type: str = "",
+    accelerator_count: int = 0,
+    min_replicas: int = 1,
+    max_replicas: int = 1,
+    traffic_percent: int = 100,
+    smoke_rows: int = 3,
+    project: str = "{{$.pipeline_google_cloud_project_id}}",
+    location: str = "{{$.pipeline_google_cloud_location}}",
+):
+    """Deploys the registered model version to an endpoint and smoke-tests it there.
+
+    Args:
+        registered_model: register's output (metadata resourceName, version_id).
+        eval_dataset: Validated eval dataset (data.jsonl + images/); its first rows are the smoke test.
+        endpoint: Endpoint display name (created when missing) or resource name in this project and region.
+        machine_type: Serving machine type, e.g. g2-standard-12.
+        task: Smoke-test task: "detection", "json" or "" (non-empty text).
+        deployment: Output: metadata endpoint, deployed_model_id, traffic_split, undeployed, smoke answers.
+        accelerator_type: e.g. NVIDIA_L4; "" = none. Default "".
+        accelerator_count: GPUs per replica. Default 0.
+        min_replicas: Default 1.
+        max_replicas: Default 1.
+        traffic_percent: Traffic share of the new version, 1..100; 100 undeploys the previous
+            models after the smoke test. Default 100.
+        smoke_rows: Rows sent in the smoke test. Default 3.
+        project: Google Cloud project ID. Default: the pipeline job's project.
+        location: Vertex region. Default: the pipeline job's region.
+    """
+    from components.deploy.core import DeployError, DeployPlan, deploy_to_vertex, load_rows
+
+    meta = registered_model.metadata
+    plan = DeployPlan(
+        endpoint=endpoint,
+        machine_type=machine_type,
+        accelerator_type=accelerator_type,
+        accelerator_count=accelerator_count,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        traffic_percent=traffic_percent,
+    )
+    try:
+        rows = load_rows(eval_dataset.path, smoke_rows)
+        result = deploy_to_vertex(f"{meta['resourceName']}@{meta['version_id']}", plan, project, location, rows, task)
+    except DeployError as exc:
+        raise SystemExit(f"deploy: {type(exc).__name__}: {exc}") from None
+    deployment.uri = f"https://{location}-aiplatform.googleapis.com/v1/{result.endpoint}"
+    deployment.metadata.update(
+        {
+            "resourceName": result.endpoint,
+            "deployed_model_id": result.deployed_model_id,
+            "traffic_split": result.traffic_split,
+            "undeployed": result.undeployed,
+            "created_endpoint": result.created_endpoint,
+            "smoke_answers": [a["answer"][:500] for a in result.smoke.answers],
+            "smoke_seconds": result.smoke.seconds,
+        }
+    )

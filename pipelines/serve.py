@@ -1,0 +1,127 @@
+"""Serve a merged model locally with `swift deploy` and chat with it through the `openai` client.
+
+    python -m pipelines.serve --local [--model DIR] [--port P] [--root runs] [--smoke [--task T]]
+
+Without `--model` it serves the newest merged model of a local run (`<root>/*/merge-export/
+merged_model`, what `make demo` makes). It prints the base URL and a ready-to-paste client
+snippet, then serves until Ctrl-C, which stops the server's whole process group. `--smoke`
+sends a few held-out rows (the same run's validated eval dataset) through the smoke test of
+`components.deploy.core` and exits 0 when every answer parses for the task, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from components.deploy.core import DeployError, LocalServer, load_rows, smoke_test
+
+SNIPPET = """\
+from openai import OpenAI
+import base64
+
+client = OpenAI(base_url="{base_url}/v1", api_key="EMPTY")
+image = base64.b64encode(open("drawing.png", "rb").read()).decode()
+reply = client.chat.completions.create(
+    model="{model}",
+    messages=[{{"role": "user", "content": [
+        {{"type": "image_url", "image_url": {{"url": "data:image/png;base64," + image}}}},
+        {{"type": "text", "text": "Detect the title_block, part_outline, hole and dimension elements."}},
+    ]}}],
+    max_tokens=512,
+    temperature=0,
+)
+print(reply.choices[0].message.content)"""
+
+
+def newest_merged_model(root: str | Path) -> Path | None:
+    """Returns the newest `<root>/*/merge-export/merged_model` that holds a model, or None."""
+    found = [p.parent for p in Path(root).glob("*/merge-export/merged_model/config.json")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def eval_rows_for(model_dir: Path, root: str | Path, limit: int) -> list[dict]:
+    """Returns smoke-test rows: the model's run's eval dataset, else the newest under root, else the demo's.
+
+    Raises:
+        DeployError: No eval dataset anywhere.
+    """
+    candidates = [model_dir.parent.parent / "validate-data" / "eval_dataset"]
+    candidates += sorted(Path(root).glob("*/validate-data/eval_dataset"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for folder in candidates:
+        if (folder / "data.jsonl").is_file():
+            return load_rows(folder, limit)
+    from pipelines.run import demo_cache_dir
+
+    demo = demo_cache_dir() / "demo-drawings-v2" / "eval.jsonl"
+    if demo.is_file():
+        return load_rows(demo, limit)
+    raise DeployError(f"no eval dataset under {root} nor {demo}: run `make demo` first, or pass --model of a run")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true", required=True, help="serve on 127.0.0.1 (the only mode)")
+    parser.add_argument("--model", default="", help="merged model folder; default the newest under --root")
+    parser.add_argument("--root", default="runs", help="local pipeline root (default runs)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port; default a free one")
+    parser.add_argument("--name", default="tuned", help="served model name (default tuned)")
+    parser.add_argument("--smoke", action="store_true", help="run the smoke test, then exit 0 / 1")
+    parser.add_argument(
+        "--task", default="detection", help="smoke-test task: detection, json or '' (default detection)"
+    )
+    parser.add_argument("--rows", type=int, default=3, help="smoke-test rows (default 3)")
+    parser.add_argument("--max-tokens", type=int, default=512, help="smoke-test answer length limit (default 512)")
+    parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for health (default 300)")
+    parser.add_argument("--log", default="", help="server log file; default <model>/../serve.log")
+    args = parser.parse_args(argv)
+
+    model = Path(args.model) if args.model else newest_merged_model(args.root)
+    if model is None:
+        print(f"serve: no merged model under {args.root}/*/merge-export/merged_model: run `make demo` or pass --model")
+        return 1
+    log = Path(args.log) if args.log else model.parent / "serve.log"
+    server = LocalServer(
+        model, args.port or free_port(), log, start_timeout_s=args.start_timeout, served_model_name=args.name
+    )
+    print(f"serve: {' '.join(server.command)}\nserve: log {log}", flush=True)
+    # Ctrl-C and SIGTERM both end in `finally`, which stops the server's process group
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        waited = server.start()
+        print(f"serve: healthy after {waited:.0f} s\nbase URL: {server.base_url}/v1  (model {args.name!r})\n")
+        print(SNIPPET.format(base_url=server.base_url, model=args.name), flush=True)
+        if args.smoke:
+            rows = eval_rows_for(model, args.root, args.rows)
+            result = smoke_test(server.base_url, args.name, rows, args.task, timeout_s=300, max_tokens=args.max_tokens)
+            for item in result.answers:
+                print(f"smoke: row {item['row']} ({item['seconds']:.1f} s): {item['answer'][:200]!r}")
+            print(f"smoke: passed, {len(result.answers)} answers parse for task {args.task!r}")
+            return 0
+        print("\nserving; Ctrl-C stops", flush=True)
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(0.5)
+        print(f"serve: the server exited with code {server.process.returncode if server.process else '?'}")
+        return 1
+    except DeployError as exc:
+        print(f"serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nserve: stopping", flush=True)
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
