@@ -97,3 +97,21 @@ def test_missing_data_file_is_a_named_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "data.train: data file not found" in err and "nope.jsonl" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_tuned_demo_model_serves_and_its_answers_parse(first_run, tmp_path):
+    """#16: the merged model of the run, served by `swift deploy` on CPU, answers held-out rows
+    through the official `openai` client, and every answer parses as a detection list."""
+    import socket
+
+    from components.deploy.core import LocalServer, load_rows, smoke_test
+
+    run_dir = Path(first_run["run_dir"])
+    rows = load_rows(run_dir / "validate-data" / "eval_dataset", limit=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    merged = run_dir / "merge-export" / "merged_model"
+    with LocalServer(merged, port, tmp_path / "server.log", start_timeout_s=240, served_model_name="tuned") as srv:
+        result = smoke_test(srv.base_url, "tuned", rows, "detection", timeout_s=180, max_tokens=160)
+    assert len(result.answers) == 2 and all(a["answer"].lstrip().startswith("```json") for a in result.answers)
