@@ -330,7 +330,7 @@ def test_same_messages_with_different_image_is_not_a_duplicate(data, run):
 
 def test_good_lines_pass_through_unchanged(data, run):
     rows = good_rows()
-    rows[1]["objects"] = {"ref": ["hole"]}  # extra fields survive
+    rows[1]["source"] = {"ref": ["hole"]}  # extra fields survive (not `objects`: ms-swift reads that one, see below)
     text_only = row("no image here, just text")
     rows.append(text_only)
     path = write_lines(data / "train.jsonl", [line(r) for r in rows])
@@ -739,3 +739,38 @@ def test_a_convention_other_than_the_models_own_is_a_warning(tmp_path):
     assert check.convention == "pixel"
     assert core._box_check("detection", "auto", str(tmp_path)).convention == "norm1000"
     assert core._box_check("json", "pixel", str(tmp_path)) is None
+
+
+# --- ms-swift's grounding form (issue #18) ---------------------------------------------
+
+
+def _grounding(refs, boxes, text="<image>Find <ref-object>", answer="<bbox>", **extra):
+    return {
+        "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": answer}],
+        "images": ["img/d0.png"],
+        "objects": {"ref": refs, "bbox": boxes, **extra},
+    }
+
+
+@pytest.mark.parametrize(
+    ("obj", "code", "fragment"),
+    [
+        (_grounding(["hole"], [[1, 2, 30, 40]]), None, ""),
+        (_grounding(["hole"], [[0.1, 0.2, 0.5, 0.9]], bbox_type="norm1"), None, ""),
+        (_grounding(["hole"], [[1, 2, 70, 40]]), "E_BOX", "outside [0, 0, 64, 48]"),  # the image is 64 x 48
+        (_grounding(["hole"], [[0.1, 0.2, 1.5, 0.9]], bbox_type="norm1"), "E_BOX", "norm1"),
+        (_grounding(["hole"], [[30, 2, 1, 40]]), "E_BOX", "x1 < x2"),
+        (_grounding(["hole", "slot"], [[1, 2, 30, 40]]), "E_SCHEMA", "1 <ref-object> tag(s) in the messages but 2"),
+        (_grounding(["hole"], [[1, 2, 30, 40]], answer="<bbox><bbox>"), "E_SCHEMA", "2 <bbox> tag(s)"),
+        (_grounding(["hole"], [[1, 2, 30, 40]], bbox_type="norm1000"), "E_SCHEMA", "bbox_type"),
+        (_grounding([""], [[1, 2, 30, 40]]), "E_SCHEMA", "non-empty strings"),
+    ],
+)
+def test_ms_swift_grounding_rows_are_accepted_and_validated(data, run, obj, code, fragment):
+    path = write_lines(data / "train.jsonl", [line(r) for r in good_rows()] + [line(obj)])
+    result = run([path], task="detection", max_invalid_fraction=0.5)
+    if code is None:
+        assert result.issues == [] and result.counts["n_valid"] == 5
+    else:
+        (issue,) = result.issues
+        assert issue.code == code and fragment in issue.message, issue.message

@@ -53,10 +53,10 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from components.common import snapshot as snap
-from components.common.answers import parse_findings
+from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
 from components.common.files import sha256_file
-from components.common.tasks import get_task
+from components.common.tasks import TASK_NAMES, get_task
 from components.validate_data import _sources
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -93,7 +93,7 @@ CODES = {
     "E_TOKENS": "estimated token count exceeds max_length (only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
 }
-TASKS = ("", "json", "detection")  # answer checks: none, any fenced JSON, detection findings
+TASKS = TASK_NAMES  # answer checks (components.common.tasks): none, fenced JSON, detection, key_value
 
 
 class DataError(ValueError):
@@ -196,6 +196,41 @@ def _check_messages(row: Any) -> list[dict[str, Any]]:
     if n_tags != len(images):
         raise _Reject("E_IMAGE_COUNT", f"{n_tags} {IMAGE_TAG} tag(s) in messages but {len(images)} image(s)")
     return messages
+
+
+GROUNDING_TAGS = ("<ref-object>", "<bbox>")
+BBOX_TYPES = ("real", "norm1")
+
+
+def _check_objects(row: dict[str, Any]) -> None:
+    """Checks ms-swift's grounding form: `objects` = {"ref": [str], "bbox": [[x1, y1, x2, y2] | [x, y]],
+    "bbox_type": "real" (pixels, default) | "norm1" ([0, 1]), "image_id": [int]}, one `<ref-object>` per ref and
+    one `<bbox>` per box in the messages (ms-swift fills them in order and leaves extra tags as text).
+
+    Box ranges against the image are checked later (`_BoxCheck.check_objects`), once the image size is known.
+    """
+    objects = row["objects"]
+    if not isinstance(objects, dict):
+        raise _Reject("E_SCHEMA", "field 'objects' must be an object {ref, bbox, bbox_type, image_id}")
+    refs, boxes_ = objects.get("ref", []), objects.get("bbox")
+    if not isinstance(refs, list) or not all(isinstance(r, str) and r.strip() for r in refs):
+        raise _Reject("E_SCHEMA", "objects.ref must be a list of non-empty strings")
+    if not isinstance(boxes_, list) or not boxes_:
+        raise _Reject("E_SCHEMA", "objects.bbox must be a non-empty list of boxes [x1, y1, x2, y2] (or points [x, y])")
+    if objects.get("bbox_type", "real") not in BBOX_TYPES:
+        raise _Reject("E_SCHEMA", f"objects.bbox_type must be one of {', '.join(BBOX_TYPES)}")
+    ids = objects.get("image_id", [])
+    n_images = len(row.get("images") or [])
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < max(n_images, 1) for i in ids):
+        raise _Reject("E_SCHEMA", f"objects.image_id must be a list of image indexes below {n_images}")
+    text = "".join(m["content"] for m in row["messages"])
+    for tag, items, key in (("<ref-object>", refs, "ref"), ("<bbox>", boxes_, "bbox")):
+        if text.count(tag) != len(items):
+            raise _Reject(
+                "E_SCHEMA",
+                f"{text.count(tag)} {tag} tag(s) in the messages but {len(items)} objects.{key}; "
+                "ms-swift fills one tag per item, in order",
+            )
 
 
 def _check_answer(messages: list[dict[str, Any]], task: str) -> None:
@@ -542,7 +577,9 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
             "that cannot be encoded as UTF-8",
         ) from None
     messages = _check_messages(row)
-    if task:
+    if "objects" in row:  # ms-swift's grounding form: <ref-object> / <bbox> placeholders filled from `objects`
+        _check_objects(row)
+    elif task:
         _check_answer(messages, task)
     return row
 
@@ -614,6 +651,22 @@ class _BoxCheck:
                     )
 
 
+def _check_object_boxes(objects: dict[str, Any], images: list[_Image]) -> None:
+    """Raises _Reject E_BOX for the first grounding box outside its image (real) or [0, 1] (norm1), or unordered."""
+    norm1 = objects.get("bbox_type", "real") == "norm1"
+    ids = list(objects.get("image_id") or []) + [0] * len(objects["bbox"])
+    kind = "norm1: [0, 1]" if norm1 else "real: pixels of the image"
+    for k, box in enumerate(objects["bbox"]):
+        image = images[ids[k]] if images and ids[k] < len(images) else None
+        size = (1, 1) if norm1 or image is None else (image.width, image.height)
+        if isinstance(box, list) and len(box) == 2 and all(is_finite_number(v) for v in box):  # a point
+            problem = "" if 0 <= box[0] <= size[0] and 0 <= box[1] <= size[1] else f"point {box} outside the image"
+        else:
+            problem = box_problem(box, "pixel", size)
+        if problem:
+            raise _Reject("E_BOX", f"objects.bbox[{k}] ({kind}): {problem}")
+
+
 def _box_check(task: str, convention: str, model_dir: str | None) -> _BoxCheck | None:
     """Returns the box check for a detection task ("auto": the convention of the model's family)."""
     if task != "detection":
@@ -656,7 +709,9 @@ def _check_row(
         if isinstance(info, _Reject):
             raise _Reject(info.code, info.message)
         images.append(info)
-    if boxes is not None:
+    if "objects" in p.row:
+        _check_object_boxes(p.row["objects"], images)  # E_BOX
+    elif boxes is not None:
         boxes.check(p.row["messages"], images)  # E_BOX
     try:
         n_tokens = counter.text_tokens(p.row["messages"]) + sum(counter.image_tokens(i.width, i.height) for i in images)
