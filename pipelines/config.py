@@ -53,6 +53,7 @@ import yaml
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
 from components.common.reference import CHAMPION, reference_problem
+from components.common.tasks import TASK_NAMES
 from pipelines import shapes
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -62,6 +63,8 @@ DEFAULT_LOCAL_CONFIG = CONFIG_DIR / "local" / "tiny_cpu.yaml"
 DEMO_MODEL = "demo://tiny-qwen3-vl"
 DEMO_DATA_TRAIN = "demo://drawings/train"
 DEMO_DATA_EVAL = "demo://drawings/eval"
+DEMO_DOCUMENTS_TRAIN = "demo://documents/train"
+DEMO_DOCUMENTS_EVAL = "demo://documents/eval"
 
 
 # A config is a few KB of a few dozen keys: anything far beyond is a mistake or an attack,
@@ -773,7 +776,7 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     checks = [
         ("data.eval_fraction", 0.0 < d.eval_fraction < 1.0, "a number between 0 and 1 (exclusive)"),
         ("data.max_invalid_fraction", 0.0 <= d.max_invalid_fraction <= 1.0, "a number between 0 and 1"),
-        ("data.task", d.task in ("", "json", "detection"), "'', 'json' or 'detection'"),
+        ("data.task", d.task in TASK_NAMES, "one of " + ", ".join(repr(name) for name in TASK_NAMES)),
         ("data.box_convention", d.box_convention in _BOX_CONVENTIONS, "one of " + ", ".join(_BOX_CONVENTIONS)),
         ("eval.max_new_tokens", e.max_new_tokens > 0, "a positive integer"),
         ("eval.batch_size", e.batch_size > 0, "a positive integer"),

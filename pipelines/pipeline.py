@@ -351,6 +351,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             gate_min_value=p["eval_min_value"],
             gate_min_margin=p["eval_min_margin"],
             box_convention=p["data_box_convention"],
+            task=p["data_task"],
             **reference_args,
         ),
         "evaluate",

@@ -37,6 +37,8 @@ from pipelines.config import (
     DEFAULT_LOCAL_CONFIG,
     DEMO_DATA_EVAL,
     DEMO_DATA_TRAIN,
+    DEMO_DOCUMENTS_EVAL,
+    DEMO_DOCUMENTS_TRAIN,
     DEMO_MODEL,
     Config,
     ConfigError,
@@ -70,7 +72,10 @@ def demo_cache_dir() -> Path:
 
 
 def resolve_demo_inputs(cfg: Config) -> Config:
-    """Replaces `demo://` sources by the tiny model and the demo dataset, building them once.
+    """Replaces `demo://` sources by the tiny model and the demo datasets, building them once.
+
+    `demo://drawings/{train,eval}` are the synthetic engineering drawings (detection),
+    `demo://documents/{train,eval}` the synthetic invoices and forms (key_value).
 
     Args:
         cfg: The config.
@@ -83,16 +88,22 @@ def resolve_demo_inputs(cfg: Config) -> Config:
         from pipelines.demo.tiny_model import ensure_tiny_model
 
         model = dataclasses.replace(model, source=str(ensure_tiny_model()))
-    if DEMO_DATA_TRAIN in (data.train, data.eval) or DEMO_DATA_EVAL in (data.train, data.eval):
-        from pipelines.demo.drawings import generate_dataset
+    for train_uri, eval_uri, module, version in (
+        (DEMO_DATA_TRAIN, DEMO_DATA_EVAL, "drawings", "demo-drawings-v2"),
+        (DEMO_DOCUMENTS_TRAIN, DEMO_DOCUMENTS_EVAL, "documents", "demo-documents-v1"),
+    ):
+        if train_uri not in (data.train, data.eval) and eval_uri not in (data.train, data.eval):
+            continue
+        import importlib  # the generator's module, imported only when its data is asked for
 
-        folder = demo_cache_dir() / "demo-drawings-v2"
+        generate_dataset = importlib.import_module(f"pipelines.demo.{module}").generate_dataset
+        folder = demo_cache_dir() / version
         marker = folder / "COMPLETE"
         if not marker.exists():
             paths = generate_dataset(folder)
             marker.write_text(json.dumps(paths))
         paths = json.loads(marker.read_text())
-        mapping = {DEMO_DATA_TRAIN: paths["train"], DEMO_DATA_EVAL: paths["eval"]}
+        mapping = {train_uri: paths["train"], eval_uri: paths["eval"]}
         data = dataclasses.replace(
             data, train=mapping.get(data.train, data.train), eval=mapping.get(data.eval, data.eval)
         )

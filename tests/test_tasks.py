@@ -36,7 +36,7 @@ def test_parser_reads_several_bbox_2d_findings_and_prefers_bbox():
 
 
 def test_registry_names_and_metrics():
-    assert set(TASKS) == {"", "json", "detection"}
+    assert set(TASKS) == {"", "json", "detection", "key_value"}
     assert get_task("detection").metrics[0] == "f1"
     with pytest.raises(ValueError, match="not one of"):
         get_task("segmentation")

@@ -14,6 +14,13 @@ Tasks (`TASKS`, looked up with `get_task`):
   are mapped to pixels of the ORIGINAL image before IoU, so the metrics mean the same for
   every model family. A prediction matches a gold finding of the same label at IoU >= the
   threshold, one-to-one (`match_findings`).
+* ``"key_value"``: a JSON object of field -> value (strings or numbers, in a ```` ```json ````
+  block in training data), e.g. ``{"invoice_number": "INV-0042", "total": "1,234.50"}``.
+  Fields and values are compared after `normalize_value` (strip, collapse whitespace,
+  case-insensitive; numbers as their JSON text). A predicted field is a true positive when
+  the gold answer has that field with an equal value; every other predicted field is a false
+  positive and every unmatched gold field a false negative, so precision / recall / F1 are
+  field-level and aggregate like detection's. Exact match: every field equal, none extra.
 
 Every `Task.score` returns the per-sample dict that `components.evaluate.metrics.aggregate`
 reads: json_valid, exact_match, tp, fp, fn, n_pred, n_gold, error. Pure Python (scipy
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common import boxes
-from components.common.answers import extract_fenced, extract_json_text, parse_findings
+from components.common.answers import extract_fenced, extract_json_text, is_finite_number, parse_findings
 
 try:  # Optional: optimal assignment.
     from scipy.optimize import linear_sum_assignment as _linear_sum_assignment
@@ -358,6 +365,135 @@ def score_text(
     return _valid(str(pred_text).strip() == str(gold_text).strip(), 0, 0, 0)
 
 
+# ------------------------------------------------------------------------------ key_value
+
+
+def normalize_value(value: Any) -> str:
+    """Returns a key-value field or value as compared: text, stripped, whitespace collapsed, case-folded.
+
+    A number becomes its JSON text first (12.5 -> "12.5"), so it equals the same number written
+    as a string.
+    """
+    text = value if isinstance(value, str) else json.dumps(value)
+    return " ".join(text.split()).casefold()
+
+
+def _first_json_object(text: str) -> Any:
+    """Returns the first JSON object that starts at some "{" of text (prose around it is fine), or None."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            return value
+        start = text.find("{", start + 1)
+    return None
+
+
+def _json_object(text: str) -> tuple[dict | None, str | None]:
+    """Returns the answer's JSON object as written, or (None, reason); see `parse_key_value`."""
+    if not isinstance(text, str):
+        return None, f"answer is not a string but {type(text).__name__}"
+    candidate = extract_json_text(text)
+    if candidate is not None:
+        try:
+            data = json.loads(candidate)
+        except ValueError as exc:
+            data = _first_json_object(text)  # prose or a cut-off answer around an object
+            return (data, None) if data is not None else (None, f"invalid JSON: {exc}")
+        return (data, None) if isinstance(data, dict) else (None, f"JSON is a {type(data).__name__}, not an object")
+    data = _first_json_object(text)
+    return (data, None) if data is not None else (None, "no JSON object found (no ```json fence and no '{...}')")
+
+
+def parse_key_value(text: str) -> tuple[dict[str, str] | None, str | None]:
+    """Parses a key-value answer into {normalised field: normalised value}.
+
+    The JSON is looked for as `parse_json` does (first ```json block, else a bare block, else
+    the stripped text, else from the first "[" to the last "]"); when there is none, or it is
+    not valid JSON, the first JSON object in the text is used (prose around it is fine).
+    Valid: a JSON object whose every value is a string or a finite number (not a bool, list,
+    object or null). Fields and values are normalised with `normalize_value`; two fields
+    equal after normalisation keep the later value.
+
+    Returns:
+        ``(fields, None)``, or ``(None, reason)`` when invalid.
+    """
+    data, error = _json_object(text)
+    if data is None:
+        return None, error
+    fields: dict[str, str] = {}
+    for key, value in data.items():
+        if isinstance(value, bool) or not (isinstance(value, str) or is_finite_number(value)):
+            return None, f"field {key!r} is {json.dumps(value)[:40]}, not a string or number"
+        fields[normalize_value(key)] = normalize_value(value)
+    return fields, None
+
+
+def _check_key_value(text: str) -> str:
+    if extract_fenced(text, "json") is None:
+        return "has no ```json fenced block"
+    fields, reason = parse_key_value(text)
+    if fields is None:
+        return reason or "invalid"
+    return "" if fields else "the JSON object has no fields"
+
+
+def score_key_value(
+    pred_text: str,
+    gold_text: str,
+    geometry: Geometry = PIXEL,
+    iou_threshold: float = 0.5,
+    method: str = "auto",
+    pred_geometry: Geometry | None = None,
+) -> dict[str, Any]:
+    """Scores a key-value answer field by field (geometry, threshold and method unused).
+
+    Returns:
+        The per-sample score dict: tp = predicted fields whose normalised value equals the
+        gold's; fp = the other predicted fields (wrong value or not in the gold); fn = gold
+        fields not matched (a wrong value counts as one fp and one fn); exact_match = the
+        normalised objects are equal. An invalid answer has tp = fp = 0 and fn = n_gold.
+
+    Raises:
+        ValueError: The gold answer is invalid (a dataset bug).
+    """
+    gold, gold_error = parse_key_value(gold_text)
+    if gold is None:
+        raise ValueError(f"gold answer is invalid ({gold_error}): {gold_text!r}")
+    pred, error = parse_key_value(pred_text)
+    if pred is None:
+        return _invalid(error, len(gold))
+    tp = sum(1 for key, value in pred.items() if gold.get(key) == value)
+    return _valid(pred == gold, tp, len(pred), len(gold))
+
+
+def key_value_rows(gold_text: str, pred_text: str) -> list[tuple[str, str | None, str | None, bool]]:
+    """Returns (field, gold value, predicted value, match) rows for a report, gold fields first.
+
+    Values are shown as written (numbers as JSON text) and None where the answer lacks the
+    field; match compares normalised values as `score_key_value` does. An answer that does
+    not parse contributes no values.
+    """
+
+    def raw(text: str) -> dict[str, tuple[str, str]]:
+        if parse_key_value(text)[0] is None:
+            return {}
+        data = _json_object(text)[0] or {}
+        return {normalize_value(k): (k, v if isinstance(v, str) else json.dumps(v)) for k, v in data.items()}
+
+    gold, pred = raw(gold_text), raw(pred_text)
+    rows = []
+    for key in list(gold) + [k for k in pred if k not in gold]:
+        g, p = gold.get(key), pred.get(key)
+        match = g is not None and p is not None and normalize_value(g[1]) == normalize_value(p[1])
+        rows.append(((g or p)[0], g[1] if g else None, p[1] if p else None, match))
+    return rows
+
+
 def _no_shapes(text: str, geometry: Geometry = PIXEL) -> list[Shape]:
     return []
 
@@ -390,7 +526,19 @@ TASKS: dict[str, Task] = {
         score=score_detection,
         shapes=detection_shapes,
     ),
+    "key_value": Task(
+        name="key_value",
+        summary="a ```json object of field -> string / number; fields matched by normalised value",
+        metrics=("f1", "precision", "recall", "exact_match_rate", "json_valid_rate"),
+        parse=parse_key_value,
+        check_answer=_check_key_value,
+        score=score_key_value,
+        shapes=_no_shapes,
+    ),
 }
+
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+"""Names of the tasks, the one list that config and validate-data check `data.task` against."""
 
 
 def get_task(name: str) -> Task:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.boxes import BoxError, ResizeRule
-from components.common.tasks import Geometry, Shape, get_task
+from components.common.tasks import Geometry, Shape, get_task, key_value_rows
 
 INVALID_MARK = 4  # half-size of the cross drawn for an invalid box, thumbnail px
 GOLD_COLOR = (0, 170, 0)
@@ -188,7 +188,39 @@ def _describe(shapes: Sequence[Shape]) -> str:
     return f"{len(shapes)}" + (f", {invalid} invalid: x2 ≤ x1 or y2 ≤ y1, never matches" if invalid else "")
 
 
+def _field_table(gold_text: str, pred_text: str) -> str:
+    """A key_value sample's fields: field, expected and predicted value, ✓ / ✗ per field."""
+    rows = []
+    for name, gold, pred, match in key_value_rows(gold_text, pred_text):
+        mark = '<td class="gold">✓</td>' if match else '<td class="pred">✗</td>'
+        cells = "".join(f"<td>{'—' if v is None else html.escape(v)}</td>" for v in (gold, pred))
+        rows.append(f"<tr><th>{html.escape(name)}</th>{cells}{mark}</tr>")
+    head = "<tr><th>field</th><th>expected</th><th>tuned</th><th></th></tr>"
+    return f'<table class="metrics fields">{head}{"".join(rows)}</table>'
+
+
+def _key_value_card(sample: dict[str, Any]) -> str:
+    """A key_value sample: the image, then the field table and both answers."""
+    images = sample.get("images") or [None]
+    uri = "data:image/png;base64," + base64.b64encode(draw_shapes(images[0], [], [])).decode("ascii")
+    score = sample["tuned_score"]
+    status = "valid JSON" if score.get("json_valid") else f"invalid: {score.get('error') or 'no JSON'}"
+    ref_score = sample.get("reference_score") or {}
+    return (
+        '<div class="sample">'
+        f'<img src="{uri}" alt="line {sample.get("line")}">'
+        f"<div><b>line {sample.get('line')}</b> · tuned field F1 {sample_f1(score):.3f} "
+        f"(tp {score.get('tp', 0)}, fp {score.get('fp', 0)}, fn {score.get('fn', 0)}) · {html.escape(status)}"
+        f" · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}"
+        + _field_table(sample["gold"], sample["tuned"])
+        + f'<div class="label pred">tuned answer</div><pre>{html.escape(sample["tuned"][:1500])}</pre>'
+        "</div></div>"
+    )
+
+
 def _sample_card(sample: dict[str, Any], task: str = "detection", rule: ResizeRule | None = None) -> str:
+    if task == "key_value":
+        return _key_value_card(sample)
     images = sample.get("images") or [None]
     convention = sample.get("box_convention") or "pixel"
     size = sample.get("image_size") or _image_size(images[0])
@@ -242,6 +274,7 @@ def render_report(
     title: str = "Evaluation: tuned vs reference",
     iou_threshold: float | None = None,
     resize_rule: ResizeRule | None = None,
+    task: str = "detection",
 ) -> str:
     """Renders the evaluation report (pure apart from reading the sample images).
 
@@ -262,6 +295,9 @@ def render_report(
             stated. Default None.
         resize_rule: Smart-resize settings for samples whose box_convention is
             resized_pixel; None = Qwen2.5-VL's. Default None.
+        task: The task the answers were scored with (`components.common.tasks`);
+            "key_value" draws each sample's fields as a table instead of boxes. Default
+            "detection".
 
     Returns:
         A self-contained HTML document.
@@ -284,19 +320,27 @@ def render_report(
     worst = worst_samples(samples, worst_n)
     if worst:
         n_invalid = sum(1 for s in samples if not s["tuned_score"].get("json_valid"))
-        conventions = sorted({s.get("box_convention") or "pixel" for s in worst})
-        parts.append(
-            f"<h2>Worst {len(worst)} of {len(samples)} samples (tuned model; {n_invalid} with invalid JSON)</h2>"
-            '<p>Boxes: <span class="gold">■ expected</span> · <span class="pred">■ tuned prediction</span>'
-            f", drawn in pixels of the original image (dataset boxes: {html.escape(', '.join(conventions))})"
-            + (
-                f"; a prediction matches an expected box of the same label at IoU ≥ {iou_threshold:g}"
-                if iou_threshold is not None
-                else ""
+        if task == "key_value":
+            parts.append(
+                f"<h2>Worst {len(worst)} of {len(samples)} samples (tuned model; {n_invalid} with invalid JSON)</h2>"
+                "<p>Fields compared after stripping, collapsing whitespace and ignoring case: "
+                '<span class="gold">✓ tuned value equals the expected one</span> · '
+                '<span class="pred">✗ missing, wrong or extra</span>.</p>'
             )
-            + "; × = an invalid box (x2 ≤ x1 or y2 ≤ y1), which never matches.</p>"
-        )
-        parts.extend(_sample_card(s, rule=resize_rule) for s in worst)
+        else:
+            conventions = sorted({s.get("box_convention") or "pixel" for s in worst})
+            parts.append(
+                f"<h2>Worst {len(worst)} of {len(samples)} samples (tuned model; {n_invalid} with invalid JSON)</h2>"
+                '<p>Boxes: <span class="gold">■ expected</span> · <span class="pred">■ tuned prediction</span>'
+                f", drawn in pixels of the original image (dataset boxes: {html.escape(', '.join(conventions))})"
+                + (
+                    f"; a prediction matches an expected box of the same label at IoU ≥ {iou_threshold:g}"
+                    if iou_threshold is not None
+                    else ""
+                )
+                + "; × = an invalid box (x2 ≤ x1 or y2 ≤ y1), which never matches.</p>"
+            )
+        parts.extend(_sample_card(s, task, rule=resize_rule) for s in worst)
     parts.append("</body></html>")
     return "".join(parts)
 

@@ -26,6 +26,7 @@ def evaluate(
     reference_version: str = "",
     box_convention: str = "pixel",
     base_box_convention: str = "auto",
+    task: str = "",
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -58,6 +59,8 @@ def evaluate(
             reference's answers when the reference is the base model. "auto" = its family's
             (Qwen2-VL / Qwen3-VL norm1000, Qwen2.5-VL resized_pixel); "" = box_convention.
             Default "auto".
+        task: How answers are scored (components.common.tasks): "detection" (boxes),
+            "key_value" (fields), "json"; "" = detection. Default "".
     """
     from collections import namedtuple
 
@@ -93,6 +96,7 @@ def evaluate(
             box_convention=box_convention,
             resize_rule=resize_rule,
             reference_box_convention=base_box_convention if reference.kind == "base" else "",
+            task=task or "detection",
         )
     except (EvalError, ValueError) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
@@ -114,6 +118,7 @@ def evaluate(
         reference_detail=reference_uri or base_model.uri,
         iou_threshold=iou_threshold,
         resize_rule=resize_rule,
+        task=task or "detection",
     )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri

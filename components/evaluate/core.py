@@ -217,6 +217,7 @@ def _score_model(
     generate_fn: GenerateFn,
     geometries: list[Geometry],
     pred_geometries: list[Geometry],
+    task: str = "detection",
 ) -> tuple[dict[str, float], list[str], list[dict[str, Any]]]:
     start = time.time()
     answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens)
@@ -224,7 +225,7 @@ def _score_model(
     if len(answers) != len(rows):
         raise EvalError(f"{name} model returned {len(answers)} answers for {len(rows)} prompts")
     scores = [
-        score_sample(answer, row["gold"], iou_threshold, geometry=geometry, pred_geometry=pred_geometry)
+        score_sample(answer, row["gold"], iou_threshold, geometry=geometry, pred_geometry=pred_geometry, task=task)
         for answer, row, geometry, pred_geometry in zip(answers, rows, geometries, pred_geometries)
     ]
     metrics = aggregate(scores)
@@ -255,6 +256,7 @@ def evaluate(
     box_convention: str = "pixel",
     resize_rule: ResizeRule | None = None,
     reference_box_convention: str = "",
+    task: str = "detection",
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows and applies the gate.
 
@@ -319,6 +321,7 @@ def evaluate(
         generate_fn,
         geometries,
         ref_geometries,
+        task,
     )
     if itself:
         tuned_metrics, tuned_answers, tuned_scores = dict(ref_metrics), ref_answers, ref_scores
@@ -334,6 +337,7 @@ def evaluate(
             generate_fn,
             geometries,
             geometries,
+            task,
         )
     passed, reason = gate(tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin)
     if itself:
