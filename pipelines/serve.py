@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serve: {' '.join(server.command)}\nserve: log {log}", flush=True)
     # Ctrl-C and SIGTERM both end in `finally`, which stops the server's process group
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Python leaves SIGINT ignored when it starts ignored (a background job of a non-interactive shell, as in CI)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         waited = server.start()
         print(f"serve: healthy after {waited:.0f} s\nbase URL: {server.base_url}/v1  (model {args.name!r})\n")

@@ -96,6 +96,17 @@ def test_smoke_run_exits_0_and_prints_the_client_snippet(runs, tmp_path):
     assert proc.returncode == 1 and "SmokeTestError: smoke-test answer 0 does not parse" in out, out
 
 
+def _descendants(pid: int) -> list[int]:
+    """Returns the pids of a process's children, grandchildren, ... (from `pgrep -P`)."""
+    found, todo = [], [pid]
+    while todo:
+        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout
+        children = [int(p) for p in out.split()]
+        found += children
+        todo += children
+    return found
+
+
 @pytest.mark.pipeline
 def test_ctrl_c_stops_the_server_process_group(runs, tmp_path):
     model = newest_merged_model(runs)
@@ -107,8 +118,7 @@ def test_ctrl_c_stops_the_server_process_group(runs, tmp_path):
         if "Ctrl-C stops" in line or time.monotonic() > deadline:
             break
     assert "serving; Ctrl-C stops\n" in lines, "".join(lines)
-    server_pids = subprocess.run(["pgrep", "-f", f"deploy --model {model.resolve()}"], capture_output=True, text=True)
-    pids = [int(p) for p in server_pids.stdout.split()]
+    pids = _descendants(proc.pid)  # this serve's own server and its children (not another test's)
     assert pids
     os.kill(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
