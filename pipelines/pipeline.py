@@ -1,4 +1,4 @@
-"""The pipeline: stage-model -> validate-data -> train-lora -> merge-export -> evaluate.
+"""The pipeline: snapshot-data -> stage-model -> validate-data -> train-lora -> merge-export -> evaluate.
 
 `build_pipeline(cfg, target)` returns the pipeline function with the config's values as
 the parameters' defaults, so a run from the Vertex console (or `kfp.local`) needs no typing.
@@ -17,7 +17,7 @@ Parameters (what a run can change) and the naming rule:
   reads the signature; a test checks the two agree).
 * Components keep their own short names (a component does not know config sections); the
   pipeline function's body is the one place that maps a parameter to a component input,
-  e.g. `data_train` -> validate-data's `train_data`, `eval_max_new_tokens` -> evaluate's
+  e.g. `data_train` -> snapshot-data's `train_sources`, `eval_max_new_tokens` -> evaluate's
   `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`.
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
   `images`, `register`, `vertex` (task machines, images, the CustomJob, the registry
@@ -232,8 +232,9 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
                 secret name (never the token itself; "" = none).
             model_allow: Only stage model files matching these globs ([] = all).
             model_ignore: Skip model files matching these globs.
-            data_train: ms-swift JSONL file(s), comma-separated.
-            data_eval: Held-out JSONL file(s), comma-separated; empty = split data_train.
+            data_train: ms-swift JSONL data: files, folders / prefixes, globs (local or
+                gs://), comma-separated; snapshot-data resolves them to exact files.
+            data_eval: Held-out JSONL data, the same forms; empty = split data_train.
             data_eval_fraction: Held-out fraction when data_eval is empty.
             data_max_invalid_fraction: Largest tolerated fraction of invalid data lines.
             data_split_seed: Salt of the deterministic train/eval hash split.

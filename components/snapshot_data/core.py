@@ -12,8 +12,9 @@ Under a folder or glob, only `*.jsonl` files are data; every other file (the ima
 READMEs) is skipped, counted and listed in the snapshot's `skipped` summary, and covered
 by the `assets` digest of the JSONL file's folder (see components.common.snapshot).
 
-For gs:// a source costs one object listing: names, generations, sizes and CRC32Cs come
-from it, no object is read. Locally a JSONL file is hashed (sha256); other files under its
+For gs:// only object listings are made, no object is read: one per source (names,
+generations, sizes and CRC32Cs), plus one per folder holding JSONL files (its images), each
+folder listed once. Locally a JSONL file is hashed (sha256); other files under its
 folder count by size and modification time.
 
 Errors (`SnapshotError`) name the source and the fix: a source that matches no JSONL file,
@@ -231,21 +232,29 @@ def _local_entry(path: Path, assets: dict[str, Any]) -> dict[str, Any]:
 class _State:
     assets: dict[str, dict[str, Any]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
-    skipped: list[str] = field(default_factory=list)
+    skipped: int = 0  # non-JSONL files seen under folders / globs (the images): counted, a few kept as examples
+    skipped_examples: list[str] = field(default_factory=list)
+
+    def skip(self, name: str) -> None:
+        self.skipped += 1
+        if len(self.skipped_examples) < SKIPPED_EXAMPLES:
+            self.skipped_examples.append(name)
+
     notes: list[str] = field(default_factory=list)
 
 
 def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
     """Returns the entries of one source, in name order; skipped files go to `state`."""
     entries: list[dict[str, Any]] = []
-    skipped_before = len(state.skipped)
+    skipped_before, first_skipped = state.skipped, None
     if source.startswith("gs://"):
         blobs, kind = _gs_matches(source)
         blobs = [b for b in blobs if not b.name.endswith("/")]
         for blob in sorted(blobs, key=lambda b: b.name):
             uri = f"gs://{blob.bucket.name}/{blob.name}"
             if kind != "file" and not blob.name.endswith(DATA_SUFFIX):
-                state.skipped.append(uri)
+                first_skipped = first_skipped or uri
+                state.skip(uri)
                 continue
             if uri in state.seen:
                 state.notes.append(f"{uri}: named by more than one source; read once")
@@ -257,7 +266,8 @@ def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
         files, kind = _local_matches(source)
         for path in files:
             if kind != "file" and not path.name.endswith(DATA_SUFFIX):
-                state.skipped.append(str(path))
+                first_skipped = first_skipped or str(path)
+                state.skip(str(path))
                 continue
             if str(path) in state.seen:
                 state.notes.append(f"{path}: named by more than one source; read once")
@@ -265,8 +275,8 @@ def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
             state.seen.add(str(path))
             entries.append(_local_entry(path, _local_assets(path.parent, state.assets, state.notes)))
     if not entries:
-        skipped = state.skipped[skipped_before:]
-        hint = f" ({len(skipped)} other files there, e.g. {skipped[0]})" if skipped else ""
+        n_skipped = state.skipped - skipped_before
+        hint = f" ({n_skipped} other files there, e.g. {first_skipped})" if n_skipped else ""
         raise SnapshotError(
             f"data source {source}: matches no {DATA_SUFFIX} file{hint}; check the prefix or glob, "
             "or wait until the data has arrived"
@@ -305,8 +315,8 @@ def resolve_sources(train: str, eval_: str = "") -> Resolution:
         )
     return Resolution(
         snapshot=snap.make(splits["train"], splits["eval"]),
-        skipped=len(state.skipped),
-        skipped_examples=state.skipped[:SKIPPED_EXAMPLES],
+        skipped=state.skipped,
+        skipped_examples=state.skipped_examples,
         notes=state.notes,
     )
 
