@@ -5,10 +5,11 @@ A config is value-only YAML with ten sections (`pipeline`, `model` and `data` re
 * `pipeline`: name and pipeline root (where every task writes its artifacts).
 * `model`: the base model source and the model cache it is staged into.
 * `data`: training / held-out JSONL files and the validation policy.
-* `swift`: arguments for `swift sft`, in ms-swift's own names, passed through unchanged
-  (a test checks every config's section against the installed ms-swift with
-  `components.train_lora.core.check_swift_args`; loading checks value types and
-  `tuner_type: lora`).
+* `swift`: arguments for `swift sft`, in ms-swift's own names, passed through unchanged.
+  Loading refuses a name the pinned ms-swift's `swift sft` does not know (with the closest
+  names) or one the pipeline sets itself (`components/common/swift_sft_args.json`, kept
+  equal to the installed ms-swift by a test; train-lora checks again against the ms-swift
+  it runs), and checks value types and ranges and `tuner_type: lora`.
 * `eval`: generation settings, the IoU threshold, the reference model the tuned model is
   compared with (base, the registry's champion, or a model folder) and the promotion gate.
 * `vertex`: project, region, service account, network, experiment, labels, CMEK key,
@@ -53,6 +54,7 @@ import yaml
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
 from components.common.reference import CHAMPION, reference_problem
+from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
 from pipelines import shapes
 
@@ -424,6 +426,11 @@ def _check_swift(swift: dict[str, Any], where: typing.Callable[[str], str]) -> N
             "put the token in an environment variable or Secret Manager and name it in model.token_from "
             "(env:HF_TOKEN)"
         )
+    version, known = pinned_sft_args()
+    for name in swift:
+        problem = swift_arg_problem(name, known, version)
+        if problem:
+            raise ConfigError(f"{where('swift.' + name)}: {problem}")
     for name, value in swift.items():
         if name not in SWIFT_ARG_RULES:
             continue

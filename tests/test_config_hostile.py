@@ -483,3 +483,39 @@ def test_cli_run_local_refuses_a_root_under_a_file(tmp_path):
     result = cli("pipelines.run", "--local", "--root", str(tmp_path / "f.txt" / "runs"))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"--root '{tmp_path / 'f.txt' / 'runs'}' is inside '{tmp_path / 'f.txt'}', which is a file" in result.stderr
+
+
+# --- swift argument names, before anything runs (issue #14) -----------------------------
+
+
+def test_an_unknown_swift_argument_is_refused_at_load_with_the_closest_names(tmp_path):
+    path = write(tmp_path, MINIMAL + "swift:\n  lora_rnak: 8\n")
+    msg = error_of(path)
+    assert f"{path}:" in msg and "'swift.lora_rnak' is not an argument of ms-swift 4.6.0 `swift sft`" in msg
+    assert "did you mean lora_rank" in msg
+
+
+def test_a_swift_argument_the_pipeline_sets_is_refused(tmp_path):
+    msg = error_of(write(tmp_path, MINIMAL + "swift:\n  output_dir: /tmp/x\n"))
+    assert "'swift.output_dir' is set by the pipeline from its inputs; remove it" in msg
+
+
+def test_the_pinned_argument_list_is_the_installed_ms_swifts():
+    import dataclasses
+    from importlib.metadata import version
+
+    from swift.arguments import SftArguments
+
+    from components.common.swift import pinned_sft_args
+
+    pinned_version, names = pinned_sft_args()
+    assert pinned_version == version("ms-swift")
+    assert names == {f.name for f in dataclasses.fields(SftArguments)}
+
+
+def test_cli_compile_refuses_an_unknown_swift_argument(tmp_path):
+    path = write(tmp_path, MINIMAL.replace("/cache/models", str(tmp_path / "cache")) + "swift:\n  not_a_flag: 3\n")
+    result = cli("pipelines.compile", "--config", str(path), "--output", str(tmp_path / "p.yaml"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "'swift.not_a_flag' is not an argument of ms-swift" in result.stderr
+    assert not (tmp_path / "p.yaml").exists()

@@ -8,6 +8,7 @@ here, or a SIGTERM forwarded by `SigtermForwarder`) stops every process it start
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import signal
@@ -193,3 +194,35 @@ def run_command(
         if proc.stdout is not None:
             proc.stdout.close()
     return proc.returncode, tail
+
+
+# `swift sft` arguments the pipeline sets from its inputs: a config must not set them.
+RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version", "resume_from_checkpoint")
+# The argument names of `swift sft` in the pinned ms-swift, so that a config is checked in
+# milliseconds without importing ms-swift (8 s) on a machine that only compiles or submits;
+# a test keeps the file equal to the installed ms-swift's `SftArguments`.
+SFT_ARGS_FILE = Path(__file__).with_name("swift_sft_args.json")
+
+
+def pinned_sft_args() -> tuple[str, set[str]]:
+    """Returns (ms-swift version, `swift sft` argument names) of the pinned ms-swift (`SFT_ARGS_FILE`)."""
+    data = json.loads(SFT_ARGS_FILE.read_text(encoding="utf-8"))
+    return data["ms_swift"], set(data["names"])
+
+
+def swift_arg_problem(key: str, known: set[str], version: str = "") -> str:
+    """Returns why a `swift` config key is refused ("" when it is fine).
+
+    Args:
+        key: The key (ms-swift's name).
+        known: The names `swift sft` accepts.
+        version: ms-swift's version, for the message. Default "".
+    """
+    if key in RESERVED_ARGS:
+        return f"'swift.{key}' is set by the pipeline from its inputs; remove it from the config"
+    if key in known:
+        return ""
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see `swift sft --help`"
+    release = f" {version}" if version else ""
+    return f"'swift.{key}' is not an argument of ms-swift{release} `swift sft`{hint}"

@@ -9,7 +9,6 @@ command (`components.common.swift`) and the adapter folder's layout
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -21,12 +20,18 @@ from typing import Any
 
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.snapshot import LINEAGE_FILE
-from components.common.swift import SigtermForwarder, run_command, swift_executable, to_cli
+from components.common.swift import (
+    RESERVED_ARGS,
+    SigtermForwarder,
+    run_command,
+    swift_arg_problem,
+    swift_executable,
+    to_cli,
+)
 from components.train_lora import _checkpoints, _launch, _preflight
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 
 # Set by the task from its inputs; a config that sets them is refused.
-RESERVED_ARGS = ("model", "model_type", "dataset", "val_dataset", "output_dir", "add_version", "resume_from_checkpoint")
 PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
 # Printed when SIGTERM arrives: what the task does next.
 _SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
@@ -79,14 +84,9 @@ def check_swift_args(args: dict[str, Any], known: set[str] | None = None, where:
     """
     known = swift_arg_names() if known is None else known
     for key in args:
-        if key in RESERVED_ARGS:
-            raise TrainError(
-                f"{where}: 'swift.{key}' is set by the pipeline from its inputs; remove it from the config"
-            )
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise TrainError(f"{where}: 'swift.{key}' is not an argument of the installed ms-swift `swift sft`{hint}")
+        problem = swift_arg_problem(key, known)
+        if problem:
+            raise TrainError(f"{where}: {problem.replace('ms-swift `', 'the installed ms-swift `')}")
 
 
 def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) -> dict[str, Any]:
