@@ -18,32 +18,11 @@ import pytest
 
 import pipelines.config as config
 from pipelines.config import ConfigError, load_config
+from tests.test_config import MINIMAL, error_of, write  # the shared config-test helpers
 
 REPO = Path(__file__).resolve().parent.parent
 
-MINIMAL = """\
-pipeline:
-  name: tiny-run
-model:
-  source: /models/qwen3-vl-4b
-  cache: /cache/models
-data:
-  train: data/train.jsonl
-"""
-
 HF_TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWx" + "0123456789"  # token-shaped, not a real token
-
-
-def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
-
-
-def error_of(path: Path) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    return str(info.value)
 
 
 def line_of(text: str, needle: str, start: int = 1) -> int:

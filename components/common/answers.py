@@ -68,18 +68,22 @@ BOX_KEYS: tuple[str, ...] = ("bbox", "bbox_2d")
 """Keys a finding's box may have, in order of preference; parsed findings use "bbox"."""
 
 
-def _first_json_list(text: str) -> list | None:
-    """Returns the first JSON list that starts at some "[" of text (prose around it is fine), or None."""
-    decoder = json.JSONDecoder(parse_constant=_reject_constant)
-    start = text.find("[")
+def first_json(text: str, kind: type, *, finite: bool = True) -> Any:
+    """Returns the first JSON value of a type (list or dict) that starts at some "[" / "{" of text, or None.
+
+    Prose around it is fine. With `finite` (default), NaN and Infinity make a candidate invalid.
+    """
+    decoder = json.JSONDecoder(parse_constant=_reject_constant) if finite else json.JSONDecoder()
+    opener = "[" if kind is list else "{"
+    start = text.find(opener)
     while start != -1:
         try:
             value, _ = decoder.raw_decode(text, start)
         except ValueError:
             value = None
-        if isinstance(value, list):
+        if isinstance(value, kind):
             return value
-        start = text.find("[", start + 1)
+        start = text.find(opener, start + 1)
     return None
 
 
@@ -132,7 +136,7 @@ def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
         data = json.loads(candidate, parse_constant=_reject_constant)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         in_prose = not FENCE_RE.search(text) and not text.strip().startswith(("[", "{"))
-        data = _first_json_list(text) if in_prose else None
+        data = first_json(text, list) if in_prose else None
         if data is None:
             return None, f"invalid JSON: {exc}"
     if not isinstance(data, list):

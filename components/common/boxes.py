@@ -28,6 +28,7 @@ from typing import Any
 CONVENTIONS = ("pixel", "norm1000", "resized_pixel")
 AUTO = "auto"
 NORM = 1000.0
+MAX_ASPECT_RATIO = 200  # Qwen-VL processors refuse images more elongated than this
 
 # Qwen2.5-VL's processor defaults (preprocessor_config.json usually states them).
 QWEN25_FACTOR = 28
@@ -91,11 +92,12 @@ def smart_resize(height: int, width: int, rule: ResizeRule = ResizeRule()) -> tu
         rule: The processor's settings. Default Qwen2.5-VL's.
 
     Raises:
-        BoxError: Aspect ratio above 200 (the processor refuses such images).
+        BoxError: Aspect ratio above MAX_ASPECT_RATIO (the processor refuses such images).
     """
     f = rule.factor
-    if max(height, width) / max(1, min(height, width)) > 200:
-        raise BoxError(f"image {width}x{height}: aspect ratio above 200, which Qwen-VL processors refuse")
+    ratio = max(height, width) / max(1, min(height, width))
+    if ratio > MAX_ASPECT_RATIO:
+        raise BoxError(f"aspect ratio {ratio:.0f} exceeds {MAX_ASPECT_RATIO}")
     h_bar = max(f, round(height / f) * f)
     w_bar = max(f, round(width / f) * f)
     if h_bar * w_bar > rule.max_pixels:

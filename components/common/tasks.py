@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common import boxes
-from components.common.answers import extract_fenced, extract_json_text, is_finite_number, parse_findings
+from components.common.answers import extract_fenced, extract_json_text, first_json, is_finite_number, parse_findings
 
 try:  # Optional: optimal assignment.
     from scipy.optimize import linear_sum_assignment as _linear_sum_assignment
@@ -378,21 +378,6 @@ def normalize_value(value: Any) -> str:
     return " ".join(text.split()).casefold()
 
 
-def _first_json_object(text: str) -> Any:
-    """Returns the first JSON object that starts at some "{" of text (prose around it is fine), or None."""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    while start != -1:
-        try:
-            value, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            value = None
-        if isinstance(value, dict):
-            return value
-        start = text.find("{", start + 1)
-    return None
-
-
 def _json_object(text: str) -> tuple[dict | None, str | None]:
     """Returns the answer's JSON object as written, or (None, reason); see `parse_key_value`."""
     if not isinstance(text, str):
@@ -402,10 +387,10 @@ def _json_object(text: str) -> tuple[dict | None, str | None]:
         try:
             data = json.loads(candidate)
         except ValueError as exc:
-            data = _first_json_object(text)  # prose or a cut-off answer around an object
+            data = first_json(text, dict, finite=False)  # prose or a cut-off answer around an object
             return (data, None) if data is not None else (None, f"invalid JSON: {exc}")
         return (data, None) if isinstance(data, dict) else (None, f"JSON is a {type(data).__name__}, not an object")
-    data = _first_json_object(text)
+    data = first_json(text, dict, finite=False)
     return (data, None) if data is not None else (None, "no JSON object found (no ```json fence and no '{...}')")
 
 

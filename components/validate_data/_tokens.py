@@ -17,17 +17,19 @@ import math
 from pathlib import Path
 from typing import Any
 
+from components.common import boxes
+
 # Qwen3-VL's defaults (preprocessor_config.json of Qwen/Qwen3-VL-*-Instruct).
 DEFAULT_PATCH_SIZE = 16
 DEFAULT_MERGE_SIZE = 2
 DEFAULT_MIN_PIXELS = 65536  # size.shortest_edge
 DEFAULT_MAX_PIXELS = 16777216  # size.longest_edge
-MAX_ASPECT_RATIO = 200  # smart_resize refuses images more elongated than this
+MAX_ASPECT_RATIO = boxes.MAX_ASPECT_RATIO  # smart_resize refuses images more elongated than this
 IMAGE_WRAPPER_TOKENS = 2  # <|vision_start|> ... <|vision_end|>
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen-VL's resize rule (qwen_vl_utils / transformers' Qwen2VLImageProcessor).
+    """Qwen-VL's resize rule (qwen_vl_utils / transformers' Qwen2VLImageProcessor): `boxes.smart_resize`.
 
     Returns:
         (height, width) after resizing: multiples of `factor`, area within the bounds.
@@ -35,19 +37,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     Raises:
         ValueError: The aspect ratio exceeds MAX_ASPECT_RATIO.
     """
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT_RATIO}")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return boxes.smart_resize(height, width, boxes.ResizeRule(factor, min_pixels, max_pixels))
 
 
 def approx_text_tokens(text: str) -> int:
