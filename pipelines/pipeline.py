@@ -20,7 +20,7 @@ Parameters (what a run can change) and the naming rule:
   e.g. `data_train` -> snapshot-data's `train_sources`, `eval_max_new_tokens` -> evaluate's
   `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`.
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
-  `images`, `register`, `vertex` (task machines, images, the CustomJob, the registry
+  `images`, `register`, `deploy`, `vertex` (task machines, images, the CustomJob, the registry
   entry, labels) and `eval.reference` (whether a find-champion task exists).
 
 Targets (one DAG, same task names):
@@ -34,7 +34,11 @@ Targets (one DAG, same task names):
   they need none of the CustomJob features (multi-node, Spot, reservation). The light
   tasks (stage-model, validate-data, find-champion, register) get a small CPU machine.
   When the gate passes and `register.serving_image` is set, register uploads the merged
-  model to the Vertex Model Registry and moves `register.alias` (the champion) to it.
+  model to the Vertex Model Registry (with its serving container spec) and moves
+  `register.alias` (the champion) to it. With `deploy.endpoint` set the alias waits:
+  register (no alias) → deploy (the new version beside the old with no traffic, a smoke
+  test of held-out rows through it, then its traffic share) → promote (alias and default
+  version move). A failed deploy leaves alias and traffic on the previous champion.
 * `local`: plain lightweight components for `kfp.local` (GCPC wrappers do not run locally).
 
 The reference model evaluate compares with (`eval.reference`, decided by
@@ -55,16 +59,17 @@ from kfp import dsl
 
 from components.common.reference import CHAMPION, plan_reference
 from components.common.storage import to_fuse_path
+from components.deploy import deploy
 from components.evaluate import evaluate
 from components.find_champion import find_champion
 from components.images import resolve_images
 from components.merge_export import merge_export
-from components.register import register
+from components.register import promote, register
 from components.snapshot_data import nothing_to_train, snapshot_data
 from components.stage_model import stage_model
 from components.train_lora import train_lora
 from components.validate_data import validate_data
-from pipelines.config import Config, ConfigError
+from pipelines.config import TRAIN_SERVING, Config, ConfigError
 from pipelines.shapes import SCHEDULING
 
 TASK_ORDER = ("snapshot-data", "stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
@@ -74,6 +79,8 @@ SNAPSHOT_TASK = "snapshot-data"
 NOTHING_TASK = "nothing-to-train"
 # Vertex only, after the gate: the condition group and the task inside it.
 REGISTER_TASK = "register"
+DEPLOY_TASK = "deploy"
+PROMOTE_TASK = "promote"
 # Vertex only, with eval.reference champion: the registry look-up evaluate depends on.
 CHAMPION_TASK = "find-champion"
 TARGETS = ("vertex", "local")
@@ -161,6 +168,8 @@ class _Plan:
         train_op: train-lora: a Vertex CustomJob (GCPC wrapper) or the plain component.
         register_op: register in the light image; None when there is no register step
             (local target, or no `register.serving_image`).
+        deploy_op: deploy in the light image; None without `deploy.endpoint` or register.
+        promote_op: promote in the light image; None without deploy.
         reference: What evaluate compares with: "base", "champion" or "folder".
         reference_uri: The reference folder when `reference` is "folder"; "" otherwise.
     """
@@ -170,6 +179,8 @@ class _Plan:
     images: dict[str, str]
     train_op: Any
     register_op: Any
+    deploy_op: Any
+    promote_op: Any
     reference: str
     reference_uri: str
 
@@ -179,12 +190,15 @@ def _plan_for(cfg: Config, target: str) -> _Plan:
     vertex = target == "vertex"
     reference, reference_uri = reference_plan(cfg, target)
     images = resolve_images(cfg.images.light, cfg.images.train)
+    registering = vertex and bool(cfg.register.serving_image)
     return _Plan(
         cfg=cfg,
         vertex=vertex,
         images=images,
         train_op=_training_job(cfg, images["train"]) if vertex else train_lora,
-        register_op=_with_image(register, images["light"]) if vertex and cfg.register.serving_image else None,
+        register_op=_with_image(register, images["light"]) if registering else None,
+        deploy_op=_with_image(deploy, images["light"]) if registering and cfg.deploy.endpoint else None,
+        promote_op=_with_image(promote, images["light"]) if registering and cfg.deploy.endpoint else None,
         reference=reference,
         reference_uri=reference_uri,
     )
@@ -358,7 +372,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
         "evaluate",
         plan,
     )
-    _register_task(plan, merge, evaluation, champion)
+    _register_task(plan, merge, evaluation, champion, data.outputs["eval_dataset"])
     return evaluation.outputs["passed"]
 
 
@@ -427,31 +441,71 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
     return train
 
 
-def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any) -> None:
-    """Adds register behind the gate (Vertex with `register.serving_image` set; else nothing)."""
+def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval_dataset: Any) -> None:
+    """Adds register behind the gate (Vertex with `register.serving_image` set; else nothing).
+
+    Without `deploy.endpoint`: register uploads the version and moves the alias. With it:
+    register uploads without moving the alias → deploy (smoke test through the deployed model,
+    then its traffic share) → promote (the champion check again, then the alias). A failed
+    deploy leaves the alias, the default version and the endpoint's traffic where they were.
+    """
     if plan.register_op is None:
         return
     cfg, reg = plan.cfg, plan.cfg.register
+    deploying = bool(cfg.deploy.endpoint)
+    check = {"check_champion": True, "champion_version": champion.outputs["version_id"]} if champion is not None else {}
     with dsl.If(evaluation.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 (KFP condition)
-        _light(
+        registered = _light(
             plan.register_op(
                 merged_model=merge.outputs["merged_model"],
                 eval_metrics=evaluation.outputs["metrics"],
                 model_id=reg.model_id or cfg.pipeline.name,
                 display_name=reg.display_name or cfg.pipeline.name,
-                serving_image=reg.serving_image,
+                serving_image=plan.images["train"] if reg.serving_image == TRAIN_SERVING else reg.serving_image,
                 alias=reg.alias,
                 labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
                 run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                **(
-                    {"check_champion": True, "champion_version": champion.outputs["version_id"]}
-                    if champion is not None
-                    else {}
-                ),
+                serving_container=reg.container(),
+                promote=not deploying,
+                **check,
             ),
             REGISTER_TASK,
             plan,
         )
+        if not deploying:
+            return
+        d = cfg.deploy
+        deployed = _light(
+            plan.deploy_op(
+                registered_model=registered.outputs["registered_model"],
+                eval_dataset=eval_dataset,
+                endpoint=d.endpoint,
+                machine_type=d.machine_type,
+                task=cfg.data.task,
+                accelerator_type=d.accelerator_type,
+                accelerator_count=d.accelerator_count,
+                min_replicas=d.min_replicas,
+                max_replicas=d.max_replicas,
+                traffic_percent=d.traffic_percent,
+                smoke_rows=d.smoke_rows,
+                served_model_name=d.served_model_name,
+                deploy_timeout_s=d.timeout_s,
+            ),
+            DEPLOY_TASK,
+            plan,
+        )
+        deployed.set_caching_options(False)  # acts on the endpoint as it is now
+        promoted = _light(
+            plan.promote_op(
+                registered_model=registered.outputs["registered_model"],
+                deployment=deployed.outputs["deployment"],
+                alias=reg.alias,
+                **check,
+            ),
+            PROMOTE_TASK,
+            plan,
+        )
+        promoted.set_caching_options(False)  # moves the registry's alias as it is now
 
 
 def reference_plan(cfg: Config, target: str) -> tuple[str, str]:

@@ -1,8 +1,10 @@
 """Vertex deploy: the real aiplatform client (REST) against the local recording server.
 
-Asserted: the endpoint create / look-up, deployModel (machine, GPU, replicas, traffic split),
-the smoke test through `:rawPredict`, and undeployModel of the previous champion only after
-the new one answers; a failing smoke test undeploys the new model and leaves traffic as it was.
+Asserted: the endpoint create / look-up, deployModel (machine, GPU, replicas; no traffic while
+the champion serves), the smoke test through the new deployed model's own `invoke` route, the
+traffic split only after it passed, undeployModel of the previous champion only after that; a
+failing smoke test undeploys the new model, which never had traffic. Then the registry side:
+register without the alias, promote after the deploy, the champion check at promote.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from components.deploy.core import (
     SmokeTestError,
     check_plan,
     deploy_to_vertex,
-    vertex_raw_predict_ask,
+    shifted_split,
+    vertex_invoke_ask,
 )
-from components.register.core import build_upload_request, register_model
+from components.register.core import RegisterError, build_upload_request, promote_version, register_model
 from pipelines.vertex import init_vertex
 from tests.test_vertex_submit import PARENT, api  # noqa: F401 (fixture)
 
@@ -36,8 +39,11 @@ PLAN = DeployPlan(
 )
 
 
-def _register(run: str) -> str:
-    req = build_upload_request(f"gs://test-bucket/root/{run}/merged", "qwen-drawings", "", "img:1", run, {})
+def _register(run: str, promote: bool = True, **container) -> str:
+    req = build_upload_request(
+        f"gs://test-bucket/root/{run}/merged", "qwen-drawings", "", "img:1", run, {}, promote=promote
+    )
+    req.update(container)
     reg = register_model(req, "test-project", "us-central1", CRED)
     return f"{reg.resource_name}@{reg.version_id}"
 
@@ -51,12 +57,27 @@ def _deploy(api, model: str, plan: DeployPlan = PLAN):
         ROWS,
         "detection",
         credentials=CRED,
-        ask_for=lambda name: vertex_raw_predict_ask(name, location="us-central1", credentials=CRED, api_base=api.url),
+        ask_for=lambda name, dm: vertex_invoke_ask(
+            name, dm, location="us-central1", credentials=CRED, api_base=api.url
+        ),
     )
 
 
 def _deploy_body(call) -> dict:
     return call.body["deployedModel"]
+
+
+def _verbs(api) -> list[str]:
+    """The deploy-relevant calls in order: deployModel, invoke, patch (traffic split), undeployModel."""
+    out = []
+    for r in api.requests:
+        if r.method == "PATCH" and "/endpoints/" in r.path:
+            out.append("patch")
+        elif r.method == "POST" and "/invoke/" in r.path:
+            out.append("invoke")
+        elif r.method == "POST" and r.path.rsplit(":", 1)[-1] in ("deployModel", "undeployModel"):
+            out.append(r.path.rsplit(":", 1)[-1])
+    return out
 
 
 def test_first_deploy_creates_the_endpoint_and_takes_all_traffic(api):
@@ -73,59 +94,116 @@ def test_first_deploy_creates_the_endpoint_and_takes_all_traffic(api):
     spec["acceleratorType"] = AcceleratorType(spec["acceleratorType"]).name  # the REST transport sends the number
     assert spec == {"machineType": "g2-standard-12", "acceleratorType": "NVIDIA_L4", "acceleratorCount": 1}
     assert (resources["minReplicaCount"], resources["maxReplicaCount"]) == (1, 2)
-    assert deploy.body["trafficSplit"] == {"0": 100}
-    [smoke] = api.calls("POST", ":rawPredict")
-    assert smoke.path == f"/v1/{out.endpoint}:rawPredict"
+    assert deploy.body["trafficSplit"] == {"0": 100}  # nothing else serves on a new endpoint
+    [smoke] = [r for r in api.requests if "/invoke/" in r.path]
+    assert smoke.path == f"/v1/{out.endpoint}/deployedModels/{out.deployed_model_id}/invoke/v1/chat/completions"
     assert smoke.body["model"] == "tuned" and smoke.body["messages"][0]["content"] == [
         {"type": "text", "text": "Detect the holes."}
     ]
     assert out.created_endpoint and out.undeployed == [] and out.traffic_split == {out.deployed_model_id: 100}
-    assert api.calls("POST", ":undeployModel") == []
+    assert _verbs(api) == ["deployModel", "invoke"]
 
 
-def test_second_deploy_retires_the_champion_only_after_the_smoke_test(api):
+def test_second_deploy_gets_traffic_and_retires_the_champion_only_after_the_smoke_test(api):
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
     first = _deploy(api, _register("run-1"))
     api.requests.clear()
     second = _deploy(api, _register("run-2"))
     assert second.endpoint == first.endpoint and not second.created_endpoint  # found by display name
     assert [r for r in api.requests if r.method == "POST" and r.path.endswith("/endpoints")] == []
-    order = [r.path.rsplit(":", 1)[-1] for r in api.requests if r.method == "POST"]
-    assert [o for o in order if o in ("deployModel", "rawPredict", "undeployModel")] == [
-        "deployModel",
-        "rawPredict",
-        "undeployModel",
-    ]
+    assert _verbs(api) == ["deployModel", "invoke", "patch", "undeployModel"]
+    [deploy] = api.calls("POST", ":deployModel")
+    assert deploy.body["trafficSplit"] == {"0": 0, first.deployed_model_id: 100}  # no traffic before the test
+    [patch] = [r for r in api.requests if r.method == "PATCH"]
+    assert patch.body["trafficSplit"] == {second.deployed_model_id: 100}
     [undeploy] = api.calls("POST", ":undeployModel")
     assert undeploy.body["deployedModelId"] == first.deployed_model_id
-    assert undeploy.body["trafficSplit"] == {second.deployed_model_id: 100}
     assert second.undeployed == [first.deployed_model_id]
     assert second.traffic_split == {second.deployed_model_id: 100}
+    assert [m["id"] for m in api.resources[first.endpoint]["deployedModels"]] == [second.deployed_model_id]
 
 
 def test_canary_keeps_the_champion_deployed(api):
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
     first = _deploy(api, _register("run-1"))
+    api.requests.clear()
     canary = _deploy(api, _register("run-2"), DeployPlan(**{**PLAN.__dict__, "traffic_percent": 10}))
-    [_, deploy] = api.calls("POST", ":deployModel")
-    assert deploy.body["trafficSplit"] == {"0": 10, first.deployed_model_id: 90}
-    assert canary.undeployed == [] and api.calls("POST", ":undeployModel") == []
+    [deploy] = api.calls("POST", ":deployModel")
+    assert deploy.body["trafficSplit"] == {"0": 0, first.deployed_model_id: 100}
+    assert _verbs(api) == ["deployModel", "invoke", "patch"]
+    assert canary.undeployed == []
     assert canary.traffic_split == {canary.deployed_model_id: 10, first.deployed_model_id: 90}
 
 
-def test_failing_smoke_test_undeploys_the_new_model_and_leaves_traffic(api):
+def test_failing_smoke_test_undeploys_the_new_model_which_never_had_traffic(api):
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
     first = _deploy(api, _register("run-1"))
+    api.requests.clear()
     api.raw_answers[:] = ["I cannot see any holes, sorry."]
     with pytest.raises(SmokeTestError, match=r"does not parse for task 'detection'.*raw answer: 'I cannot see any"):
         _deploy(api, _register("run-2"))
-    [_, deploy] = api.calls("POST", ":deployModel")
+    assert _verbs(api) == ["deployModel", "invoke", "undeployModel"]  # no traffic change at any time
+    [deploy] = api.calls("POST", ":deployModel")
+    assert deploy.body["trafficSplit"] == {"0": 0, first.deployed_model_id: 100}
     [undeploy] = api.calls("POST", ":undeployModel")
     assert undeploy.body["deployedModelId"] != first.deployed_model_id
-    assert undeploy.body["trafficSplit"] == {first.deployed_model_id: 100}
     endpoint = api.resources[first.endpoint]
     assert endpoint["trafficSplit"] == {first.deployed_model_id: 100}
     assert [m["id"] for m in endpoint["deployedModels"]] == [first.deployed_model_id]
+
+
+def test_a_container_without_the_invoke_route_fails_the_smoke_test_and_is_undeployed(api):
+    """Vertex reaches a deployed model's routes only when its container spec allows them (register sets "/*")."""
+    init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
+    first = _deploy(api, _register("run-1"))
+    api.requests.clear()
+    with pytest.raises(SmokeTestError, match=r"HTTP 400: .*invokeRoutePrefix"):
+        _deploy(api, _register("run-2", serving_container_invoke_route_prefix=None))
+    assert _verbs(api) == ["deployModel", "invoke", "undeployModel"]
+    assert api.resources[first.endpoint]["trafficSplit"] == {first.deployed_model_id: 100}
+
+
+def test_shifted_split_keeps_the_old_proportions():
+    assert shifted_split({}, "new", 10) == {"new": 100}
+    assert shifted_split({"a": 100}, "new", 100) == {"new": 100}
+    assert shifted_split({"a": 100}, "new", 10) == {"a": 90, "new": 10}
+    assert shifted_split({"a": 70, "b": 30}, "new", 10) == {"a": 63, "b": 27, "new": 10}
+    split = shifted_split({"a": 50, "b": 25, "c": 25}, "new", 33)
+    assert sum(split.values()) == 100 and split["new"] == 33 and split["a"] >= split["b"]
+    assert shifted_split({"a": 100, "z": 0}, "new", 20) == {"a": 80, "new": 20}
+
+
+def test_register_without_alias_then_promote_moves_alias_and_default(api):
+    init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
+    parent = f"{PARENT}/models/qwen-drawings"
+    _register("run-1")  # the champion: version 1
+    assert api.resources[f"{parent}@champion"]["versionId"] == "1"
+    model = _register("run-2", promote=False)
+    [upload] = api.calls("POST", "models:upload")[1:]
+    assert upload.body["model"].get("versionAliases", []) == []
+    assert api.resources[f"{parent}@champion"]["versionId"] == "1"  # not promoted by register
+    container = upload.body["model"]["containerSpec"]
+    assert container["command"] == ["python3", "-m", "components.deploy.container"]
+    assert container["ports"] == [{"containerPort": 8080}]
+    assert (container["predictRoute"], container["healthRoute"]) == ("/v1/chat/completions", "/health")
+    assert container["invokeRoutePrefix"] == "/*"
+    moved = promote_version(parent, model.split("@")[1], "champion", "test-project", "us-central1", CRED, "1")
+    assert moved == ["champion", "default"]
+    assert api.resources[f"{parent}@champion"]["versionId"] == "2"
+    assert api.resources[f"{parent}@default"]["versionId"] == "2"
+    assert "champion" not in api.resources[f"{parent}@1"]["versionAliases"]
+
+
+def test_promote_refuses_when_the_champion_moved_meanwhile(api):
+    init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
+    parent = f"{PARENT}/models/qwen-drawings"
+    _register("run-1")
+    mine = _register("run-2", promote=False)
+    _register("run-3")  # another run promoted version 3 while this one deployed
+    with pytest.raises(RegisterError, match="evaluate compared with version 1 .* now points at version 3"):
+        promote_version(parent, mine.split("@")[1], "champion", "test-project", "us-central1", CRED, "1")
+    assert api.resources[f"{parent}@champion"]["versionId"] == "3"
+    assert api.calls("POST", ":mergeVersionAliases") == []
 
 
 def test_endpoint_in_another_project_or_region_is_refused_before_deploying(api):
@@ -167,11 +245,11 @@ def test_component_function_against_the_fake(api, tmp_path, monkeypatch):
     from components.deploy import deploy as component
 
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
-    real_ask = core.vertex_raw_predict_ask
+    real_ask = core.vertex_invoke_ask
     monkeypatch.setattr(
         core,
-        "vertex_raw_predict_ask",
-        lambda name, **kw: real_ask(name, **{**kw, "credentials": CRED, "api_base": api.url}),
+        "vertex_invoke_ask",
+        lambda name, dm, **kw: real_ask(name, dm, **{**kw, "credentials": CRED, "api_base": api.url}),
     )
     (tmp_path / "data.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
     model = _register("run-1")

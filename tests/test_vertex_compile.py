@@ -129,7 +129,7 @@ def test_register_runs_only_when_the_gate_passes(tmp_path):
     assert {"evaluate", "merge-export"} <= upstream(index, "register")
     inner = register.spec
     assert inner["inputs"]["parameters"]["model_id"]["runtimeValue"]["constant"] == "qwen3-vl-4b-drawings"
-    assert inner["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"].endswith("/serve:0.1.0")
+    assert inner["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"].endswith("/train:0.1.0")
 
 
 def test_config_images_override_the_defaults(tmp_path):

@@ -43,7 +43,8 @@ class FakeApis:
     job_states: list[str] = field(default_factory=lambda: ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"])
     # Resource paths (unquoted, without /v1/) answered with an error: path -> (HTTP code, status).
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # Answers of an endpoint's :rawPredict (an OpenAI chat completion), in turn (the last one repeats).
+    # Answers of a deployed model's chat route (`.../deployedModels/ID/invoke/...`, `:rawPredict`),
+    # in turn (the last one repeats).
     raw_answers: list[str] = field(default_factory=lambda: ['[{"label": "hole", "bbox": [1, 2, 3, 4]}]'])
     url: str = ""
 
@@ -123,6 +124,14 @@ class _Handler(BaseHTTPRequestHandler):
         if path in self.fake.errors:
             code, status = self.fake.errors[path]
             return self._send(code, {"error": {"code": code, "message": f"{status} on {path}", "status": status}})
+        if self.command == "POST" and "/deployedModels/" in path and "/invoke/" in path:
+            return self._invoke(path)
+        if self.command == "PATCH" and "/endpoints/" in path and path in res:
+            mask = (query.get("updateMask") or query.get("update_mask") or [""])[0]
+            for key in filter(None, mask.split(",")):
+                camel = "".join(w.capitalize() if i else w for i, w in enumerate(key.split("_")))
+                res[path][camel] = body.get(camel, {})
+            return self._send(200, res[path])
         if self.command == "POST" and path.endswith("models:upload"):
             parent = path[: -len("/models:upload")]
             model = body.get("model", {})
@@ -167,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._endpoint_method(*path.rsplit(":", 1), body)
         if self.command == "POST" and ":" in path.rsplit("/", 1)[-1]:  # custom methods: name:pause, ...
             name, verb = path.rsplit(":", 1)
+            if verb == "mergeVersionAliases":
+                return self._merge_aliases(name, body)
             if name in res and verb in ("pause", "resume"):
                 res[name]["state"] = "PAUSED" if verb == "pause" else "ACTIVE"
             return self._send(200, {})
@@ -202,6 +213,48 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, {collection: children})
             return self._not_found(path)
         return self._send(400, {"error": {"code": 400, "message": "unsupported", "status": "INVALID_ARGUMENT"}})
+
+    def _merge_aliases(self, name: str, body: dict) -> None:
+        """`models/ID@VERSION:mergeVersionAliases`: each alias moves to this version ("-alias" removes it)."""
+        res = self.fake.resources
+        item = res.get(name)
+        if item is None:
+            return self._not_found(name)
+        parent = name.split("@")[0]
+        for alias in body.get("versionAliases") or []:
+            if alias.startswith("-"):
+                item["versionAliases"] = [a for a in item["versionAliases"] if a != alias[1:]]
+                res.pop(f"{parent}@{alias[1:]}", None)
+                continue
+            old = res.get(f"{parent}@{alias}")
+            if old is not None and old is not item:
+                old["versionAliases"] = [a for a in old["versionAliases"] if a != alias]
+            if alias not in item["versionAliases"]:
+                item["versionAliases"].append(alias)
+            res[f"{parent}@{alias}"] = item
+        if "default" in item["versionAliases"]:
+            res[parent] = item
+        return self._send(200, item)
+
+    def _invoke(self, path: str) -> None:
+        """`{endpoint}/deployedModels/{id}/invoke/{route}`: the named deployed model answers, as Vertex
+        routes it: only when it is deployed there and its model's container allows the route."""
+        endpoint_name, rest = path.split("/deployedModels/", 1)
+        deployed_id, route = rest.split("/invoke", 1)
+        endpoint = self.fake.resources.get(endpoint_name)
+        if endpoint is None:
+            return self._not_found(endpoint_name)
+        deployed = [m for m in endpoint["deployedModels"] if m["id"] == deployed_id]
+        if not deployed:
+            return self._not_found(f"{endpoint_name}/deployedModels/{deployed_id}")
+        model = self.fake.resources.get(unquote(deployed[0].get("model", "")), {})
+        prefix = model.get("containerSpec", {}).get("invokeRoutePrefix", "")
+        if not prefix or not (prefix == "/*" or route.startswith(prefix.rstrip("*"))):
+            message = f"invoke route {route} is not allowed: the model's containerSpec.invokeRoutePrefix is {prefix!r}"
+            return self._send(400, {"error": {"code": 400, "message": message, "status": "FAILED_PRECONDITION"}})
+        answers = self.fake.raw_answers
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        return self._send(200, {"object": "chat.completion", "choices": [{"message": {"content": answer}}]})
 
     def _endpoint_method(self, name: str, verb: str, body: dict) -> None:
         """An endpoint's deployModel / undeployModel (traffic "0" = the new model) and rawPredict."""

@@ -19,6 +19,8 @@ def deploy(
     max_replicas: int = 1,
     traffic_percent: int = 100,
     smoke_rows: int = 3,
+    served_model_name: str = "tuned",
+    deploy_timeout_s: int = 3600,
     project: str = "{{$.pipeline_google_cloud_project_id}}",
     location: str = "{{$.pipeline_google_cloud_location}}",
 ):
@@ -38,6 +40,9 @@ def deploy(
         traffic_percent: Traffic share of the new version, 1..100; 100 undeploys the previous
             models after the smoke test. Default 100.
         smoke_rows: Rows sent in the smoke test. Default 3.
+        served_model_name: The serving container's model name (the `model` of each smoke-test
+            request). Default "tuned" (the default container's).
+        deploy_timeout_s: Longest wait for the deployment, s. Default 3600.
         project: Google Cloud project ID. Default: the pipeline job's project.
         location: Vertex region. Default: the pipeline job's region.
     """
@@ -52,6 +57,8 @@ def deploy(
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         traffic_percent=traffic_percent,
+        deploy_timeout_s=float(deploy_timeout_s),
+        served_model_name=served_model_name,
     )
     try:
         rows = load_rows(eval_dataset.path, smoke_rows)

@@ -2,16 +2,18 @@
 
 Pure parts (what tests assert on): `load_rows` / `build_messages` (held-out rows as OpenAI chat
 messages), `check_answer` (does an answer parse for the task), `build_deploy_command` (the
-`swift deploy` command line), `build_deploy_plan` (endpoint, machine, traffic of a Vertex
-deployment). Side effects sit in small functions: `smoke_test` (the official `openai` client
-on a server's `/v1/chat/completions`), `run_smoke` (any `ask(messages) -> text` transport),
-`wait_healthy` / `LocalServer` (a local `swift deploy` in its own process group) and
-`deploy_to_vertex` (aiplatform).
+`swift deploy` command line), `check_plan` (endpoint, machine, traffic of a Vertex
+deployment), `shifted_split` (the traffic split after a new model passed). Side effects sit in
+small functions: `smoke_test` (the official `openai` client on a server's
+`/v1/chat/completions`), `run_smoke` (any `ask(messages) -> text` transport), `wait_healthy` /
+`LocalServer` (a local `swift deploy` in its own process group) and `deploy_to_vertex`
+(aiplatform).
 
 Order on Vertex (`deploy_to_vertex`): the new version is deployed beside the champion's
-deployed models, smoke-tested through the endpoint, and only then takes its traffic share; the
-old deployed models are undeployed only after that and only when the new one takes 100 %. A
-failed smoke test undeploys the new deployment and leaves traffic where it was.
+deployed models with no traffic, smoke-tested directly (the endpoint's per-deployed-model
+`invoke` route), and only then takes its traffic share; the old deployed models are undeployed
+only after that and only when the new one takes 100 %. A failed smoke test undeploys the new
+deployment: traffic never left the champion.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def run_smoke(ask: Ask, rows: Sequence[dict[str, Any]], task: str) -> SmokeResul
     """Sends each row through `ask` and checks that every answer parses for the task.
 
     Args:
-        ask: messages -> answer text (the transport: `openai_ask`, `vertex_raw_predict_ask`).
+        ask: messages -> answer text (the transport: `openai_ask`, `vertex_invoke_ask`).
         rows: Rows of `load_rows`.
         task: "detection", "json" or "" (free text).
 
@@ -546,28 +548,34 @@ def check_plan(plan: DeployPlan, project: str, location: str) -> None:
         raise DeployError("deploy.accelerator_type and deploy.accelerator_count go together (both set or neither)")
 
 
-def vertex_raw_predict_ask(
+def vertex_invoke_ask(
     endpoint: str,
+    deployed_model_id: str,
     *,
     location: str,
     credentials: Any = None,
     api_base: str = "",
     model_name: str = "tuned",
+    route: str = "/v1/chat/completions",
     timeout_s: float = 300.0,
     max_tokens: int = 512,
 ) -> Ask:
-    """Returns an `ask` that posts an OpenAI chat request to the endpoint's `:rawPredict`.
+    """Returns an `ask` that posts an OpenAI chat request to one deployed model of an endpoint.
 
-    Vertex forwards the body unchanged to the container's predict route (for the serving
-    container here `/v1/chat/completions`), so the answer is an OpenAI chat completion.
+    It uses the endpoint's `deployedModels/{id}/invoke/{route}` method, which reaches the named
+    deployed model whatever the endpoint's traffic split says (so a new model is smoke-tested
+    while it still takes no traffic). Vertex forwards the body unchanged to the container's
+    route; the model's container spec must allow it (`invokeRoutePrefix`, set by register).
 
     Args:
         endpoint: Endpoint resource name.
+        deployed_model_id: ID of the deployed model that must answer.
         location: Vertex region (the API host).
         credentials: google-auth credentials; default ADC.
         api_base: API root; "" = https://{location}-aiplatform.googleapis.com. Default "".
         model_name: The `model` of each request: the container's served model name (`swift
             deploy` refuses any other). Default "tuned".
+        route: The container's chat route. Default "/v1/chat/completions".
         timeout_s: Per-request timeout, s. Default 300.
         max_tokens: Generation limit per answer. Default 512.
     """
@@ -577,7 +585,8 @@ def vertex_raw_predict_ask(
     if credentials is None:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     session = AuthorizedSession(credentials)
-    url = f"{(api_base or f'https://{location}-aiplatform.googleapis.com').rstrip('/')}/v1/{endpoint}:rawPredict"
+    root = (api_base or f"https://{location}-aiplatform.googleapis.com").rstrip("/")
+    url = f"{root}/v1/{endpoint}/deployedModels/{deployed_model_id}/invoke{route}"
 
     def ask(messages: list[dict]) -> str:
         body = {"model": model_name, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
@@ -592,6 +601,30 @@ def vertex_raw_predict_ask(
             ) from None
 
     return ask
+
+
+def shifted_split(old_split: dict[str, int], new_id: str, percent: int) -> dict[str, int]:
+    """Returns the traffic split that gives `new_id` `percent` and the rest to the old models, in proportion.
+
+    The old models keep their relative shares of the remaining `100 - percent` (rounded down;
+    the remainder goes to the largest). Models with no share stay at none; with no old share
+    at all the new model takes everything.
+
+    Args:
+        old_split: The endpoint's split before (deployed model ID -> percent).
+        new_id: The new deployed model's ID.
+        percent: The new model's share, 1..100.
+    """
+    old = {k: int(v) for k, v in old_split.items() if k != new_id and int(v) > 0}
+    total = sum(old.values())
+    if percent >= 100 or total == 0:
+        return {new_id: 100}
+    rest = 100 - int(percent)
+    split = {k: v * rest // total for k, v in old.items()}
+    largest = max(old, key=lambda k: (old[k], k))
+    split[largest] += rest - sum(split.values())
+    split[new_id] = int(percent)
+    return split
 
 
 def find_or_create_endpoint(plan: DeployPlan, project: str, location: str, credentials: Any = None):
@@ -619,15 +652,17 @@ def deploy_to_vertex(
     task: str,
     *,
     credentials: Any = None,
-    ask_for: Callable[[str], Ask] | None = None,
+    ask_for: Callable[[str, str], Ask] | None = None,
 ) -> Deployed:
-    """Deploys a registered model version, smoke-tests it, then retires the previous champion.
+    """Deploys a registered model version, smoke-tests it, then gives it traffic and retires the old models.
 
     Order: check the plan (nothing touched on error) → find or create the endpoint → deploy
-    the version with its traffic share beside the deployed models already there → smoke test
-    through the endpoint → only when it passes and the share is 100 %, undeploy the models
-    that were there before. When the smoke test fails the new deployment is undeployed and
-    the endpoint's traffic split is put back as it was.
+    the version beside the deployed models already there, with no traffic while they serve
+    (all traffic on an empty endpoint) → smoke test that deployed model directly (its
+    `invoke` route, whatever the split) → only when it passes, the new split (the new model
+    takes `traffic_percent`, the old ones keep their proportions of the rest) → at 100 %,
+    undeploy the models that were there before. A failed smoke test undeploys the new model;
+    the endpoint's traffic never reached it.
 
     Args:
         model_name: Model version resource name, `projects/P/locations/R/models/ID@VERSION`.
@@ -637,7 +672,8 @@ def deploy_to_vertex(
         rows: Smoke-test rows (`load_rows`).
         task: Smoke-test task ("detection", "json", "").
         credentials: google-auth credentials; default ADC.
-        ask_for: endpoint resource name -> `ask` transport; default `vertex_raw_predict_ask`.
+        ask_for: (endpoint resource name, deployed model ID) -> `ask` transport; default
+            `vertex_invoke_ask`.
 
     Returns:
         The endpoint, the new deployed model's ID, what was undeployed, the traffic split.
@@ -655,12 +691,46 @@ def deploy_to_vertex(
         raise SmokeTestError("no smoke-test rows")
     model = aiplatform.Model(model_name, project=project, location=location, credentials=credentials)
     endpoint, created = find_or_create_endpoint(plan, project, location, credentials)
+    new_id, before, old_split = _deploy_without_traffic(endpoint, model, plan)
+    ask = (ask_for or _invoke_transport(plan, location, credentials))(endpoint.resource_name, new_id)
+    try:
+        smoke = run_smoke(ask, rows, task)
+    except SmokeTestError:
+        print(f"deploy: smoke test failed; undeploying {new_id}, traffic stays {old_split or 'none'}", flush=True)
+        endpoint.undeploy(new_id)
+        raise
+    split = shifted_split(old_split, new_id, int(plan.traffic_percent))
+    if split != {k: int(v) for k, v in dict(endpoint.traffic_split).items()}:
+        endpoint.update(traffic_split=split)
+    undeployed: list[str] = []
+    if split == {new_id: 100}:
+        for old_id in sorted(before):
+            endpoint._sync_gca_resource()  # noqa: SLF001 - the SDK's own refresh
+            endpoint.undeploy(old_id)
+            undeployed.append(old_id)
+    endpoint._sync_gca_resource()  # noqa: SLF001
+    final = {k: int(v) for k, v in dict(endpoint.traffic_split).items()}
+    return Deployed(endpoint.resource_name, new_id, created, undeployed, final, smoke)
+
+
+def _invoke_transport(plan: DeployPlan, location: str, credentials: Any) -> Callable[[str, str], Ask]:
+    def ask_for(endpoint: str, deployed_model_id: str) -> Ask:
+        return vertex_invoke_ask(
+            endpoint, deployed_model_id, location=location, credentials=credentials, model_name=plan.served_model_name
+        )
+
+    return ask_for
+
+
+def _deploy_without_traffic(endpoint: Any, model: Any, plan: DeployPlan) -> tuple[str, set[str], dict[str, int]]:
+    """Deploys `model` to `endpoint` taking no traffic while other models serve; returns (new ID, old IDs, old split)."""
     before = {m.id for m in endpoint.list_models()}
     old_split = {k: int(v) for k, v in dict(endpoint.traffic_split).items()}
+    serving = sum(old_split.values()) > 0
     endpoint.deploy(
         model,
         deployed_model_display_name=plan.deployed_name or None,
-        traffic_percentage=int(plan.traffic_percent) if before else 100,
+        traffic_percentage=0 if serving else 100,
         machine_type=plan.machine_type,
         min_replica_count=int(plan.min_replicas),
         max_replica_count=int(plan.max_replicas),
@@ -673,27 +743,4 @@ def deploy_to_vertex(
     new = [m.id for m in endpoint.list_models() if m.id not in before]
     if len(new) != 1:
         raise DeployError(f"expected one new deployed model on {endpoint.resource_name}, found {new}")
-    new_id = new[0]
-    ask = (
-        ask_for
-        or (
-            lambda name: vertex_raw_predict_ask(
-                name, location=location, credentials=credentials, model_name=plan.served_model_name
-            )
-        )
-    )(endpoint.resource_name)
-    try:
-        smoke = run_smoke(ask, rows, task)
-    except SmokeTestError:
-        print(f"deploy: smoke test failed; undeploying {new_id}, traffic back to {old_split or 'none'}", flush=True)
-        endpoint.undeploy(new_id, traffic_split=old_split or None)
-        raise
-    undeployed: list[str] = []
-    if int(plan.traffic_percent) == 100:
-        for old_id in sorted(before):
-            endpoint._sync_gca_resource()  # noqa: SLF001
-            endpoint.undeploy(old_id, traffic_split={new_id: 100})
-            undeployed.append(old_id)
-    endpoint._sync_gca_resource()  # noqa: SLF001
-    split = {k: int(v) for k, v in dict(endpoint.traffic_split).items()}
-    return Deployed(endpoint.resource_name, new_id, created, undeployed, split, smoke)
+    return new[0], before, old_split

@@ -4,12 +4,12 @@ The component is imported lazily: inside a running KFP task (`_KFP_RUNTIME=true`
 `kfp.dsl.component` does not exist, and the task imports only the core.
 """
 
-__all__ = ["register"]
+__all__ = ["promote", "register"]
 
 
 def __getattr__(name):
-    if name == "register":
-        from components.register.component import register
+    if name in ("register", "promote"):
+        from components.register import component
 
-        return register
+        return getattr(component, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

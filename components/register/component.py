@@ -15,11 +15,13 @@ def register(
     alias: str,
     labels: dict,
     run_name: str,
+    serving_container: dict,
     registered_model: dsl.Output[dsl.Artifact],
     project: str = "{{$.pipeline_google_cloud_project_id}}",
     location: str = "{{$.pipeline_google_cloud_location}}",
     check_champion: bool = False,
     champion_version: str = "",
+    promote: bool = True,
 ):
     """Uploads the merged model to the Vertex Model Registry as a new version.
 
@@ -33,6 +35,8 @@ def register(
         alias: Alias moved to the new version (e.g. champion).
         labels: Extra labels.
         run_name: Pipeline job name (the run_id label).
+        serving_container: Serving container spec (command, args, port, predict_route,
+            health_route, env); empty values = the project's `swift deploy` entry point.
         registered_model: Output: the model version (metadata resourceName, version_id).
         project: Google Cloud project ID. Default: the pipeline job's project.
         location: Vertex region. Default: the pipeline job's region.
@@ -40,6 +44,8 @@ def register(
             champion_version (another run promoted a model meanwhile). Default False.
         champion_version: Version ID of the champion evaluate compared with; "" = there
             was none. Default "".
+        promote: Move the alias to the new version now; False when a deploy step promotes it
+            after its smoke test. Default True.
     """
     from components.register.core import RegisterError, build_upload_request, register_model
 
@@ -54,13 +60,71 @@ def register(
             alias,
             labels,
             data_lineage={k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key")},
+            container=dict(serving_container),
+            promote=promote,
         )
         result = register_model(
-            request, project, location, expected_champion=champion_version if check_champion else None
+            request, project, location, expected_champion=champion_version if check_champion else None, alias=alias
         )
     except RegisterError as exc:
         raise SystemExit(f"register: {exc}") from None
     registered_model.uri = f"https://{location}-aiplatform.googleapis.com/v1/{result.resource_name}@{result.version_id}"
     registered_model.metadata.update(
-        {"resourceName": result.resource_name, "version_id": result.version_id, "created_parent": result.created_parent}
+        {
+            "resourceName": result.resource_name,
+            "version_id": result.version_id,
+            "created_parent": result.created_parent,
+            "aliases": [alias, "default"] if promote and alias else [],
+        }
+    )
+
+
+@dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
+def promote(
+    registered_model: dsl.Input[dsl.Artifact],
+    deployment: dsl.Input[dsl.Artifact],
+    alias: str,
+    promoted_model: dsl.Output[dsl.Artifact],
+    project: str = "{{$.pipeline_google_cloud_project_id}}",
+    location: str = "{{$.pipeline_google_cloud_location}}",
+    check_champion: bool = False,
+    champion_version: str = "",
+):
+    """Moves the champion alias to a registered version whose deployment passed its smoke test.
+
+    Args:
+        registered_model: register's output (metadata resourceName, version_id).
+        deployment: deploy's output; its presence is the proof the smoke test passed (this
+            task runs only after deploy succeeded).
+        alias: The champion alias.
+        promoted_model: Output: the promoted version (metadata resourceName, version_id,
+            aliases, endpoint).
+        project: Google Cloud project ID. Default: the pipeline job's project.
+        location: Vertex region. Default: the pipeline job's region.
+        check_champion: Refuse when the alias no longer points at champion_version. Default False.
+        champion_version: Version ID of the champion evaluate compared with; "" = none. Default "".
+    """
+    from components.register.core import RegisterError, promote_version
+
+    meta = registered_model.metadata
+    try:
+        moved = promote_version(
+            meta["resourceName"],
+            str(meta["version_id"]),
+            alias,
+            project,
+            location,
+            expected_champion=champion_version if check_champion else None,
+        )
+    except RegisterError as exc:
+        raise SystemExit(f"promote: {exc}") from None
+    print(f"promote: {meta['resourceName']}@{meta['version_id']} is now {alias!r}", flush=True)
+    promoted_model.uri = registered_model.uri
+    promoted_model.metadata.update(
+        {
+            "resourceName": meta["resourceName"],
+            "version_id": meta["version_id"],
+            "aliases": moved,
+            "endpoint": deployment.metadata.get("resourceName", ""),
+        }
     )

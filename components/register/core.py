@@ -8,6 +8,16 @@ model under `model_id`; every later one adds a version to it. The alias (default
 When evaluate compared with the champion, `register_model` first checks that the alias
 still points at the version evaluate compared with (`expected_champion`): if another run
 promoted a model in the meantime, this one was never compared with it and is refused.
+
+With a deploy step the order is register (no alias: a version nobody serves and no run
+compares with) → deploy + smoke test → `promote_version` (the same champion check again, then
+the alias and the default version move). A failed deploy leaves the alias where it was.
+
+The serving container (`serving_container_args`) is what Vertex starts for a deployment: by
+default the project's image running `python3 -m components.deploy.container` (it copies the
+model from `AIP_STORAGE_URI` and runs `swift deploy` on `AIP_HTTP_PORT`), OpenAI chat on
+`/v1/chat/completions`, health on `/health`, every route reachable through the endpoint's
+per-deployed-model `invoke` method (the deploy step's smoke test uses it).
 """
 
 from __future__ import annotations
@@ -20,6 +30,14 @@ from typing import Any
 _LABEL_RE = re.compile(r"[^a-z0-9_-]+")
 # Metrics copied into version labels (all metrics go into the version description).
 LABEL_METRICS = ("tuned_f1", "tuned_json_valid_rate", "base_f1", "passed")
+
+
+# The default serving container: the project's image, its own entry point (components.deploy.container).
+DEFAULT_SERVING_COMMAND = ("python3", "-m", "components.deploy.container")
+DEFAULT_SERVING_PORT = 8080
+DEFAULT_PREDICT_ROUTE = "/v1/chat/completions"
+DEFAULT_HEALTH_ROUTE = "/health"
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class RegisterError(RuntimeError):
@@ -51,6 +69,56 @@ def label_value(value: Any) -> str:
     return _LABEL_RE.sub("-", str(value).lower())[:63].strip("-")
 
 
+def serving_container_args(container: dict[str, Any] | None) -> dict[str, Any]:
+    """Returns the `serving_container_*` keywords of `aiplatform.Model.upload` for a container spec.
+
+    Args:
+        container: {"command": [...], "args": [...], "port": int, "predict_route": str,
+            "health_route": str, "env": {NAME: value}}; missing keys take the defaults (the
+            project's `components.deploy.container` entry point, port 8080, OpenAI chat route,
+            `/health`). None or {} = all defaults.
+
+    Returns:
+        Keywords: command, args, ports, predict and health routes, environment, and the invoke
+        route prefix "/*" (so the smoke test can reach a deployed model before it takes traffic).
+
+    Raises:
+        RegisterError: A route not starting with "/", a port outside 1..65535, an env name that is
+            not a variable name, or a non-string command / args item.
+    """
+    spec = dict(container or {})
+    unknown = set(spec) - {"command", "args", "port", "predict_route", "health_route", "env"}
+    if unknown:
+        raise RegisterError(f"serving container: unknown keys {sorted(unknown)}")
+    command = list(spec.get("command") or DEFAULT_SERVING_COMMAND)
+    args = list(spec.get("args") or [])
+    if not all(isinstance(x, str) for x in command + args):
+        raise RegisterError("serving container: command and args must be lists of strings")
+    port = int(spec.get("port") or DEFAULT_SERVING_PORT)
+    if not 1 <= port <= 65535:
+        raise RegisterError(f"serving container: port {port} is outside 1..65535")
+    routes = {
+        k: str(spec.get(k) or d)
+        for k, d in (("predict_route", DEFAULT_PREDICT_ROUTE), ("health_route", DEFAULT_HEALTH_ROUTE))
+    }
+    for key, route in routes.items():
+        if not route.startswith("/"):
+            raise RegisterError(f"serving container: {key} {route!r} must start with '/'")
+    env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+    bad = [k for k in env if not _ENV_NAME_RE.match(k)]
+    if bad:
+        raise RegisterError(f"serving container: environment names {bad} are not variable names")
+    return {
+        "serving_container_command": command,
+        "serving_container_args": args,
+        "serving_container_ports": [port],
+        "serving_container_predict_route": routes["predict_route"],
+        "serving_container_health_route": routes["health_route"],
+        "serving_container_environment_variables": env,
+        "serving_container_invoke_route_prefix": "/*",
+    }
+
+
 def build_upload_request(
     artifact_uri: str,
     model_id: str,
@@ -62,6 +130,8 @@ def build_upload_request(
     labels: dict[str, str] | None = None,
     parent_model: str = "",
     data_lineage: dict[str, str] | None = None,
+    container: dict[str, Any] | None = None,
+    promote: bool = True,
 ) -> dict[str, Any]:
     """Builds the keyword arguments of `aiplatform.Model.upload` for one registration.
 
@@ -78,6 +148,10 @@ def build_upload_request(
         data_lineage: Which data made the model: {"data_snapshot": fingerprint,
             "training_key": key} (merge-export's metadata); become labels of the same names
             and part of the description. Default none.
+        container: Serving container spec (`serving_container_args`); None = the defaults.
+        promote: Move `alias` to this version and make it the default version now; False
+            = no alias, not the default (a deploy step promotes it after its smoke test).
+            Default True.
 
     Returns:
         The keyword arguments for `aiplatform.Model.upload`.
@@ -105,10 +179,11 @@ def build_upload_request(
         "artifact_uri": artifact_uri.rstrip("/"),
         "serving_container_image_uri": serving_image,
         "labels": out_labels,
-        "version_aliases": [alias] if alias else [],
-        "is_default_version": True,
+        "version_aliases": [alias] if alias and promote else [],
+        "is_default_version": bool(promote),
         "version_description": json.dumps({"run": run_name, "data": data, "metrics": metrics}, sort_keys=True)[:2048],
         "sync": True,
+        **serving_container_args(container),
     }
     if parent_model:
         request["parent_model"] = parent_model
@@ -123,6 +198,7 @@ def register_model(
     location: str,
     credentials: Any = None,
     expected_champion: str | None = None,
+    alias: str = "",
 ) -> Registered:
     """Uploads the model as a new version of `model_id` (creating it the first time).
 
@@ -133,6 +209,7 @@ def register_model(
         credentials: google-auth credentials; default ADC.
         expected_champion: Version ID the alias must still point at (the champion evaluate
             compared with); "" = there must still be no champion; None = no check. Default None.
+        alias: The champion alias checked; "" = the request's alias. Default "".
 
     Returns:
         The registered model's resource name and version.
@@ -150,28 +227,80 @@ def register_model(
         existing = aiplatform.Model(parent, project=project, location=location, credentials=credentials)
     except exceptions.NotFound:
         existing = None
-    aliases = request.get("version_aliases") or []
-    if expected_champion is not None and aliases:
-        current = ""
-        if existing is not None:
-            try:
-                current = str(
-                    aiplatform.Model(
-                        f"{parent}@{aliases[0]}", project=project, location=location, credentials=credentials
-                    ).version_id
-                )
-            except exceptions.NotFound:
-                current = ""
-        if current != expected_champion:
-            was = f"version {expected_champion}" if expected_champion else "no champion"
-            now = f"version {current}" if current else "no version"
-            raise RegisterError(
-                f"the champion changed during this run: evaluate compared with {was} of {parent}, but alias "
-                f"{aliases[0]!r} now points at {now}; this model was not compared with the current champion, "
-                "so it is not promoted. Run the pipeline again to evaluate against the new champion"
-            )
+    checked = alias or next(iter(request.get("version_aliases") or []), "")
+    if expected_champion is not None and checked:
+        current = _alias_version(parent, checked, project, location, credentials) if existing is not None else ""
+        _check_champion(parent, checked, expected_champion, current)
     if existing is not None:
         request.pop("model_id", None)
         request["parent_model"] = existing.resource_name
     model = aiplatform.Model.upload(project=project, location=location, credentials=credentials, **request)
     return Registered(model.resource_name, str(model.version_id), existing is None)
+
+
+def promote_version(
+    model_name: str,
+    version_id: str,
+    alias: str,
+    project: str,
+    location: str,
+    credentials: Any = None,
+    expected_champion: str | None = None,
+) -> list[str]:
+    """Moves `alias` (and the default version) to a registered version, after the same champion check.
+
+    Called after a deploy step's smoke test passed; nothing else changes the registry.
+
+    Args:
+        model_name: Parent model resource name, `projects/P/locations/R/models/ID`.
+        version_id: The version that passed.
+        alias: The champion alias, e.g. champion.
+        project: Google Cloud project ID.
+        location: Vertex region.
+        credentials: google-auth credentials; default ADC.
+        expected_champion: Version ID the alias must still point at; "" = still no champion;
+            None = no check. Default None.
+
+    Returns:
+        The aliases moved (`[alias, "default"]`).
+
+    Raises:
+        RegisterError: No alias given, or the alias moved since evaluate looked it up.
+    """
+    from google.cloud.aiplatform.models import ModelRegistry
+
+    if not alias:
+        raise RegisterError("register.alias is empty: there is no alias to promote the version with")
+    if expected_champion is not None:
+        current = _alias_version(model_name, alias, project, location, credentials)
+        _check_champion(model_name, alias, expected_champion, current)
+    registry = ModelRegistry(model_name, project=project, location=location, credentials=credentials)
+    moved = [alias, "default"]
+    registry.add_version_aliases(moved, version_id)
+    return moved
+
+
+def _alias_version(parent: str, alias: str, project: str, location: str, credentials: Any) -> str:
+    """The version ID `parent@alias` points at; "" when none does."""
+    from google.api_core import exceptions
+    from google.cloud import aiplatform
+
+    try:
+        return str(
+            aiplatform.Model(
+                f"{parent}@{alias}", project=project, location=location, credentials=credentials
+            ).version_id
+        )
+    except exceptions.NotFound:
+        return ""
+
+
+def _check_champion(parent: str, alias: str, expected: str, current: str) -> None:
+    if current != expected:
+        was = f"version {expected}" if expected else "no champion"
+        now = f"version {current}" if current else "no version"
+        raise RegisterError(
+            f"the champion changed during this run: evaluate compared with {was} of {parent}, but alias "
+            f"{alias!r} now points at {now}; this model was not compared with the current champion, "
+            "so it is not promoted. Run the pipeline again to evaluate against the new champion"
+        )

@@ -1,0 +1,204 @@
+"""The deploy step in the DAG: register (no alias) → deploy + smoke test → promote, all under the gate.
+
+Compiled-spec checks on the seed config with `deploy.endpoint` set, the config's refusals, and
+the three components run in order against the recording server: a failing smoke test leaves
+the alias, the default version and the endpoint's traffic on the previous champion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from google.auth.credentials import AnonymousCredentials
+from kfp import dsl
+
+from pipelines.compile import compile_pipeline
+from pipelines.config import ConfigError, load_config
+from pipelines.vertex import init_vertex
+from tests.pipeline_spec import source, tasks, upstream
+from tests.test_vertex_submit import PARENT, api  # noqa: F401 (fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = ROOT / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
+CRED = AnonymousCredentials()
+DEPLOY = {"endpoint": "qwen-drawings", "traffic_percent": 100, "smoke_rows": 2}
+
+
+def _config(tmp_path: Path, deploy: dict | None = None, register: dict | None = None, **sections) -> Path:
+    raw = yaml.safe_load(SEED.read_text())
+    if deploy is not None:
+        raw["deploy"] = deploy
+    raw["register"] = {**raw["register"], **(register or {})}
+    raw.update(sections)
+    path = tmp_path / "deploy.yaml"
+    path.write_text("# test config\n" + yaml.safe_dump(raw))
+    return path
+
+
+def _compiled(path: Path, tmp_path: Path) -> dict:
+    return yaml.safe_load(compile_pipeline(str(path), str(tmp_path / "p.yaml")).read_text())
+
+
+def _const(index, task: str, name: str):
+    return index[task].spec["inputs"]["parameters"][name]["runtimeValue"]["constant"]
+
+
+def test_deploy_and_promote_sit_under_the_gate_after_register(tmp_path):
+    index = tasks(_compiled(_config(tmp_path, DEPLOY), tmp_path))
+    for name in ("register", "deploy", "promote"):
+        assert index[name].group_names[-1] == "gate-passed", name
+    assert _const(index, "register", "promote") is False  # the alias waits for the smoke test
+    assert "register" in upstream(index, "deploy") and "deploy" in upstream(index, "promote")
+    assert str(source(index, "deploy", "registered_model", artifact=True)) == "register.registered_model"
+    assert str(source(index, "deploy", "eval_dataset", artifact=True)) == "validate-data.eval_dataset"
+    assert str(source(index, "promote", "deployment", artifact=True)) == "deploy.deployment"
+    assert str(source(index, "promote", "registered_model", artifact=True)) == "register.registered_model"
+    # the champion is checked again when the alias moves (another run may have promoted meanwhile)
+    assert _const(index, "promote", "check_champion") is True
+    assert str(source(index, "promote", "champion_version")) == "find-champion.version_id"
+    assert not index["deploy"].caches and not index["promote"].caches
+    assert _const(index, "deploy", "endpoint") == "qwen-drawings"
+    assert (_const(index, "deploy", "machine_type"), _const(index, "deploy", "accelerator_type")) == (
+        "g2-standard-12",
+        "NVIDIA_L4",
+    )
+    assert _const(index, "deploy", "task") == "detection" and _const(index, "deploy", "smoke_rows") == 2
+    container = _const(index, "register", "serving_container")
+    assert container["command"] == [] and container["port"] == 8080  # [] = the project's entry point
+    assert _const(index, "register", "serving_image").endswith("/train:0.1.0")  # serving_image: train
+
+
+def test_without_an_endpoint_register_promotes_and_there_is_no_deploy(tmp_path):
+    index = tasks(_compiled(SEED, tmp_path))
+    assert "deploy" not in index and "promote" not in index
+    assert _const(index, "register", "promote") is True
+
+
+@pytest.mark.parametrize(
+    ("deploy", "register", "message"),
+    [
+        ({"endpoint": "e"}, {"serving_image": ""}, "only a registered model can be deployed"),
+        (
+            {"endpoint": "projects/test-project/locations/europe-west4/endpoints/1"},
+            {},
+            "a model is served only in its own region",
+        ),
+        ({"endpoint": "projects/p/endpoints/1"}, {}, "display name or projects/P/locations/R/endpoints/ID"),
+        ({"endpoint": "e", "traffic_percent": 0}, {}, "'deploy.traffic_percent' must be 1..100"),
+        ({"endpoint": "e", "min_replicas": 2, "max_replicas": 1}, {}, "'deploy.max_replicas' must be at least"),
+        ({"endpoint": "e", "accelerator_count": 0}, {}, "go together"),
+        (
+            {"endpoint": "e", "machine_type": "g2-standard-12", "accelerator_type": "NVIDIA_H100_80GB"},
+            {},
+            "comes with exactly 1 x NVIDIA_L4",
+        ),
+        ({"endpoint": "e", "unknown": 1}, {}, "unknown key 'deploy.unknown'"),
+        ({}, {"serving_env": {"HF_TOKEN": "x"}}, "looks like a secret"),
+        ({}, {"serving_env": {"1BAD": "x"}}, "not an environment variable name"),
+        ({}, {"predict_route": "v1/chat"}, "'register.predict_route' must be a route starting with '/'"),
+    ],
+)
+def test_bad_deploy_and_serving_settings_are_refused_at_load(tmp_path, deploy, register, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(_config(tmp_path, deploy, register))
+    assert str(err.value).startswith(str(tmp_path / "deploy.yaml") + ":")  # file and line
+
+
+def _components():
+    from components.deploy import core as deploy_core
+    from components.deploy import deploy
+    from components.register import promote, register
+
+    return deploy_core, deploy, promote, register
+
+
+def _register_run(register, tmp_path: Path, run: str, *, promote: bool, champion: str | None):
+    merged = dsl.Model(uri=f"gs://test-bucket/root/{run}/merged", metadata={"data_snapshot": "abc"})
+    metrics = dsl.Metrics(uri=str(tmp_path / f"{run}-metrics"))
+    metrics.metadata.update({"tuned_f1": 0.5, "passed": True})
+    out = dsl.Artifact(uri=str(tmp_path / f"{run}-reg"))
+    register.python_func(
+        merged_model=merged,
+        eval_metrics=metrics,
+        model_id="qwen-drawings",
+        display_name="qwen-drawings",
+        serving_image="img:1",
+        alias="champion",
+        labels={},
+        run_name=run,
+        serving_container={},
+        registered_model=out,
+        project="test-project",
+        location="us-central1",
+        check_champion=champion is not None,
+        champion_version=champion or "",
+        promote=promote,
+    )
+    return out
+
+
+def test_a_failing_smoke_test_leaves_alias_default_and_traffic_on_the_champion(api, tmp_path, monkeypatch):
+    """register → deploy → promote as the DAG runs them; deploy fails, so promote never runs."""
+    deploy_core, deploy, promote, register = _components()
+    init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
+    real_ask = deploy_core.vertex_invoke_ask
+    monkeypatch.setattr(
+        deploy_core,
+        "vertex_invoke_ask",
+        lambda name, dm, **kw: real_ask(name, dm, **{**kw, "credentials": CRED, "api_base": api.url}),
+    )
+    (tmp_path / "data.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Detect the holes."}], "images": []}) + "\n"
+    )
+    parent = f"{PARENT}/models/qwen-drawings"
+    deploy_args = dict(
+        eval_dataset=dsl.Dataset(uri=str(tmp_path)),
+        endpoint="qwen-drawings",
+        machine_type="g2-standard-12",
+        task="detection",
+        project="test-project",
+        location="us-central1",
+    )
+
+    def run(name: str, champion: str | None):
+        reg = _register_run(register, tmp_path, name, promote=False, champion=champion)
+        dep = dsl.Artifact(uri=str(tmp_path / f"{name}-dep"))
+        deploy.python_func(registered_model=reg, deployment=dep, **deploy_args)
+        out = dsl.Artifact(uri=str(tmp_path / f"{name}-promoted"))
+        promote.python_func(
+            registered_model=reg,
+            deployment=dep,
+            alias="champion",
+            promoted_model=out,
+            project="test-project",
+            location="us-central1",
+            check_champion=champion is not None,
+            champion_version=champion or "",
+        )
+        return reg, dep, out
+
+    reg1, dep1, out1 = run("run-1", champion="")  # the first champion: passes, deployed, promoted
+    assert out1.metadata["aliases"] == ["champion", "default"]
+    assert api.resources[f"{parent}@champion"]["versionId"] == "1"
+    first_id = dep1.metadata["deployed_model_id"]
+    endpoint = dep1.metadata["resourceName"]
+
+    api.raw_answers[:] = ["Sorry, I cannot help with drawings."]
+    with pytest.raises(SystemExit, match="^deploy: SmokeTestError: .*raw answer: 'Sorry, I cannot help"):
+        run("run-2", champion="1")
+    assert api.resources[f"{parent}@2"]["versionAliases"] == []  # registered, never promoted
+    assert api.resources[f"{parent}@champion"]["versionId"] == "1"
+    assert api.resources[f"{parent}@default"]["versionId"] == "1"
+    assert api.resources[endpoint]["trafficSplit"] == {first_id: 100}
+    assert [m["id"] for m in api.resources[endpoint]["deployedModels"]] == [first_id]
+    assert api.calls("POST", ":mergeVersionAliases")[1:] == []  # only run-1's promotion
+
+    api.raw_answers[:] = ['[{"label": "hole", "bbox": [1, 2, 3, 4]}]']
+    _, dep3, out3 = run("run-3", champion="1")  # the next good model takes over
+    assert api.resources[f"{parent}@champion"]["versionId"] == "3"
+    assert api.resources[endpoint]["trafficSplit"] == {dep3.metadata["deployed_model_id"]: 100}
+    assert dep3.metadata["undeployed"] == [first_id]
+    assert out3.metadata["endpoint"] == endpoint
