@@ -376,13 +376,23 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
     return evaluation.outputs["passed"]
 
 
+# Light tasks that only read (listings, downloads, the registry's champion) are retried on
+# Vertex when they fail: a transient API or network error should not end a scheduled run.
+# register, deploy and promote change state and are not retried (a lost reply to an upload
+# would otherwise add a second version).
+RETRIED_TASKS = ("snapshot-data", "stage-model", "validate-data", "find-champion")
+RETRY_POLICY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
+
+
 def _light(task: Any, name: str, plan: _Plan) -> Any:
-    """Names a light (CPU) task; on Vertex it runs in the light image on a small machine."""
+    """Names a light (CPU) task; on Vertex it runs in the light image on a small machine (read-only ones retried)."""
     task.set_display_name(name)
     if plan.vertex:
         r = plan.cfg.resources
         task.set_container_image(plan.images["light"]).set_cpu_limit(str(r.light_cpu))
         task.set_memory_limit(f"{r.light_memory_gb}G")
+        if name in RETRIED_TASKS:
+            task.set_retry(**RETRY_POLICY)
     return task
 
 

@@ -202,3 +202,25 @@ def test_a_failing_smoke_test_leaves_alias_default_and_traffic_on_the_champion(a
     assert api.resources[endpoint]["trafficSplit"] == {dep3.metadata["deployed_model_id"]: 100}
     assert dep3.metadata["undeployed"] == [first_id]
     assert out3.metadata["endpoint"] == endpoint
+
+
+def test_registry_outputs_are_vertex_models_and_read_only_light_tasks_retry(tmp_path):
+    """The console links register's output to the Model Registry (google.VertexModel); a transient
+    failure of a task that only reads is retried with backoff; tasks that change state are not."""
+    raw = _compiled(_config(tmp_path, DEPLOY), tmp_path)
+    comps = raw["components"]
+
+    def out_type(comp: str, name: str) -> str:
+        return comps[comp]["outputDefinitions"]["artifacts"][name]["artifactType"]["schemaTitle"]
+
+    assert out_type("comp-register", "registered_model") == "google.VertexModel"
+    assert out_type("comp-deploy", "deployment") == "google.VertexEndpoint"
+    assert out_type("comp-promote", "promoted_model") == "google.VertexModel"
+    index = tasks(raw)
+    for name in ("snapshot-data", "stage-model", "validate-data", "find-champion"):
+        policy = index[name].spec.get("retryPolicy")
+        assert policy and policy["maxRetryCount"] == 2, name
+        assert policy["backoffDuration"] == "60s" and policy["backoffFactor"] == 2.0, name
+        assert policy["backoffMaxDuration"] == "600s", name
+    for name in ("register", "deploy", "promote"):
+        assert "retryPolicy" not in index[name].spec, name

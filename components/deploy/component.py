@@ -1,5 +1,6 @@
 """KFP wrapper of the deploy core: deploy the registered version, smoke-test it, retire the old champion."""
 
+from google_cloud_pipeline_components.types.artifact_types import VertexEndpoint, VertexModel
 from kfp import dsl
 
 from components.images import LIGHT_IMAGE
@@ -7,12 +8,12 @@ from components.images import LIGHT_IMAGE
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
 def deploy(
-    registered_model: dsl.Input[dsl.Artifact],
+    registered_model: dsl.Input[VertexModel],
     eval_dataset: dsl.Input[dsl.Dataset],
     endpoint: str,
     machine_type: str,
     task: str,
-    deployment: dsl.Output[dsl.Artifact],
+    deployment: dsl.Output[VertexEndpoint],
     accelerator_type: str = "",
     accelerator_count: int = 0,
     min_replicas: int = 1,

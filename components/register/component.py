@@ -1,5 +1,6 @@
 """KFP wrapper of the register core."""
 
+from google_cloud_pipeline_components.types.artifact_types import VertexEndpoint, VertexModel
 from kfp import dsl
 
 from components.images import LIGHT_IMAGE
@@ -16,7 +17,7 @@ def register(
     labels: dict,
     run_name: str,
     serving_container: dict,
-    registered_model: dsl.Output[dsl.Artifact],
+    registered_model: dsl.Output[VertexModel],
     project: str = "{{$.pipeline_google_cloud_project_id}}",
     location: str = "{{$.pipeline_google_cloud_location}}",
     check_champion: bool = False,
@@ -81,10 +82,10 @@ def register(
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
 def promote(
-    registered_model: dsl.Input[dsl.Artifact],
-    deployment: dsl.Input[dsl.Artifact],
+    registered_model: dsl.Input[VertexModel],
+    deployment: dsl.Input[VertexEndpoint],
     alias: str,
-    promoted_model: dsl.Output[dsl.Artifact],
+    promoted_model: dsl.Output[VertexModel],
     project: str = "{{$.pipeline_google_cloud_project_id}}",
     location: str = "{{$.pipeline_google_cloud_location}}",
     check_champion: bool = False,
