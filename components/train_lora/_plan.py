@@ -1,0 +1,319 @@
+"""Micro-batch, gradient accumulation and checkpointing chosen from the data, the model and the GPU.
+
+`swift.per_device_train_batch_size: auto` and `swift.gradient_checkpointing: auto` are
+resolved here (ms-swift never sees `auto`). The samples per optimizer step stay what the
+config asks (`swift.gradient_accumulation_steps` × batch × GPUs as written, or
+`SAMPLES_PER_STEP` = 16, the seed's), so the training is the same; only how each step is
+computed changes.
+
+Memory model (bytes, one GPU), for a micro-batch of B rows padded to T tokens:
+
+    peak = weights / shards + FIXED + B·T·H·(L·a_full            without checkpointing
+                                            | 2·L + a_full)       with checkpointing (inputs of every layer + one layer)
+         + B·T·V·LOGIT_BYTES (no Liger: the LM head's logits)
+
+with L layers, H hidden size, V vocabulary. Image tokens are tokens: the frozen ViT's
+transient memory (4 patches per image token) is part of the per-token figure. The constants were fitted on one H100 80GB with the Qwen3-VL-4B
+architecture (36 layers, hidden 2560), bf16, LoRA r8 all-linear, sdpa, rows of 1,221 tokens:
+batch 4 / 8 without checkpointing 43.6 / 75.7 GiB, batch 16 with checkpointing 17.9 GiB,
+batch 16 without Liger 2.7 GiB above with it (benchmarks/README.md, "Training throughput" and
+"Micro-batch planner"). The plan keeps `margin` of the memory free and sizes for the longest
+row: a batch is padded to its longest row, and the longest row's batch is the worst one.
+
+Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
+checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
+checkpointing 10.74 samples/s, batch 16 with it 8.80, batch 1 with it 2.40).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from components.train_lora._errors import TrainError
+
+AUTO = "auto"
+GIB = 1024**3
+SAMPLES_PER_STEP = 16  # the seed's samples per optimizer step (batch 1 x ms-swift's default accumulation 16)
+
+# Calibrated constants (see the module docstring).
+ACT_BYTES_FULL = 76.6  # bytes per token x layer x hidden without checkpointing
+ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpointing (each layer's bf16 input)
+FIXED_BYTES = int(3.2 * GIB)  # CUDA context, allocator reserve, LoRA weights + Adam state, buffers
+LOGIT_BYTES = 2.0  # bytes per token x vocabulary entry without Liger's fused loss
+T_REF = 1221  # tokens per row of the calibration runs
+GC_SLOWDOWN = 1.76  # time per sample with checkpointing / without, at the same batch
+MICRO_STEP_COST = 6.0  # per-micro-step host cost, in units of one reference sample's compute
+MAX_OOM_REPLANS = 3
+
+
+class PlanError(TrainError):
+    """No micro-batch fits; the message names the row length, the memory and the longest row that fits."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs of a model.
+
+    Attributes:
+        layers: Language-model layers (0 = unknown architecture).
+        hidden: Language-model hidden size.
+        vocab: Vocabulary size.
+        vision_hidden: ViT hidden size (0 = none / unknown).
+        weight_bytes: Frozen base weights in the training dtype.
+    """
+
+    layers: int
+    hidden: int
+    vocab: int
+    vision_hidden: int
+    weight_bytes: int
+
+    @property
+    def known(self) -> bool:
+        return self.layers > 0 and self.hidden > 0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weight_bytes: int) -> ModelShape:
+        """Reads layers / hidden / vocabulary (text_config first) and the ViT's hidden size from a HF config."""
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+
+        def num(d: Mapping[str, Any], *keys: str) -> int:
+            for key in keys:
+                value = d.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+            return 0
+
+        return cls(
+            layers=num(text, "num_hidden_layers", "n_layer", "num_layers"),
+            hidden=num(text, "hidden_size", "n_embd", "d_model"),
+            vocab=num(text, "vocab_size") or num(config, "vocab_size"),
+            vision_hidden=num(vision, "hidden_size", "embed_dim"),
+            weight_bytes=int(weight_bytes),
+        )
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """The training rows' lengths, as validate-data counted them (what ms-swift trains on).
+
+    Attributes:
+        max_tokens: Longest row, tokens.
+        p95_tokens: 95th percentile, tokens.
+        mean_tokens: Mean, tokens.
+        image_tokens_max: Most image tokens in one row.
+        rows: Number of rows.
+    """
+
+    max_tokens: int
+    p95_tokens: int = 0
+    mean_tokens: float = 0.0
+    image_tokens_max: int = 0
+    rows: int = 0
+
+    @classmethod
+    def from_counts(cls, counts: list[int], image_counts: list[int] | None = None) -> TokenStats:
+        """Builds the stats from per-row token counts (and per-row image tokens)."""
+        if not counts:
+            return cls(max_tokens=0)
+        ordered = sorted(counts)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * (len(ordered) - 1) + 0.5))]
+        return cls(
+            max_tokens=ordered[-1],
+            p95_tokens=p95,
+            mean_tokens=round(sum(ordered) / len(ordered), 1),
+            image_tokens_max=max(image_counts or [0]),
+            rows=len(ordered),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A micro-batch plan and why.
+
+    Attributes:
+        micro_batch: per_device_train_batch_size.
+        grad_accum: gradient_accumulation_steps.
+        gradient_checkpointing: Whether activations are recomputed.
+        peak_bytes: Predicted peak memory of the worst micro-batch.
+        budget_bytes: Memory the plan may use (GPU memory less the margin).
+        reasons: One line per decision, for the log and Metrics.
+        conservative: True when the architecture was unknown to the memory model.
+    """
+
+    micro_batch: int
+    grad_accum: int
+    gradient_checkpointing: bool
+    peak_bytes: int
+    budget_bytes: int
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+    conservative: bool = False
+
+    def swift_args(self) -> dict[str, Any]:
+        """The `swift sft` arguments of this plan."""
+        return {
+            "per_device_train_batch_size": self.micro_batch,
+            "gradient_accumulation_steps": self.grad_accum,
+            "gradient_checkpointing": self.gradient_checkpointing,
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        """Metrics of the plan (GiB rounded to 0.1)."""
+        return {
+            "plan_micro_batch": self.micro_batch,
+            "plan_grad_accum": self.grad_accum,
+            "plan_gradient_checkpointing": int(self.gradient_checkpointing),
+            "plan_peak_gib": round(self.peak_bytes / GIB, 1),
+            "plan_budget_gib": round(self.budget_bytes / GIB, 1),
+        }
+
+
+def predict_peak(
+    model: ModelShape, batch: int, tokens: int, *, checkpointing: bool, liger: bool, shards: int = 1
+) -> int:
+    """Predicted peak bytes of one GPU for `batch` rows padded to `tokens` (the module's memory model)."""
+    bt = batch * tokens
+    if checkpointing:
+        act = bt * model.hidden * (ACT_BYTES_GC_LAYER * model.layers + ACT_BYTES_FULL)
+    else:
+        act = bt * model.hidden * model.layers * ACT_BYTES_FULL
+    logits = 0 if liger else bt * model.vocab * LOGIT_BYTES
+    return int(model.weight_bytes / max(shards, 1) + FIXED_BYTES + act + logits)
+
+
+def relative_time(batch: int, tokens: int, checkpointing: bool) -> float:
+    """Time per sample in units of one reference sample's compute (the module's speed model)."""
+    return (tokens / T_REF) * (GC_SLOWDOWN if checkpointing else 1.0) + MICRO_STEP_COST / batch
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_micro_batch(
+    model: ModelShape,
+    stats: TokenStats,
+    gpu_bytes: int,
+    *,
+    samples_per_step: int = SAMPLES_PER_STEP,
+    world_size: int = 1,
+    liger: bool = False,
+    batch: int | str = AUTO,
+    checkpointing: bool | str = AUTO,
+    shards: int = 1,
+    margin: float = 0.04,
+) -> Plan:
+    """Chooses micro-batch, accumulation and checkpointing that fit the GPU and run fastest.
+
+    Args:
+        model: The model's shape (`ModelShape.from_config`).
+        stats: The training rows' token counts.
+        gpu_bytes: Memory one training process may use (free memory, or a configured cap).
+        samples_per_step: Samples per optimizer step across all GPUs (kept). Default 16.
+        world_size: Training processes (GPUs). Default 1.
+        liger: Whether Liger's fused loss is on (no logits kept). Default False.
+        batch: A fixed micro-batch, or "auto". Default "auto".
+        checkpointing: A fixed gradient_checkpointing, or "auto". Default "auto".
+        shards: How many ways the frozen weights are split (ZeRO-3: the world size). Default 1.
+        margin: Share of `gpu_bytes` kept free beyond the worst micro-batch (which the plan
+            already sizes for the longest row); an out-of-memory anyway re-plans
+            (`replan_after_oom`). Default 0.04.
+
+    Returns:
+        The plan, with its reasons.
+
+    Raises:
+        PlanError: The samples per step do not split over the GPUs, or no plan fits (the
+            message names the longest row, the memory and the longest row that would fit).
+    """
+    if samples_per_step % world_size:
+        raise PlanError(
+            f"{samples_per_step} samples per optimizer step do not split over {world_size} GPUs; set "
+            "swift.gradient_accumulation_steps (or the batch) so that batch x accumulation x GPUs is a multiple"
+        )
+    per_gpu = samples_per_step // world_size
+    budget = int(gpu_bytes * (1 - margin))
+    tokens = max(int(stats.max_tokens), 1)
+    batches = _divisors(per_gpu) if batch == AUTO else [int(batch)]
+    if batch != AUTO and per_gpu % int(batch):
+        raise PlanError(f"swift.per_device_train_batch_size {batch} does not divide {per_gpu} samples per GPU and step")
+    gcs = [False, True] if checkpointing == AUTO else [bool(checkpointing)]
+    reasons = [
+        f"longest row {tokens} tokens (p95 {stats.p95_tokens}, mean {stats.mean_tokens}); "
+        f"{samples_per_step} samples per optimizer step over {world_size} GPU(s)",
+        f"memory budget {budget / GIB:.1f} GiB ({gpu_bytes / GIB:.1f} GiB less {margin:.0%})",
+    ]
+    if not model.known:
+        return _conservative(model, per_gpu, budget, batches, gcs, reasons)
+    fits = [
+        (
+            relative_time(b, tokens, gc),
+            -b,
+            gc,
+            predict_peak(model, b, tokens, checkpointing=gc, liger=liger, shards=shards),
+        )
+        for b in batches
+        for gc in gcs
+    ]
+    fitting = [f for f in fits if f[3] <= budget]
+    if not fitting:
+        raise PlanError(_no_fit_message(model, tokens, budget, liger, shards))
+    _, neg_b, gc, peak = min(fitting)
+    b = -neg_b
+    best_nogc = max((-f[1] for f in fitting if not f[2]), default=0)
+    reasons.append(
+        f"micro-batch {b} x accumulation {per_gpu // b}, checkpointing {'on' if gc else 'off'}: predicted peak "
+        f"{peak / GIB:.1f} GiB for {b} rows of {tokens} tokens (fastest of {len(fitting)} plans that fit"
+        + (f"; without checkpointing at most {best_nogc} rows fit" if gc and best_nogc else "")
+        + ")"
+    )
+    return Plan(b, per_gpu // b, gc, peak, budget, tuple(reasons))
+
+
+def _conservative(
+    model: ModelShape, per_gpu: int, budget: int, batches: list[int], gcs: list[bool], reasons: list[str]
+) -> Plan:
+    b, gc = min(batches), (True in gcs)
+    reasons.append(
+        f"the memory model does not know this architecture (no layers / hidden size in config.json): "
+        f"conservative plan micro-batch {b}, checkpointing {'on' if gc else 'off'}"
+    )
+    return Plan(b, per_gpu // b, gc, model.weight_bytes + FIXED_BYTES, budget, tuple(reasons), conservative=True)
+
+
+def _no_fit_message(model: ModelShape, tokens: int, budget: int, liger: bool, shards: int) -> str:
+    longest = 0
+    lo, hi = 1, tokens
+    while lo <= hi:  # the longest row that fits one per micro-batch with checkpointing
+        mid = (lo + hi) // 2
+        if predict_peak(model, 1, mid, checkpointing=True, liger=liger, shards=shards) <= budget:
+            longest, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    base = (model.weight_bytes / max(shards, 1) + FIXED_BYTES) / GIB
+    if not longest:
+        return (
+            f"the frozen base alone ({base:.1f} GiB with buffers) does not fit the {budget / GIB:.1f} GiB budget of one "
+            "GPU: use a larger GPU, more GPUs with swift.deepspeed: zero3, or a smaller model"
+        )
+    return (
+        f"the longest training row has {tokens} tokens; even one row per micro-batch with gradient checkpointing "
+        f"needs {predict_peak(model, 1, tokens, checkpointing=True, liger=liger, shards=shards) / GIB:.1f} GiB of the "
+        f"{budget / GIB:.1f} GiB budget; rows up to {longest} tokens fit: lower swift.max_length / swift.max_pixels "
+        "(validate-data then quarantines or shrinks longer rows), turn on swift.use_liger_kernel, or use a larger GPU"
+    )
+
+
+def replan_after_oom(plan: Plan, per_gpu_samples: int) -> Plan | None:
+    """The next safer plan after an out-of-memory: half the micro-batch, then checkpointing on; None = none left."""
+    if plan.micro_batch > 1:
+        b = max(d for d in _divisors(per_gpu_samples) if d < plan.micro_batch)
+        why = f"out of memory with micro-batch {plan.micro_batch}: micro-batch {b}"
+        return Plan(b, per_gpu_samples // b, plan.gradient_checkpointing, 0, plan.budget_bytes, (*plan.reasons, why))
+    if not plan.gradient_checkpointing:
+        why = "out of memory with micro-batch 1: gradient checkpointing on"
+        return Plan(1, per_gpu_samples, True, 0, plan.budget_bytes, (*plan.reasons, why))
+    return None

@@ -1,0 +1,115 @@
+"""The micro-batch planner (`swift.per_device_train_batch_size: auto`): a pure function of the
+model's shape, the rows' token counts and the GPU's memory, checked on the recorded H100 figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.train_lora._plan import (
+    GIB,
+    ModelShape,
+    Plan,
+    PlanError,
+    TokenStats,
+    plan_micro_batch,
+    predict_peak,
+    replan_after_oom,
+)
+
+# Qwen3-VL-4B-Instruct: 36 layers, hidden 2560, vocabulary 151,936, ViT hidden 1024, 4.44 B bf16 parameters
+QWEN3_VL_4B = ModelShape(layers=36, hidden=2560, vocab=151936, vision_hidden=1024, weight_bytes=8_880_000_000)
+SEED_ROWS = TokenStats(max_tokens=1221, p95_tokens=1221, mean_tokens=1207.0, image_tokens_max=1024, rows=136)
+LONG_ROWS = TokenStats(max_tokens=2990, p95_tokens=2900, mean_tokens=2400.0, image_tokens_max=2700, rows=64)
+H100 = int(79.1 * GIB)  # what torch reports for an H100 80GB HBM3
+A100_40 = int(39.4 * GIB)
+L4 = int(22.0 * GIB)
+
+
+def test_memory_model_reproduces_the_calibration_runs():
+    """batch 4 / 8 without checkpointing 43.6 / 75.7 GiB, batch 16 with it 17.9 GiB (benchmarks/README.md)."""
+    for batch, gc, liger, measured in ((4, False, True, 43.6), (8, False, True, 75.7), (16, True, True, 17.9)):
+        predicted = predict_peak(QWEN3_VL_4B, batch, 1221, checkpointing=gc, liger=liger) / GIB
+        assert predicted == pytest.approx(measured, rel=0.1), (batch, gc)
+    # without Liger the logits add to it
+    assert predict_peak(QWEN3_VL_4B, 16, 1221, checkpointing=True, liger=False) > predict_peak(
+        QWEN3_VL_4B, 16, 1221, checkpointing=True, liger=True
+    )
+
+
+def test_seed_rows_on_an_h100_get_the_tuned_profile():
+    plan = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
+    assert (plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing) == (8, 2, False)
+    assert plan.peak_bytes <= plan.budget_bytes
+    assert plan.swift_args() == {
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "gradient_checkpointing": False,
+    }
+    assert "longest row 1221 tokens" in plan.reasons[0] and "micro-batch 8 x accumulation 2" in plan.reasons[-1]
+    assert plan.metrics()["plan_micro_batch"] == 8
+
+
+def test_rows_near_max_length_do_not_get_the_batch_that_runs_out_of_memory():
+    assert predict_peak(QWEN3_VL_4B, 8, 2990, checkpointing=False, liger=True) > H100  # the fixed profile: OOM
+    plan = plan_micro_batch(QWEN3_VL_4B, LONG_ROWS, H100, liger=True)
+    assert plan.micro_batch * plan.grad_accum == 16
+    assert plan.peak_bytes <= plan.budget_bytes < H100
+    assert (plan.micro_batch, plan.gradient_checkpointing) != (8, False)
+
+
+def test_a_40gb_card_and_an_l4_checkpoint_with_a_large_batch():
+    a100 = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, A100_40, liger=True)
+    assert a100.gradient_checkpointing and a100.peak_bytes <= a100.budget_bytes
+    assert "without checkpointing at most 2 rows fit" in a100.reasons[-1]
+    l4 = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, L4, liger=True)
+    assert l4.peak_bytes <= l4.budget_bytes and l4.micro_batch * l4.grad_accum == 16
+
+
+def test_samples_per_step_are_kept_across_gpus_and_fixed_choices_are_honoured():
+    two = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True, world_size=2)
+    assert two.micro_batch * two.grad_accum * 2 == 16
+    fixed = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True, batch=4)
+    assert fixed.micro_batch == 4 and fixed.grad_accum == 4
+    gc = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True, checkpointing=True)
+    assert gc.gradient_checkpointing
+    with pytest.raises(PlanError, match="does not divide 16 samples"):
+        plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, batch=3)
+    with pytest.raises(PlanError, match="do not split over 3 GPUs"):
+        plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, world_size=3)
+
+
+def test_a_row_no_plan_can_hold_is_named_with_the_longest_that_fits():
+    huge = TokenStats(max_tokens=400_000)
+    with pytest.raises(PlanError, match=r"longest training row has 400000 tokens.*rows up to \d+ tokens fit") as err:
+        plan_micro_batch(QWEN3_VL_4B, huge, L4, liger=True)
+    longest = int(str(err.value).split("rows up to ")[1].split()[0])
+    assert predict_peak(QWEN3_VL_4B, 1, longest, checkpointing=True, liger=True) <= L4
+    tiny_gpu = 6 * GIB
+    with pytest.raises(PlanError, match="the frozen base alone"):
+        plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, tiny_gpu)
+
+
+def test_unknown_architecture_gets_a_conservative_plan_said_so():
+    unknown = ModelShape.from_config({"model_type": "mystery"}, 1_000_000_000)
+    plan = plan_micro_batch(unknown, SEED_ROWS, H100)
+    assert plan.conservative and (plan.micro_batch, plan.gradient_checkpointing) == (1, True)
+    assert "does not know this architecture" in plan.reasons[-1]
+
+
+def test_shape_is_read_from_a_qwen3_vl_config():
+    config = {
+        "model_type": "qwen3_vl",
+        "text_config": {"num_hidden_layers": 36, "hidden_size": 2560, "vocab_size": 151936},
+        "vision_config": {"hidden_size": 1024},
+    }
+    assert ModelShape.from_config(config, 8_880_000_000) == QWEN3_VL_4B
+
+
+def test_out_of_memory_replans_are_bounded():
+    plan = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
+    seen = [(plan.micro_batch, plan.gradient_checkpointing)]
+    while (plan := replan_after_oom(plan, 16)) is not None:
+        assert plan.micro_batch * plan.grad_accum == 16
+        seen.append((plan.micro_batch, plan.gradient_checkpointing))
+    assert seen == [(8, False), (4, False), (2, False), (1, False), (1, True)]
+    assert isinstance(replan_after_oom(Plan(1, 16, True, 0, 0), 16), type(None))
