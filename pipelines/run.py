@@ -45,7 +45,7 @@ from pipelines.config import (
     check_local_dirs,
     load_config,
 )
-from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight
+from pipelines.vertex import VertexError, console_link, google_error_message, init_vertex, pipeline_job, preflight
 
 # The tasks that read the data snapshot, in order: all cache hits when the data did not change.
 TRAIN_TASKS = ("validate-data", "train-lora", "merge-export", "evaluate")
@@ -287,6 +287,22 @@ def data_lineage(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def with_local_root(cfg: Config, root: str) -> Config:
+    """The config with another local pipeline root; a model cache inside the old root moves with it.
+
+    `runs/model-cache` under `pipeline.root: runs` becomes `ROOT/model-cache`: `--root` keeps a
+    run's files together. A cache elsewhere (another folder, gs://) is the user's and stays.
+    """
+    old = Path(cfg.pipeline.root).expanduser().resolve()
+    cache = cfg.model.cache
+    model = cfg.model
+    if "://" not in cache:
+        resolved = Path(cache).expanduser().resolve()
+        if resolved == old or old in resolved.parents:
+            model = dataclasses.replace(cfg.model, cache=str(Path(root) / resolved.relative_to(old)))
+    return dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=root), model=model)
+
+
 def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None = None) -> dict[str, Any]:
     """Runs the whole DAG under kfp.local.
 
@@ -309,7 +325,7 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     from pipelines.pipeline import build_pipeline, pipeline_arguments
 
     if root:
-        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=root))
+        cfg = with_local_root(cfg, root)
     check_local_dirs(cfg, root_from="--root" if root else "")  # under a file / not writable: a named error
     cfg = resolve_demo_inputs(cfg)
     preflight_local(cfg)
@@ -517,6 +533,12 @@ def _main_vertex(args: argparse.Namespace) -> int:
         return 2
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
+        message = google_error_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 1
     return 0
 

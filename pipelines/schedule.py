@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from pipelines.config import Config, ConfigError, cron_problem, load_config
-from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight
+from pipelines.vertex import VertexError, console_link, google_error_message, init_vertex, pipeline_job, preflight
 
 
 def schedule_cron(cron: str, time_zone: str) -> str:
@@ -177,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, VertexError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
+        message = google_error_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
     return 0
 
 

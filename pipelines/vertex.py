@@ -13,6 +13,7 @@ No project, region or bucket is hard-coded here: they come from the config.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,80 @@ def check_bucket(uri: str, project: str, key: str, credentials: Any = None) -> N
 
 
 PLACEHOLDER_MARKERS = ("YOUR_PROJECT", "YOUR_BUCKET")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """Removes terminal colour codes (some libraries colour their messages) from error text."""
+    return _ANSI.sub("", text)
+
+
+def google_error_message(exc: BaseException) -> str | None:
+    """One line, with the fix, for a credentials or Google API error; None for any other exception.
+
+    Used by the command-line entry points instead of a traceback.
+    """
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+
+    first = strip_ansi(str(exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, auth.DefaultCredentialsError):
+        return (
+            "no Google Cloud credentials found: run `gcloud auth application-default login`, or set "
+            f"GOOGLE_APPLICATION_CREDENTIALS to a service account key file ({first[:200]})"
+        )
+    if isinstance(exc, auth.RefreshError):
+        return (
+            "Google Cloud credentials could not be refreshed (expired or revoked): run "
+            f"`gcloud auth application-default login` again ({first[:200]})"
+        )
+    if isinstance(exc, auth.GoogleAuthError):
+        return f"Google Cloud authentication failed: {first[:300]}"
+    if isinstance(exc, (api.Forbidden, api.PermissionDenied)):
+        return (
+            f"permission denied: {first[:300]}; the account needs roles/aiplatform.user and read/write access to "
+            "the pipeline root's bucket (docs/setup.md)"
+        )
+    if isinstance(exc, api.Unauthenticated):
+        return f"not authenticated: {first[:300]}; run `gcloud auth application-default login`"
+    if isinstance(exc, (api.ServiceUnavailable, api.DeadlineExceeded)):
+        return f"Google Cloud API unavailable or too slow ({first[:300]}); try again in a few minutes"
+    if isinstance(exc, api.GoogleAPICallError):
+        return f"Google Cloud API error: {first[:300]}"
+    return None
+
+
+def placeholder_values(cfg: Config) -> list[tuple[str, str]]:
+    """Every value the job would carry that still holds YOUR_PROJECT / YOUR_BUCKET, as (key, value).
+
+    Looks at every config value (all sections, nested lists and mappings) and at the task
+    images the job would run (the config's or the defaults), including the serving image
+    register would upload (`register.serving_image: train` = the training image).
+    """
+    from components.images import resolve_images
+
+    found: list[tuple[str, str]] = []
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, str):
+            if any(marker in value for marker in PLACEHOLDER_MARKERS):
+                found.append((key, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+
+    data = cfg.to_dict()
+    data["vertex"].pop("template_repo", None)  # not sent with a run (upload checks it)
+    walk(data, "")
+    images = resolve_images(cfg.images.light, cfg.images.train)
+    walk({"light": images["light"], "train": images["train"]}, "images")
+    if cfg.register.serving_image == "train":
+        walk(images["train"], "register.serving_image (the training image)")
+    seen: set[tuple[str, str]] = set()
+    return [kv for kv in found if not (kv in seen or seen.add(kv))]
 
 
 def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) -> None:
@@ -135,9 +210,11 @@ def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) 
         )
     if not root.startswith("gs://"):
         raise VertexError(f"{where}: pipeline.root {root!r} must be gs://bucket/prefix on Vertex")
-    for key, value in (("pipeline.root", root), ("model.cache", cfg.model.cache), ("data.train", cfg.data.train)):
-        if any(marker in value for marker in PLACEHOLDER_MARKERS):
-            raise VertexError(f"{where}: {key} still holds the placeholder {value!r}; set your bucket")
+    for key, value in placeholder_values(cfg):
+        fix = "set your bucket" if "gs://" in value else "set your project / bucket"
+        if key.startswith("images."):
+            fix = "set images.light / images.train in the config (or VLM_LORA_LIGHT_IMAGE / VLM_LORA_TRAIN_IMAGE)"
+        raise VertexError(f"{where}: {key} still holds the placeholder {value!r}; {fix}")
     if check_buckets:
         check_bucket(root, project, "pipeline.root", credentials)
         if cfg.model.cache.startswith("gs://") and bucket_of(cfg.model.cache) != bucket_of(root):

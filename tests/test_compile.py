@@ -151,3 +151,19 @@ def test_readme_names_every_run_time_parameter():
     table = readme[readme.index("## Config reference") : readme.index("Seed default (")]
     for name, path in RUN_PARAMETERS:
         assert f"`{name}`" in table, (name, path)
+
+
+def test_local_root_moves_the_model_cache_that_lived_under_the_old_root(tmp_path):
+    import dataclasses
+
+    from pipelines.config import load_config
+    from pipelines.run import with_local_root
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "local" / "tiny_cpu.yaml")  # root runs
+    moved = with_local_root(cfg, str(tmp_path / "elsewhere"))
+    assert moved.pipeline.root == str(tmp_path / "elsewhere")
+    assert moved.model.cache == str(tmp_path / "elsewhere" / "model-cache")
+    own = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, cache=str(tmp_path / "my-cache")))
+    assert with_local_root(own, str(tmp_path / "r")).model.cache == str(tmp_path / "my-cache")  # the user's, kept
+    gcs = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, cache="gs://b/models"))
+    assert with_local_root(gcs, str(tmp_path / "r")).model.cache == "gs://b/models"

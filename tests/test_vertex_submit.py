@@ -38,6 +38,10 @@ def write_config(tmp_path: Path, **sections) -> Path:
         "experiment": "vlm-lora-exp",
         "labels": {"team": "vision"},
     }
+    raw["images"] = {  # the default registry holds YOUR_PROJECT, which submit refuses
+        "light": "us-docker.pkg.dev/test-project/vlm-lora/light:0.1.0",
+        "train": "us-docker.pkg.dev/test-project/vlm-lora/train:0.1.0",
+    }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     path = tmp_path / "cfg.yaml"
@@ -146,9 +150,58 @@ def test_local_root_is_refused_for_vertex(api, tmp_path):
     assert api.requests == []
 
 
+@pytest.mark.parametrize(
+    ("sections", "key"),
+    [
+        ({"vertex": {"service_account": "sa@YOUR_PROJECT.iam.gserviceaccount.com"}}, "vertex.service_account"),
+        ({"images": {"light": ""}}, "images.light"),  # the default light image's registry
+        ({"images": {"train": "", "light": "x/light:1"}}, "images.train"),
+        ({"register": {"serving_image": "us-docker.pkg.dev/YOUR_PROJECT/serve:1"}}, "register.serving_image"),
+        ({"data": {"eval": "gs://YOUR_BUCKET/eval.jsonl"}}, "data.eval"),
+        ({"register": {"serving_env": {"BUCKET": "gs://YOUR_BUCKET/x"}}}, "register.serving_env.BUCKET"),
+    ],
+)
+def test_placeholders_anywhere_in_what_a_run_sends_stop_it_before_any_request(api, tmp_path, sections, key):
+    with pytest.raises(VertexError, match=rf"{key.replace('.', '[.]')} still holds the placeholder"):
+        _submit(write_config(tmp_path, **sections), api)
+    assert api.requests == []
+
+
 def test_run_cli_names_missing_project(tmp_path, capsys):
     from pipelines.run import main
 
     assert main(["--config", str(SEED)]) == 2
     err = capsys.readouterr().err
     assert "vertex.project is not set" in err and "Traceback" not in err
+
+
+def test_missing_credentials_are_one_line_with_the_fix(tmp_path, monkeypatch, capsys):
+    """No ADC: each entry point prints what is missing and how to fix it, no traceback."""
+    from pipelines import schedule, upload
+    from pipelines.run import main as run_main
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-key.json"))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    cfg = str(write_config(tmp_path, vertex={"template_repo": "https://us-central1-kfp.pkg.dev/test-project/r"}))
+    for main, argv in (
+        (run_main, ["--config", cfg]),
+        (schedule.main, ["create", "--config", cfg]),
+        (upload.main, ["--config", cfg]),
+    ):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: no Google Cloud credentials found: run `gcloud auth application-default login`")
+        assert err.count("\n") == 1 and "Traceback" not in err and "\x1b[" not in err
+
+
+def test_google_api_errors_read_as_one_line():
+    from google.api_core import exceptions
+
+    from pipelines.vertex import google_error_message, strip_ansi
+
+    assert google_error_message(exceptions.Forbidden("\x1b[31mcaller lacks permission\x1b[0m")).startswith(
+        "permission denied: 403 caller lacks permission; the account needs roles/aiplatform.user"
+    )
+    assert "try again" in google_error_message(exceptions.ServiceUnavailable("down"))
+    assert google_error_message(ValueError("x")) is None
+    assert strip_ansi("\x1b[1;31merror\x1b[0m") == "error"
