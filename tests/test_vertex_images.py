@@ -139,3 +139,16 @@ def test_setup_doc_names_each_role_and_the_secret():
     ):
         assert text.count(role) >= 2, role  # granted in the script and explained in the table
     assert "gcloud secrets create hf-token" in text and "gcloud iam service-accounts create" in text
+
+
+def test_training_image_is_the_locks_torch_and_cuda_stack():
+    """The image runs what CI tested: torch from the lock with the lock's CUDA major, no other index."""
+    lock = (ROOT / "requirements.lock").read_text()
+    cuda_major = re.search(r"^cuda-toolkit==(\d+)\.", lock, re.M).group(1)
+    assert re.search(rf"^nvidia-cudnn-cu{cuda_major}==", lock, re.M)  # the lock's torch is a CUDA {major} build
+    steps = parse_dockerfile(IMAGES / "Dockerfile.train")
+    [base] = [arg for ins, arg in steps if ins == "FROM"]
+    assert re.match(rf"nvidia/cuda:{cuda_major}\.\d+\.\d+-cudnn-devel-", base), base
+    runs = " ".join(arg for ins, arg in steps if ins == "RUN")
+    torch_install = re.search(r"pip install ([^&]*torch==[^&]*)", runs).group(1)
+    assert "-c requirements.lock" in torch_install and "--index-url" not in torch_install and "cu12" not in runs
