@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --upgrade "pip==26.3"
 	# torch first, pinned: an unpinned torch pulled by another package downloads GBs
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -c requirements.lock -e ".[dev]"
+	$(PY) -m pip install -q -c requirements.lock -e ".[train,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -18,12 +18,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.config import ConfigError, check_local_dirs, load_config
+from pipelines.config import ConfigError, check_local_dirs, load_config, parse_overrides
 
 DEFAULT_CONFIG = "configs/qwen3_vl_4b/lora_seed.yaml"
 
 
-def compile_pipeline(config_path: str, output: str | None = None, target: str = "vertex") -> Path:
+def compile_pipeline(
+    config_path: str, output: str | None = None, target: str = "vertex", overrides: dict | None = None
+) -> Path:
     """Compiles the pipeline for a config.
 
     Args:
@@ -31,6 +33,7 @@ def compile_pipeline(config_path: str, output: str | None = None, target: str = 
         output: Output YAML path. Default `build/<pipeline name>.yaml` (vertex) or
             `build/<pipeline name>-local.yaml` (local).
         target: "vertex" or "local". Default "vertex".
+        overrides: {"section.key": value} on top of the file (`parse_overrides`). Default none.
 
     Returns:
         The written YAML path.
@@ -44,7 +47,7 @@ def compile_pipeline(config_path: str, output: str | None = None, target: str = 
 
     from pipelines.pipeline import build_pipeline
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, overrides)
     if target == "local":
         check_local_dirs(cfg)
     suffix = "" if target == "vertex" else f"-{target}"
@@ -60,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"config YAML (default {DEFAULT_CONFIG})")
     parser.add_argument("--target", default="vertex", choices=("vertex", "local"), help="backend (default vertex)")
     parser.add_argument("--output", default=None, help="output YAML (default build/<pipeline name>.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
     try:
-        out = compile_pipeline(args.config, args.output, args.target)
+        out = compile_pipeline(args.config, args.output, args.target, parse_overrides(args.overrides))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -45,6 +45,7 @@ import os
 import re
 import stat
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -774,11 +775,70 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
     return cls(**values)
 
 
-def load_config(path: str | Path) -> Config:
-    """Loads and validates one config file.
+def shipped_configs() -> list[Path]:
+    """The configs that come with the project (installed with it), sorted."""
+    return sorted(CONFIG_DIR.glob("**/*.yaml"))
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """A config file by path, or by the name of a shipped config (`tiny_cpu`, `qwen3_vl_4b/lora_seed`).
+
+    An existing file wins; otherwise `name` (with or without `.yaml`) is looked up under the
+    shipped configs (`shipped_configs`), by relative path or by file name when that is unique.
+
+    Raises:
+        ConfigError: Neither a file nor a shipped config (the shipped names are listed).
+    """
+    path = Path(name)
+    if path.is_file() or path.is_dir():  # a folder gets load_config's own message
+        return path
+    text = str(name)
+    stem = text[: -len(".yaml")] if text.endswith(".yaml") else text
+    shipped = shipped_configs()
+    by_rel = {str(p.relative_to(CONFIG_DIR).with_suffix("")): p for p in shipped}
+    rel = stem[len("configs/") :] if stem.startswith("configs/") else stem
+    if rel in by_rel:
+        return by_rel[rel]
+    by_name = [p for p in shipped if p.stem == rel]
+    if len(by_name) == 1:
+        return by_name[0]
+    names = ", ".join(sorted(by_rel))
+    raise ConfigError(f"{name}: config file not found, and no shipped config has that name (shipped: {names})")
+
+
+def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
+    """Parses `section.key=value` command-line overrides; values are read as YAML scalars.
+
+    `eval.max_samples=4` → {"eval.max_samples": 4}; `swift.lora_rank=16`, `data.train=gs://b/x`,
+    `vertex.labels={team: vision}` (a YAML flow mapping) work the same way.
+
+    Raises:
+        ConfigError: An item without `=`, or a key that is not `section.key`.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ConfigError(
+                f"override {item!r}: expected section.key=value (e.g. eval.max_samples=4 or swift.lora_rank=16)"
+            )
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not YAML ({str(exc).splitlines()[0]})") from None
+        out[key] = value
+    return out
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Loads and validates one config file, with optional `section.key` overrides.
 
     Args:
         path: The YAML file.
+        overrides: {"section.key": value} applied on top of the file before any check
+            (`parse_overrides` reads them from `key=value` words); checked by the same schema,
+            and an error in one names the override. Default none.
 
     Returns:
         The validated `Config`.
@@ -790,13 +850,21 @@ def load_config(path: str | Path) -> Config:
             non-finite number, a hub token in place of its name, or a local pipeline root /
             model cache under a file. The message names the file, the line and the key.
     """
-    path = Path(path)
+    path = resolve_config_path(path)
     raw, node = _read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config must be a mapping with sections pipeline, model, data, swift, eval")
     lines = _line_map(node) if node is not None else {}
+    overridden = dict(overrides or {})
+    for key, value in overridden.items():
+        section, name = key.split(".", 1)
+        if not isinstance(raw.get(section, {}), dict):
+            raise ConfigError(f"override {key}: section '{section}' of {path} is not a mapping")
+        raw[section] = {**(raw.get(section) or {}), name: value}
 
     def where(key: str) -> str:
+        if key in overridden:
+            return f"{path} (override {key}={json.dumps(overridden[key], default=str)})"
         line = lines.get(key) or lines.get(key.split(".")[0])
         return f"{path}:{line}" if line else str(path)
 

@@ -44,6 +44,7 @@ from pipelines.config import (
     ConfigError,
     check_local_dirs,
     load_config,
+    parse_overrides,
 )
 from pipelines.vertex import VertexError, console_link, google_error_message, init_vertex, pipeline_job, preflight
 
@@ -504,11 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="run every task even if its inputs did not change")
     parser.add_argument("--wait", action="store_true", help="Vertex: print the job's state until it ends")
     parser.add_argument("--project", default=None, help="Vertex: project ID (default: the config's vertex.project)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
     if not args.local:
         return _main_vertex(args)
     try:
-        cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG)
+        cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG, parse_overrides(args.overrides))
         result = run_local(cfg, args.root, False if args.no_cache else None)
     except (ConfigError, RunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -522,7 +524,7 @@ def _main_vertex(args: argparse.Namespace) -> int:
         print("error: --config is required to submit to Vertex AI (or use --local)", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, parse_overrides(args.overrides))
         if args.project:
             cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
         if args.root:

@@ -16,7 +16,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from pipelines.config import Config, ConfigError, cron_problem, load_config
+from pipelines.config import Config, ConfigError, cron_problem, load_config, parse_overrides
 from pipelines.vertex import VertexError, console_link, google_error_message, init_vertex, pipeline_job, preflight
 
 
@@ -143,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", default=None, help="first run not before, RFC 3339")
     parser.add_argument("--end", default=None, help="no run after, RFC 3339")
     parser.add_argument("--project", default=None, help="project ID (default: the config's vertex.project)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, parse_overrides(args.overrides))
         overrides = {
             k: v
             for k, v in (

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import Config, ConfigError, load_config
+from pipelines.config import Config, ConfigError, load_config, parse_overrides
 from pipelines.vertex import VertexError, google_error_message
 
 PROJECT_VERSION = "0.1.0"
@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tag", action="append", default=None, help="version tag (repeatable; default latest, v<version>)"
     )
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, parse_overrides(args.overrides))
         package, version = upload_template(cfg, args.repo, args.tag)
     except (ConfigError, VertexError) as exc:
         print(f"error: {exc}", file=sys.stderr)
