@@ -8,6 +8,12 @@ profile: s/step, samples/s, LM tokens/s (text + image tokens, padding excluded, 
 transformers), MFU and HFU (FLOP formula in benchmarks/throughput.py), peak memory and the
 loss at each step.
 
+Images are trained at ms-swift's `max_pixels` (--max-pixels, default 1024x1024 px: the
+`swift sft --max_pixels` argument), and the FLOPs are counted from what was trained: the
+validate-data check and `sample_stats` (ms-swift's own template encode) take the same
+max_pixels. The MIN_PIXELS / MAX_PIXELS / IMAGE_*_TOKEN_NUM environment variables would
+resize images behind the count's back, so they are refused.
+
 Every profile trains the same thing as the seed: the seed config's `swift` section
 (configs/qwen3_vl_4b/lora_seed.yaml: LoRA r8/a32, lr 1e-4, bf16, max_length 3000) with
 the same samples per optimizer step (--samples-per-step, default 16 = what ms-swift's
@@ -16,6 +22,7 @@ the same samples go into each step; only how they are computed changes. Gradient
 accumulation is derived: samples per step / (per-device batch x GPUs).
 
     python -m benchmarks.train_throughput --out DIR [--steps 8] [--profiles seed,b16_gc_novitgc,...]
+        [--max-pixels 1048576] [--image-size 1024]
     CUDA_VISIBLE_DEVICES=0 python -m benchmarks.train_throughput ...   # one GPU of a larger host
 
 Prints `RESULT {...}` per profile and a final table; writes DIR/results.json.
@@ -132,11 +139,44 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-def seed_swift_args() -> dict[str, Any]:
-    """The seed config's `swift` section (the one users run)."""
+DEFAULT_MAX_PIXELS = 1024 * 1024
+# environment variables through which ms-swift's qwen_vl_utils would resize images (swift/model/models/qwen.py)
+RESIZE_ENV = ("MAX_PIXELS", "MIN_PIXELS", "IMAGE_MAX_TOKEN_NUM", "IMAGE_MIN_TOKEN_NUM", "SPATIAL_MERGE_SIZE")
+
+
+def seed_swift_args(max_pixels: int = 0) -> dict[str, Any]:
+    """The seed config's `swift` section (the one users run), with ms-swift's `max_pixels`.
+
+    Args:
+        max_pixels: ms-swift's `max_pixels` argument, px (images of a larger area are scaled
+            down to it); 0 = the section's own (none in the seed). Default 0.
+
+    Returns:
+        The `swift sft` arguments.
+    """
     from pipelines.config import load_config
 
-    return dict(load_config(SEED_CONFIG).swift)
+    args = dict(load_config(SEED_CONFIG).swift)
+    if max_pixels:
+        args["max_pixels"] = max_pixels
+    return args
+
+
+def check_resize_env(environ: dict[str, str] | None = None) -> None:
+    """Refuses resize settings in the environment, which training would see and the token count not.
+
+    Args:
+        environ: Environment to check. Default os.environ.
+
+    Raises:
+        SystemExit: One of RESIZE_ENV is set; the message names it and the fix.
+    """
+    found = [k for k in RESIZE_ENV if k in (os.environ if environ is None else environ)]
+    if found:
+        raise SystemExit(
+            f"{', '.join(found)} set in the environment: ms-swift would resize the images with it but the FLOP "
+            "count would not; unset it and pass --max-pixels N (ms-swift's max_pixels argument) instead"
+        )
 
 
 def profile_args(
@@ -164,36 +204,41 @@ def profile_args(
     return args
 
 
-def sample_stats(dataset_dir: Path, model_dir: Path, limit: int = 0) -> tuple[SampleStats, dict[str, float]]:
-    """Per-sample tokens, label tokens and ViT patches, through the model's own processor."""
-    from PIL import Image
-    from transformers import AutoProcessor
+def sample_stats(
+    dataset_dir: Path, model_dir: Path, limit: int = 0, max_pixels: int = 0
+) -> tuple[SampleStats, dict[str, float]]:
+    """Per-sample tokens, label tokens and ViT patches of what training encodes.
 
-    processor = AutoProcessor.from_pretrained(str(model_dir))
+    Each row goes through ms-swift's own Qwen3-VL template (`Template.encode` in train
+    mode), so the counts are the trained ones: images resized as ms-swift resizes them.
+
+    Args:
+        dataset_dir: A dataset folder (data.jsonl + images/).
+        model_dir: The model folder (its tokenizer and processor).
+        limit: Rows to count; 0 = all. Default 0.
+        max_pixels: ms-swift's `max_pixels` argument that training gets, px; 0 = none.
+            Default 0.
+
+    Returns:
+        (SampleStats, summary: samples, tokens_mean/median/min/max, labels_mean,
+        patches_mean, max_pixels).
+    """
+    from swift.model import get_processor
+    from swift.template import get_template
+
+    processor = get_processor(str(model_dir), model_type="qwen3_vl")
+    template = get_template(processor, max_pixels=max_pixels or None)
+    template.set_mode("train")
     rows = [json.loads(x) for x in (dataset_dir / "data.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     if limit:
         rows = rows[:limit]
     samples = []
     for row in rows:
-        msgs = []
-        for m in row["messages"]:
-            parts = m["content"].split("<image>")
-            content: list[dict[str, Any]] = []
-            for i, part in enumerate(parts):
-                if i:
-                    content.append({"type": "image"})
-                if part:
-                    content.append({"type": "text", "text": part})
-            msgs.append({"role": m["role"], "content": content})
-        images = [Image.open(dataset_dir / p).convert("RGB") for p in row.get("images", [])]
-        full = processor.apply_chat_template(msgs, tokenize=False)
-        prompt = processor.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
-        enc = processor(text=[full], images=images or None, return_tensors="pt")
-        enc_prompt = processor(text=[prompt], images=images or None, return_tensors="pt")
-        tokens = int(enc["input_ids"].shape[1])
-        labels = tokens - int(enc_prompt["input_ids"].shape[1])
-        patches = [int(t * h * w) for t, h, w in enc["image_grid_thw"].tolist()] if images else []
-        samples.append((tokens, labels, patches))
+        images = [str(dataset_dir / p) for p in row.get("images", [])]
+        enc = template.encode({"messages": row["messages"], "images": images})
+        labels = sum(1 for label in enc["labels"] if label != -100)
+        grid = enc["image_grid_thw"].tolist() if images else []
+        samples.append((len(enc["input_ids"]), labels, [int(t * h * w) for t, h, w in grid]))
     stats = SampleStats.from_samples(samples)
     tokens = sorted(t for t, _, _ in samples)
     return stats, {
@@ -204,6 +249,7 @@ def sample_stats(dataset_dir: Path, model_dir: Path, limit: int = 0) -> tuple[Sa
         "tokens_max": tokens[-1],
         "labels_mean": stats.labels,
         "patches_mean": stats.patches,
+        "max_pixels": max_pixels,
     }
 
 
@@ -327,6 +373,43 @@ def print_table(rows: list[dict[str, Any]], baseline: str = "seed") -> None:
         )
 
 
+def validated_data(out: Path, n_train: int, model_dir: Path, swift_args: dict[str, Any], image_size: int) -> Path:
+    """Generates the synthetic drawings once and validates them as the pipeline would.
+
+    Args:
+        out: The benchmark's output folder.
+        n_train: Training rows to generate.
+        model_dir: The model folder (its tokenizer counts tokens).
+        swift_args: The `swift sft` arguments: their max_length and max_pixels are checked
+            against, as training applies them.
+        image_size: Side of the square drawings, px.
+
+    Returns:
+        The clean training set's folder (reused when it exists).
+    """
+    from components.validate_data.core import validate_data
+    from pipelines.demo.drawings import generate_dataset
+
+    max_pixels = int(swift_args.get("max_pixels", 0) or 0)
+    train_dir = out / f"train-{n_train}-{image_size}px-mp{max_pixels}"
+    if not (train_dir / "data.jsonl").is_file():
+        data = generate_dataset(
+            out / f"raw-{n_train}-{image_size}px", n_train=n_train, n_eval=0, image_size=image_size, seed=0
+        )
+        validate_data(
+            [data["train"]],
+            str(train_dir),
+            str(out / "eval-unused"),
+            str(out / "q.jsonl"),
+            model_dir=str(model_dir),
+            max_length=int(swift_args.get("max_length", 0) or 0),
+            max_pixels=max_pixels,
+            task="detection",
+            eval_fraction=0.0,
+        )
+    return train_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -337,13 +420,16 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=0, help="training samples (default: enough for the steps)")
     parser.add_argument("--model", default="", help="an existing model folder (default: build the 4B one in --out)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256 px images")
+    parser.add_argument("--image-size", type=int, default=0, help="side of the drawings, px (1024; --tiny 256)")
+    parser.add_argument(
+        "--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+        help=f"ms-swift's max_pixels for training and the token count ({DEFAULT_MAX_PIXELS}; 0 = none)",
+    )  # fmt: skip
     args = parser.parse_args()
-    os.environ.setdefault("MAX_PIXELS", str(1024 * 1024))
+    check_resize_env()
     import torch
 
     from benchmarks.qwen3_vl_4b import bench_model
-    from components.validate_data.core import validate_data
-    from pipelines.demo.drawings import generate_dataset
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -354,24 +440,13 @@ def main() -> None:
     model_dir = bench_model(out, tiny=args.tiny, existing=args.model)
     build_s = time.time() - t
     n_train = args.n_train or args.samples_per_step * max(args.steps, args.seed_steps) + 8
-    train_dir = out / f"train-{n_train}"
-    if not (train_dir / "data.jsonl").is_file():
-        data = generate_dataset(
-            out / f"raw-{n_train}", n_train=n_train, n_eval=0, image_size=256 if args.tiny else 1024, seed=0
-        )
-        validate_data(
-            [data["train"]],
-            str(train_dir),
-            str(out / "eval-unused"),
-            str(out / "q.jsonl"),
-            model_dir=str(model_dir),
-            max_length=3000,
-            task="detection",
-            eval_fraction=0.0,
-        )
+    base = seed_swift_args(args.max_pixels)
+    max_pixels = int(base.get("max_pixels", 0) or 0)  # what training gets, and so what the count uses
+    train_dir = validated_data(
+        out, n_train, model_dir, base, image_size=args.image_size or (256 if args.tiny else 1024)
+    )
     arch = ArchShape.from_config(json.loads((model_dir / "config.json").read_text()))
-    stats, stats_summary = sample_stats(train_dir, model_dir)
-    base = seed_swift_args()
+    stats, stats_summary = sample_stats(train_dir, model_dir, max_pixels=max_pixels)
     if not gpus:
         base.update(torch_dtype="float32", gradient_checkpointing=False, dataloader_num_workers=0)
     header = {

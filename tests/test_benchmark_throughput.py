@@ -108,3 +108,61 @@ def test_profile_kernel_categories():
         == "elementwise_reduce"
     )
     assert category("_triton_rope") == "triton_other"
+
+
+def test_flops_are_counted_at_the_max_pixels_training_gets(tmp_path, monkeypatch):
+    """The benchmark gives training ms-swift's max_pixels and counts tokens from the same, through ms-swift."""
+    import json
+
+    from PIL import Image
+
+    from benchmarks.train_throughput import (
+        PROFILES,
+        RESIZE_ENV,
+        check_resize_env,
+        profile_args,
+        sample_stats,
+        seed_swift_args,
+    )
+    from components.validate_data.core import validate_data
+    from pipelines.demo.tiny_model import ensure_tiny_model
+
+    for name in RESIZE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    max_pixels = 256 * 256
+    swift_args = profile_args("seed", PROFILES["seed"], 16, 1, 8, seed_swift_args(max_pixels))
+    assert swift_args["max_pixels"] == max_pixels  # what `swift sft` gets
+    assert "max_pixels" not in seed_swift_args()  # the seed config itself sets none
+
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    rows = []
+    for i, size in enumerate([(64, 64), (600, 400), (1024, 1024)]):
+        Image.new("RGB", size, (40 * i, 90, 200)).save(data / "images" / f"d{i}.png")
+        messages = [{"role": "user", "content": "<image>find the holes"}, {"role": "assistant", "content": "none"}]
+        rows.append({"messages": messages, "images": [f"images/d{i}.png"]})
+    (data / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = ensure_tiny_model()
+
+    full, full_summary = sample_stats(data, model)
+    shrunk, summary = sample_stats(data, model, max_pixels=swift_args["max_pixels"])
+    assert summary["max_pixels"] == max_pixels and full_summary["max_pixels"] == 0
+    assert shrunk.tokens < full.tokens and shrunk.patches < full.patches  # the large images shrink
+    assert shrunk.labels == full.labels
+    assert summary["tokens_min"] == full_summary["tokens_min"]  # 64x64 is below max_pixels: unchanged
+    # image tokens: 600x400 -> 209x313 -> 224x320 px: 70 instead of 12x19 = 228 (384x608 px);
+    # 1024x1024 -> 256x256 px: 64 instead of 1024. ViT patches: 4 per token.
+    assert full.tokens - shrunk.tokens == pytest.approx((228 - 70 + 1024 - 64) / 3)
+    assert full.patches - shrunk.patches == pytest.approx(4 * (228 - 70 + 1024 - 64) / 3)
+    assert flops_per_sample(ARCH, shrunk, 8)["model"] < flops_per_sample(ARCH, full, 8)["model"]
+
+    # validate-data, given the same max_pixels, counts the tokens the benchmark counts
+    result = validate_data(
+        [str(data / "data.jsonl")], str(tmp_path / "t"), str(tmp_path / "e"), str(tmp_path / "q.jsonl"),
+        model_dir=str(model), max_pixels=max_pixels,
+    )  # fmt: skip
+    assert sum(result.stats["token_counts"]) / 3 == pytest.approx(shrunk.tokens)
+
+    monkeypatch.setenv("MAX_PIXELS", "1048576")  # would resize behind the count's back
+    with pytest.raises(SystemExit, match="MAX_PIXELS set in the environment.*--max-pixels"):
+        check_resize_env()

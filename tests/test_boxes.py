@@ -1,5 +1,6 @@
 """Box conventions of Qwen-VL models: conversions round-trip, the real smart-resize rule, range checks."""
 
+import json
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from components.common.boxes import (
     box_problem,
     convention_for_model,
     from_pixels,
+    model_input_size,
     resolve_convention,
     smart_resize,
     to_pixels,
@@ -92,3 +94,46 @@ def test_valid_boxes_have_no_problem():
     assert box_problem([0, 0, 1000, 1000], "norm1000", (640, 480)) == ""
     rh, rw = smart_resize(480, 640)
     assert box_problem([0, 0, rw, rh], "resized_pixel", (640, 480)) == ""
+
+
+def test_model_input_size_is_ms_swifts_resize():
+    """ms-swift's template `rescale_image` (its max_pixels argument), then qwen_vl_utils' smart resize."""
+    from PIL import Image
+    from qwen_vl_utils.vision_process import smart_resize as qwen_smart_resize
+    from swift.template.vision_utils import rescale_image
+
+    rng = random.Random(1)
+    for _ in range(150):
+        width, height = rng.randint(28, 2500), rng.randint(28, 2500)
+        cap = rng.choice([0, 40_000, 160 * 160, 307_200, 1024 * 1024])
+        for patch in (14, 16):
+            rule = ResizeRule.for_patch_size(patch, cap)
+            scaled = rescale_image(Image.new("L", (width, height)), cap) if cap else Image.new("L", (width, height))
+            f = patch * 2
+            expected = qwen_smart_resize(scaled.height, scaled.width, f, 4 * f * f, 16384 * f * f)
+            assert model_input_size(height, width, rule) == expected, (width, height, cap, patch)
+    assert model_input_size(1200, 1600) == smart_resize(1200, 1600)  # no max_pixels: smart resize alone
+
+
+def test_rule_from_model_folder(tmp_path):
+    config = {"patch_size": 16, "merge_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 262144}}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    # ms-swift's bounds, not the folder's size: its Qwen-VL templates resize with qwen_vl_utils
+    assert ResizeRule.from_model(tmp_path) == ResizeRule(32, 4 * 32 * 32, 16384 * 32 * 32, 0)
+    assert ResizeRule.from_model(tmp_path, max_pixels=1 << 20).template_max_pixels == 1 << 20
+    assert ResizeRule.from_model(None, max_pixels=5) == ResizeRule(template_max_pixels=5)
+    assert ResizeRule.from_model(tmp_path / "missing") == ResizeRule()
+
+
+def test_resized_pixel_follows_the_image_scaled_down_by_max_pixels():
+    width, height = 1600, 1200
+    rule = ResizeRule.for_patch_size(14, max_pixels=640 * 480)  # Qwen2.5-VL trained with swift.max_pixels
+    rh, rw = model_input_size(height, width, rule)
+    assert (rw, rh) == (644, 476)  # rescaled to 640x480, then rounded to multiples of 28
+    assert box_problem([0, 0, rw, rh], "resized_pixel", (width, height), rule) == ""
+    assert "outside [0, 0, 644, 476]" in box_problem([0, 0, 1596, 1204], "resized_pixel", (width, height), rule)
+    assert box_problem([0, 0, 1596, 1204], "resized_pixel", (width, height), ResizeRule.for_patch_size(14)) == ""
+    box = [100, 200, 1600, 1200]
+    resized = from_pixels(box, "resized_pixel", (width, height), rule, integers=False)
+    assert resized[2] == pytest.approx(rw) and resized[3] == pytest.approx(rh)
+    assert to_pixels(resized, "resized_pixel", (width, height), rule) == pytest.approx(box)

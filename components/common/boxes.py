@@ -7,10 +7,14 @@ because each was trained on boxes of one kind:
   always computed in this convention).
 * `norm1000`: relative to the image, scaled to [0, 1000] (Qwen2-VL and Qwen3-VL; the official
   Qwen3-VL grounding cookbook writes `{"bbox_2d": [x1, y1, x2, y2], "label": ...}`).
-* `resized_pixel`: absolute pixels of the image after the processor's smart resize
-  (Qwen2.5-VL): sides rounded to multiples of `factor` (28), area kept within
-  [min_pixels, max_pixels]. The rule is `smart_resize`, the same as transformers'
-  Qwen2-VL image processor.
+* `resized_pixel`: absolute pixels of the image the model sees (Qwen2.5-VL): the image
+  after ms-swift's resize, `model_input_size` (`ResizeRule.template_max_pixels`, ms-swift's
+  `max_pixels` argument, first; then `smart_resize`: sides rounded to multiples of `factor`
+  (28), area kept within [min_pixels, max_pixels], the same rule as qwen_vl_utils and
+  transformers' Qwen2-VL image processor).
+
+`ResizeRule.from_model` is the rule ms-swift 4.6 trains and serves a model with; validate-data
+counts image tokens with it (one LLM token per factor x factor block of `model_input_size`).
 
 `to_pixels` / `from_pixels` convert one box; `convention_for_model` picks the default for a
 staged model from its architecture; `iou` compares two boxes of one convention. Pure Python.
@@ -30,10 +34,18 @@ AUTO = "auto"
 NORM = 1000.0
 MAX_ASPECT_RATIO = 200  # Qwen-VL processors refuse images more elongated than this
 
-# Qwen2.5-VL's processor defaults (preprocessor_config.json usually states them).
+# Qwen2.5-VL's processor defaults (the Qwen2.5-VL cookbook's max_pixels: 1280 tokens).
 QWEN25_FACTOR = 28
 QWEN25_MIN_PIXELS = 56 * 56
 QWEN25_MAX_PIXELS = 14 * 14 * 4 * 1280
+
+# What ms-swift's Qwen-VL templates resize every image with (qwen_vl_utils 0.0.14,
+# vision_process.py:25-27, through `fetch_image`; the processor then runs with do_resize=False,
+# so preprocessor_config.json's min/max pixels are not used). ms-swift maps the MIN_PIXELS /
+# MAX_PIXELS environment variables onto the token numbers (swift/model/models/qwen.py:758-771).
+SPATIAL_MERGE_SIZE = 2
+IMAGE_MIN_TOKEN_NUM = 4
+IMAGE_MAX_TOKEN_NUM = 16384
 
 # model_type / architecture prefix -> convention the family was trained on
 _FAMILY = (
@@ -53,38 +65,65 @@ class BoxError(ValueError):
 
 @dataclass(frozen=True)
 class ResizeRule:
-    """The processor's smart-resize settings (Qwen2.5-VL: factor 28 = patch 14 x merge 2).
+    """How a Qwen-VL model's images are resized before they become tokens.
 
     Attributes:
-        factor: Sides become multiples of this.
-        min_pixels: Smallest area after resizing.
-        max_pixels: Largest area after resizing.
+        factor: Sides become multiples of this (patch size x merge size: 28 for Qwen2/2.5-VL,
+            32 for Qwen3-VL).
+        min_pixels: Smallest area after `smart_resize`, px.
+        max_pixels: Largest area after `smart_resize`, px.
+        template_max_pixels: ms-swift's `max_pixels` argument (`swift sft --max_pixels`): an
+            image of a larger area is first scaled down to about this area, keeping its
+            aspect ratio (swift/template/vision_utils.py `rescale_image`); 0 = none.
+            Default 0.
     """
 
     factor: int = QWEN25_FACTOR
     min_pixels: int = QWEN25_MIN_PIXELS
     max_pixels: int = QWEN25_MAX_PIXELS
+    template_max_pixels: int = 0
 
     @classmethod
-    def from_model(cls, model_dir: str | Path | None) -> ResizeRule:
-        """Reads the rule from a model folder's preprocessor_config.json (defaults where absent)."""
-        if not model_dir:
-            return cls()
-        try:
-            cfg = json.loads((Path(model_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return cls()
-        size = cfg.get("size") or {}
-        factor = int(cfg.get("patch_size", 14)) * int(cfg.get("merge_size", 2))
-        return cls(
-            factor=factor,
-            min_pixels=int(cfg.get("min_pixels") or size.get("shortest_edge") or QWEN25_MIN_PIXELS),
-            max_pixels=int(cfg.get("max_pixels") or size.get("longest_edge") or QWEN25_MAX_PIXELS),
-        )
+    def for_patch_size(cls, patch_size: int, max_pixels: int = 0) -> ResizeRule:
+        """Returns ms-swift's rule for a vision patch size (qwen_vl_utils' bounds).
+
+        Args:
+            patch_size: The vision encoder's patch, px (14 Qwen2/2.5-VL, 16 Qwen3-VL).
+            max_pixels: ms-swift's `max_pixels` argument; 0 = none. Default 0.
+
+        Returns:
+            factor = patch_size x SPATIAL_MERGE_SIZE, area within [IMAGE_MIN_TOKEN_NUM,
+            IMAGE_MAX_TOKEN_NUM] x factor^2, `template_max_pixels` = max_pixels.
+        """
+        factor = patch_size * SPATIAL_MERGE_SIZE
+        return cls(factor, IMAGE_MIN_TOKEN_NUM * factor**2, IMAGE_MAX_TOKEN_NUM * factor**2, max_pixels)
+
+    @classmethod
+    def from_model(cls, model_dir: str | Path | None, max_pixels: int = 0) -> ResizeRule:
+        """Returns the rule ms-swift trains a model folder's images with.
+
+        Args:
+            model_dir: Model folder; its preprocessor_config.json gives the patch size.
+                None, or a folder without that file, = the Qwen2.5-VL defaults above.
+            max_pixels: ms-swift's `max_pixels` argument (the run's `swift.max_pixels`);
+                0 = none. Default 0.
+
+        Returns:
+            The ResizeRule (`for_patch_size` of the folder's patch size).
+        """
+        cfg = None
+        if model_dir:
+            try:
+                cfg = json.loads((Path(model_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                cfg = None
+        if not isinstance(cfg, dict):
+            return cls(template_max_pixels=max_pixels)
+        return cls.for_patch_size(int(cfg.get("patch_size", 14)), max_pixels)
 
 
 def smart_resize(height: int, width: int, rule: ResizeRule = ResizeRule()) -> tuple[int, int]:
-    """Returns (height, width) of an image after Qwen-VL's smart resize.
+    """Returns (height, width) of an image after Qwen-VL's smart resize (`rule.template_max_pixels` not applied).
 
     Args:
         height: Original height, px.
@@ -109,6 +148,30 @@ def smart_resize(height: int, width: int, rule: ResizeRule = ResizeRule()) -> tu
         h_bar = math.ceil(height * beta / f) * f
         w_bar = math.ceil(width * beta / f) * f
     return h_bar, w_bar
+
+
+def model_input_size(height: int, width: int, rule: ResizeRule = ResizeRule()) -> tuple[int, int]:
+    """Returns (height, width) of the image the model sees: ms-swift's two resizes in order.
+
+    First, with `rule.template_max_pixels`, an image of a larger area is scaled to
+    int(sqrt(max_pixels / ratio)) x int(that * ratio) px (swift/template/vision_utils.py
+    `rescale_image`, called in swift/template/base.py `_preprocess_inputs`); then
+    `smart_resize` (qwen_vl_utils `fetch_image`, swift/template/templates/qwen.py `replace_tag`).
+
+    Args:
+        height: Original height, px.
+        width: Original width, px.
+        rule: The resize settings. Default Qwen2.5-VL's, no template_max_pixels.
+
+    Raises:
+        BoxError: Aspect ratio above MAX_ASPECT_RATIO.
+    """
+    cap = rule.template_max_pixels
+    if cap > 0 and width * height > cap:
+        ratio = width / height  # the same float steps as rescale_image
+        height_scaled = math.sqrt(cap / ratio)
+        height, width = max(1, int(height_scaled)), max(1, int(height_scaled * ratio))
+    return smart_resize(height, width, rule)
 
 
 def convention_for_model(architecture: str = "", model_type: str = "") -> str:
@@ -147,7 +210,7 @@ def _scales(convention: str, image_size: tuple[int, int], rule: ResizeRule) -> t
     if convention == "norm1000":
         return width / NORM, height / NORM
     if convention == "resized_pixel":
-        rh, rw = smart_resize(height, width, rule)
+        rh, rw = model_input_size(height, width, rule)
         return width / rw, height / rh
     raise BoxError(f"box convention {convention!r} is not one of {', '.join(CONVENTIONS)}")
 
@@ -216,7 +279,7 @@ def box_problem(box: Any, convention: str, image_size: tuple[int, int], rule: Re
     if convention == "norm1000":
         limit = (NORM, NORM)
     elif convention == "resized_pixel":
-        rh, rw = smart_resize(height, width, rule)
+        rh, rw = model_input_size(height, width, rule)
         limit = (rw, rh)
     else:
         limit = (width, height)

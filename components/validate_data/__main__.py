@@ -1,9 +1,9 @@
 """Validate ms-swift JSONL data on your own machine, with the pipeline's core.
 
     python -m components.validate_data DATA.jsonl [DATA2.jsonl ...] [--eval EVAL.jsonl]
-        [--model DIR] [--max-length N] [--task detection] [--box-convention C] [--out DIR]
+        [--model DIR] [--max-length N] [--max-pixels N] [--task detection] [--box-convention C] [--out DIR]
     python -m components.validate_data convert DATA.jsonl --to norm1000 --out NEW.jsonl
-        [--from pixel] [--model DIR]     (rewrite the boxes into a model's convention)
+        [--from pixel] [--model DIR] [--max-pixels N]     (rewrite the boxes into a model's convention)
 
 Writes DIR/train/, DIR/eval/ (data.jsonl + images/), DIR/quarantine.jsonl and
 DIR/report.html, prints the summary, and exits 1 when the policy fails (or a file is
@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", action="append", default=[], help="held-out JSONL (repeatable); default: hash split")
     parser.add_argument("--model", default="", help="model folder: its tokenizer counts tokens (offline)")
     parser.add_argument("--max-length", type=int, default=0, help="largest token count of a row (0 = no check)")
-    parser.add_argument("--max-pixels", type=int, default=0, help="image area cap for the token count (0 = model's)")
+    parser.add_argument(
+        "--max-pixels", type=int, default=0,
+        help="ms-swift's max_pixels of the training run (swift.max_pixels): larger images are counted scaled down "
+        "to it, as ms-swift trains them (0 = none)",
+    )  # fmt: skip
     parser.add_argument("--task", default="", choices=TASKS, help="answer check: json or detection (default none)")
     parser.add_argument(
         "--box-convention", default="pixel", choices=("auto", "pixel", "norm1000", "resized_pixel"),

@@ -112,8 +112,9 @@ def _convert_row(src: Path, dst: Path, number: int, row: dict, to: str, source: 
 
 
 def convert_file(
-    src: str | Path, dst: str | Path, *, to: str, source: str = "auto", model_dir: str | None = None
-) -> ConvertResult:
+    src: str | Path, dst: str | Path, *, to: str, source: str = "auto", model_dir: str | None = None,
+    max_pixels: int = 0,
+) -> ConvertResult:  # fmt: skip
     """Converts the boxes of a detection JSONL file into another convention.
 
     Args:
@@ -124,6 +125,9 @@ def convert_file(
             answers). Default "auto".
         model_dir: Model folder whose preprocessor_config.json gives the smart-resize rule
             (resized_pixel). Default: Qwen2.5-VL's defaults.
+        max_pixels: ms-swift's `max_pixels` of the training run, px (resized_pixel: the
+            boxes are relative to the image scaled down to it, as the model sees it); 0 =
+            none. Default 0.
 
     Returns:
         The ConvertResult.
@@ -151,7 +155,7 @@ def convert_file(
             f"{src}: its boxes are already {to} ({sidecar(src).name if sidecar(src).is_file() else 'bbox'}"
             "); nothing to convert (converting twice would corrupt them)"
         )
-    rule = ResizeRule.from_model(model_dir)
+    rule = ResizeRule.from_model(model_dir, max_pixels)
     n_boxes = sum(_convert_row(src, dst, number, row, to, source, rule) for number, row in rows)
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for _, row in rows), encoding="utf-8")
@@ -160,7 +164,8 @@ def convert_file(
 
 
 def main(argv: list[str]) -> int:
-    """`python -m components.validate_data convert SRC --to CONVENTION --out DST [--from C] [--model DIR]`."""
+    """`python -m components.validate_data convert SRC --to CONVENTION --out DST [--from C] [--model DIR]
+    [--max-pixels N]`."""
     import argparse
     import sys
 
@@ -177,10 +182,16 @@ def main(argv: list[str]) -> int:
         help="the input's convention (auto: its .boxes.json, else pixel for bbox answers)",
     )
     parser.add_argument("--model", default=None, help="model folder: its preprocessor gives the resize rule")
+    parser.add_argument(
+        "--max-pixels", type=int, default=0,
+        help="ms-swift's max_pixels of the training run: resized_pixel boxes follow the scaled-down image (0 = none)",
+    )  # fmt: skip
     parser.add_argument("--out", required=True, help="output JSONL (must not exist)")
     args = parser.parse_args(argv)
     try:
-        result = convert_file(args.src, args.out, to=args.to, source=args.source, model_dir=args.model)
+        result = convert_file(
+            args.src, args.out, to=args.to, source=args.source, model_dir=args.model, max_pixels=args.max_pixels
+        )
     except ConvertError as exc:
         print(f"convert: {exc}", file=sys.stderr)
         return 1

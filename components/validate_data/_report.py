@@ -207,7 +207,8 @@ def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]
     token_line = (
         f"{len(tokens)} valid rows; median {tokens[len(tokens) // 2]}, p95 "
         f"{tokens[min(len(tokens) - 1, int(len(tokens) * 0.95))]}, max {tokens[-1]} tokens; counted with "
-        f"<code>{escape(str(stats.get('token_source', 'approx')))}</code>"
+        f"<code>{escape(str(stats.get('token_source', 'approx')))}</code>, images resized as ms-swift does with "
+        f"max_pixels <code>{int(stats.get('max_pixels') or 0) or 'none'}</code>"
         if tokens
         else "no valid rows"
     )

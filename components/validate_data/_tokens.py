@@ -1,43 +1,36 @@
-"""Token-count estimate of a row: text via the model's tokenizer, images via Qwen-VL's resize.
+"""Token count of a row as ms-swift encodes it: text via the model's tokenizer, images via ms-swift's resize.
 
-Images: Qwen-VL resizes an image to sides that are multiples of `factor = patch_size *
-merge_size` (16 * 2 = 32 px for Qwen3-VL, 14 * 2 = 28 for Qwen2/2.5-VL), keeping the area
-within [min_pixels, max_pixels] (`smart_resize`), and spends one LLM token per factor x
-factor block, plus two tokens (<|vision_start|>, <|vision_end|>) per image.
+Images (ms-swift 4.6, Qwen2/2.5/3-VL templates): with the `max_pixels` argument, an image
+of a larger area is first scaled down to about max_pixels (`rescale_image`); then
+qwen_vl_utils' `fetch_image` smart-resizes it to sides that are multiples of `factor =
+patch_size * merge_size` (16 * 2 = 32 px for Qwen3-VL, 14 * 2 = 28 for Qwen2/2.5-VL), area
+within [4, 16384] x factor^2; the processor adds no resize of its own (do_resize=False), so
+preprocessor_config.json's min/max pixels do not count. One LLM token per factor x factor
+block, plus two (<|vision_start|>, <|vision_end|>) per image. The rule is
+`components.common.boxes.ResizeRule` / `model_input_size`, shared with the box checks.
 
 Text, with a model folder: its tokenizer (offline) on the row's messages, through the chat
-template when it has one, with the `<image>` tags removed (they become the image tokens
-above). Without a model, an approximation documented in `approx_text_tokens`.
+template when it has one, each `<image>` tag written as ms-swift writes it
+(<|vision_start|><|image_pad|><|vision_end|>, when the tokenizer knows those tokens) and
+those tokens then left to the image count. Without a model, an approximation documented in
+`approx_text_tokens`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from components.common import boxes
 
-# Qwen3-VL's defaults (preprocessor_config.json of Qwen/Qwen3-VL-*-Instruct).
+# Qwen3-VL's vision geometry (preprocessor_config.json of Qwen/Qwen3-VL-*-Instruct).
 DEFAULT_PATCH_SIZE = 16
-DEFAULT_MERGE_SIZE = 2
-DEFAULT_MIN_PIXELS = 65536  # size.shortest_edge
-DEFAULT_MAX_PIXELS = 16777216  # size.longest_edge
 MAX_ASPECT_RATIO = boxes.MAX_ASPECT_RATIO  # smart_resize refuses images more elongated than this
 IMAGE_WRAPPER_TOKENS = 2  # <|vision_start|> ... <|vision_end|>
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen-VL's resize rule (qwen_vl_utils / transformers' Qwen2VLImageProcessor): `boxes.smart_resize`.
-
-    Returns:
-        (height, width) after resizing: multiples of `factor`, area within the bounds.
-
-    Raises:
-        ValueError: The aspect ratio exceeds MAX_ASPECT_RATIO.
-    """
-    return boxes.smart_resize(height, width, boxes.ResizeRule(factor, min_pixels, max_pixels))
+IMAGE_TAG = "<image>"
+# what ms-swift's Qwen-VL templates put where a row says <image> (swift/template/templates/qwen.py replace_tag)
+SWIFT_IMAGE_CONTEXT = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
 
 def approx_text_tokens(text: str) -> int:
@@ -54,40 +47,40 @@ def approx_text_tokens(text: str) -> int:
 
 
 class TokenCounter:
-    """Counts the tokens of rows for one model (or the approximation without one).
+    """Counts the tokens of rows for one model as ms-swift encodes them (or approximates without one).
 
     Args:
         model_dir: Model folder with a tokenizer and preprocessor_config.json; "" or None
-            = approximate text, Qwen3-VL image defaults. Default None.
-        max_pixels: Overrides the preprocessor's max_pixels (like ms-swift's MAX_PIXELS);
-            0 = from the model folder, else the Qwen3-VL default. Default 0.
+            = approximate text, Qwen3-VL's image geometry. Default None.
+        max_pixels: ms-swift's `max_pixels` argument (`swift.max_pixels`): images of a
+            larger area are scaled down to it before they become tokens; 0 = none (ms-swift's
+            default). Default 0.
 
     Raises:
-        ValueError: The model folder has no loadable tokenizer.
+        ValueError: The model folder has no loadable tokenizer, or max_pixels < 0.
     """
 
     per_message_overhead = 5  # <|im_start|>role\n ... <|im_end|>\n
 
     def __init__(self, model_dir: str | None = None, max_pixels: int = 0):
-        self.patch_size, self.merge_size = DEFAULT_PATCH_SIZE, DEFAULT_MERGE_SIZE
-        self.min_pixels, self.max_pixels = DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS
+        if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 0:
+            raise ValueError(f"max_pixels must be a whole number of pixels >= 0 (0 = no limit), got {max_pixels!r}")
+        self.max_pixels = max_pixels
+        self.rule = boxes.ResizeRule.for_patch_size(DEFAULT_PATCH_SIZE, max_pixels)
         self.tokenizer = None
         self.source = "approx"
+        self.swift_image_context = False
         if model_dir:
             self._load(Path(model_dir))
-        if max_pixels:
-            self.max_pixels = max_pixels
-        self.factor = self.patch_size * self.merge_size
+
+    @property
+    def factor(self) -> int:
+        """Side of the image block of one LLM token, px."""
+        return self.rule.factor
 
     def _load(self, model_dir: Path) -> None:
-        config = model_dir / "preprocessor_config.json"
-        if config.is_file():
-            cfg = json.loads(config.read_text(encoding="utf-8"))
-            size = cfg.get("size") or {}
-            self.patch_size = int(cfg.get("patch_size", self.patch_size))
-            self.merge_size = int(cfg.get("merge_size", self.merge_size))
-            self.min_pixels = int(cfg.get("min_pixels") or size.get("shortest_edge") or self.min_pixels)
-            self.max_pixels = int(cfg.get("max_pixels") or size.get("longest_edge") or self.max_pixels)
+        if (model_dir / "preprocessor_config.json").is_file():
+            self.rule = boxes.ResizeRule.from_model(model_dir, self.max_pixels)
         from transformers import AutoTokenizer  # imported here: only --model needs it
 
         try:
@@ -96,6 +89,8 @@ class TokenCounter:
             raise ValueError(f"{model_dir}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from None
         self.source = f"tokenizer:{model_dir.name}"
         self.has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        vocab = self.tokenizer.get_vocab()
+        self.swift_image_context = all(t in vocab for t in SWIFT_IMAGE_CONTEXT)
 
     def image_tokens(self, width: int, height: int) -> int:
         """Returns the LLM tokens of one image of width x height px (wrapper included).
@@ -103,23 +98,30 @@ class TokenCounter:
         Raises:
             ValueError: The aspect ratio exceeds MAX_ASPECT_RATIO.
         """
-        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        h, w = boxes.model_input_size(height, width, self.rule)
         return h * w // (self.factor * self.factor) + IMAGE_WRAPPER_TOKENS
 
     def text_tokens(self, messages: list[dict[str, Any]]) -> int:
-        """Returns the tokens of the messages' text (<image> tags not counted)."""
-        plain = [{"role": m["role"], "content": m["content"].replace("<image>", "")} for m in messages]
+        """Returns the tokens of the messages' text (the tokens of <image> tags not counted)."""
         if self.tokenizer is None:
-            return sum(approx_text_tokens(m["content"]) + self.per_message_overhead for m in plain)
+            plain = [m["content"].replace(IMAGE_TAG, "") for m in messages]
+            return sum(approx_text_tokens(text) + self.per_message_overhead for text in plain)
+        n_images = sum(m["content"].count(IMAGE_TAG) for m in messages)
+        tag = "".join(SWIFT_IMAGE_CONTEXT) if self.swift_image_context else ""
+        written = [{"role": m["role"], "content": m["content"].replace(IMAGE_TAG, tag)} for m in messages]
+        image_context = len(SWIFT_IMAGE_CONTEXT) * n_images if tag else 0
         if self.has_template:
             try:
-                ids = self.tokenizer.apply_chat_template(plain, tokenize=True)
+                ids = self.tokenizer.apply_chat_template(written, tokenize=True)
                 if isinstance(ids, dict) or hasattr(ids, "keys"):
                     ids = ids["input_ids"]
-                return len(ids)
+                return len(ids) - image_context
             except Exception:  # noqa: BLE001 - a template that refuses a row: count plainly
                 pass
-        return sum(
-            len(self.tokenizer(m["content"], add_special_tokens=False)["input_ids"]) + self.per_message_overhead
-            for m in plain
+        return (
+            sum(
+                len(self.tokenizer(m["content"], add_special_tokens=False)["input_ids"]) + self.per_message_overhead
+                for m in written
+            )
+            - image_context
         )

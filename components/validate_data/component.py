@@ -24,6 +24,7 @@ def validate_data(
     box_convention: str = "pixel",
     training_key: str = "",
     champion_uri: str = "",
+    max_pixels: int = 0,
 ) -> NamedTuple("Outputs", [("n_train", int), ("n_eval", int)]):
     """Checks every line of the data; writes clean train/eval datasets and a quarantine.
 
@@ -41,8 +42,9 @@ def validate_data(
         metrics: Output: line counts, per-check counts, token-count figures.
         report: Output: HTML report (counts by check, token and image-size
             distributions, first errors with thumbnails).
-        swift_args: `swift sft` arguments; rows whose estimated token count exceeds
-            their max_length are rejected (no check without max_length).
+        swift_args: `swift sft` arguments; rows whose token count (as ms-swift encodes
+            them, images scaled down to its max_pixels when set) exceeds its max_length are
+            rejected (no check without max_length).
         task: Answer check: "" none, "json" or "detection". Default "".
         box_convention: What detection boxes mean: "pixel", "norm1000", "resized_pixel" or
             "auto" (the staged model family's); boxes are checked in it (E_BOX). Default "pixel".
@@ -50,12 +52,16 @@ def validate_data(
             the data lineage. Default "".
         champion_uri: The champion's merged model folder ("" = none): the report says what
             changed since the data it was trained on. Default "".
+        max_pixels: ms-swift's `max_pixels` (px) the training run resizes images with; 0 =
+            `swift_args["max_pixels"]` (none when absent). Counts and resized_pixel boxes use
+            it; a value that differs from swift_args' is an error. Default 0.
     """
     from collections import namedtuple
 
-    from components.validate_data.core import DataError, validate_snapshot
+    from components.validate_data.core import DataError, training_max_pixels, validate_snapshot
 
     try:
+        max_pixels = training_max_pixels(swift_args, max_pixels)
         result = validate_snapshot(
             snapshot,
             train_out=train_dataset.path,
@@ -68,6 +74,7 @@ def validate_data(
             split_seed=split_seed,
             report_out=report.path,
             max_length=int(swift_args.get("max_length", 0) or 0),
+            max_pixels=max_pixels,
             task=task,
             box_convention=box_convention,
             model_dir=base_model.path,
@@ -77,6 +84,7 @@ def validate_data(
     print(result.summary())
     for key, value in result.counts.items():
         metrics.log_metric(key, value)
+    metrics.log_metric("max_pixels", max_pixels)  # the image resize the token counts used (0 = none)
     tokens = sorted(result.stats["token_counts"])
     if tokens:
         metrics.log_metric("tokens_median", tokens[len(tokens) // 2])

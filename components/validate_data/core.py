@@ -29,8 +29,9 @@ here, not a crash in training). JPEGs decode at 1/8 scale (`Image.draft`: every 
 still read and entropy-decoded), and the pixels of all decodes in flight together stay
 under DECODE_BUDGET_BYTES. 16-bit grayscale images (modes I;16*, I) are converted, not
 rejected: the clean dataset holds an 8-bit grayscale PNG of their top 8 bits (what
-ms-swift's `convert("RGB")` would otherwise clip to white). Token counts come from the
-image sizes and the text (see `_tokens.py`). An HTML report (`_report.py`) shows the
+ms-swift's `convert("RGB")` would otherwise clip to white). Token counts are what ms-swift
+encodes: the text through the model's tokenizer, the images at the size ms-swift resizes them
+to (`max_pixels`, then smart resize; see `_tokens.py`). An HTML report (`_report.py`) shows the
 counts, distributions and the first errors with thumbnails.
 """
 
@@ -90,7 +91,8 @@ CODES = {
     "E_IMAGE_SIZE": "image size, aspect ratio or mode not usable",
     "E_BOX": "a detection box is not 4 numbers with x1 < x2, y1 < y2 inside the image / the convention's range "
     "(only with task=detection)",
-    "E_TOKENS": "estimated token count exceeds max_length (only with max_length > 0)",
+    "E_TOKENS": "token count (as ms-swift encodes the row, images resized by max_pixels) exceeds max_length "
+    "(only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
 }
 TASKS = TASK_NAMES  # answer checks (components.common.tasks): none, fenced JSON, detection, key_value
@@ -130,7 +132,8 @@ class ValidationResult:
             n_train, n_eval, n_images, per-code counts.
         issues: The rejected lines, in input order.
         stats: token_counts (per valid row), token_source ("approx" or the tokenizer),
-            max_length, image_sizes ((width, height) per distinct valid image).
+            max_length, max_pixels (ms-swift's `max_pixels` the image tokens were counted
+            with; 0 = none), image_sizes ((width, height) per distinct valid image).
         report: The HTML report file ("" when none was asked for).
     """
 
@@ -152,10 +155,12 @@ class ValidationResult:
         tokens = sorted(self.stats.get("token_counts", []))
         if tokens:
             limit = self.stats.get("max_length") or "none"
+            pixels = self.stats.get("max_pixels") or "none"
             lines.append(
                 f"tokens per valid row ({self.stats.get('token_source', 'approx')}): "
                 f"median {tokens[len(tokens) // 2]}, "
-                f"p95 {tokens[min(len(tokens) - 1, int(len(tokens) * 0.95))]}, max {tokens[-1]} (max_length {limit})"
+                f"p95 {tokens[min(len(tokens) - 1, int(len(tokens) * 0.95))]}, max {tokens[-1]} "
+                f"(max_length {limit}, max_pixels {pixels})"
             )
         for code in CODES:
             if c.get(code):
@@ -667,8 +672,9 @@ def _check_object_boxes(objects: dict[str, Any], images: list[_Image]) -> None:
             raise _Reject("E_BOX", f"objects.bbox[{k}] ({kind}): {problem}")
 
 
-def _box_check(task: str, convention: str, model_dir: str | None) -> _BoxCheck | None:
-    """Returns the box check for a detection task ("auto": the convention of the model's family)."""
+def _box_check(task: str, convention: str, model_dir: str | None, max_pixels: int = 0) -> _BoxCheck | None:
+    """Returns the box check for a detection task ("auto": the convention of the model's family); resized_pixel
+    boxes are checked against the image the model sees (`ResizeRule.from_model(model_dir, max_pixels)`)."""
     if task != "detection":
         return None
     family = ("", "")
@@ -690,7 +696,7 @@ def _box_check(task: str, convention: str, model_dir: str | None) -> _BoxCheck |
             f"{native}) and set data.box_convention: {native}",
             stacklevel=2,
         )
-    return _BoxCheck(resolved, ResizeRule.from_model(model_dir))
+    return _BoxCheck(resolved, ResizeRule.from_model(model_dir, max_pixels))
 
 
 def _check_row(
@@ -718,9 +724,10 @@ def _check_row(
     except ValueError as exc:
         raise _Reject("E_IMAGE_SIZE", str(exc)) from None
     if max_length and n_tokens > max_length:
+        pixels = f"images resized to max_pixels {counter.max_pixels}" if counter.max_pixels else "full-size images"
         raise _Reject(
-            "E_TOKENS", f"about {n_tokens} tokens ({counter.source}) > max_length {max_length}; "
-            "shrink the images (max_pixels) or raise max_length"
+            "E_TOKENS", f"about {n_tokens} tokens ({counter.source}, {pixels}) > max_length {max_length}; "
+            "set swift.max_pixels to shrink the images, shorten the text, or raise swift.max_length"
         )  # fmt: skip
     key = hashlib.sha256(
         json.dumps([p.row["messages"], [i.sha for i in images]], sort_keys=True, ensure_ascii=False).encode()
@@ -863,6 +870,7 @@ def _result(
         "token_counts": [r.tokens for r in checked],
         "token_source": counter.source,
         "max_length": max_length,
+        "max_pixels": counter.max_pixels,
         "max_invalid_fraction": max_invalid_fraction,
         "image_sizes": [(i.width, i.height) for i in {i.sha: i for i in valid_images}.values()],
     }
@@ -1012,10 +1020,11 @@ def validate_data(
         model_dir: Model folder whose tokenizer and preprocessor_config.json count tokens;
             None = the approximation of `_tokens.approx_text_tokens` with Qwen3-VL image
             defaults. Default None.
-        max_length: Largest estimated token count of a row (ms-swift `max_length`);
-            0 = no check (counts are still reported). Default 0.
-        max_pixels: Image area cap in px for the token estimate (ms-swift MAX_PIXELS);
-            0 = from the model folder or the Qwen3-VL default. Default 0.
+        max_length: Largest token count of a row (ms-swift `max_length`: ms-swift drops a
+            longer row); 0 = no check (counts are still reported). Default 0.
+        max_pixels: ms-swift's `max_pixels` argument of the training run (`swift.max_pixels`),
+            px: images of a larger area are counted (and resized_pixel boxes checked) at the
+            size ms-swift scales them to; 0 = none, full size (ms-swift's default). Default 0.
         task: Answer check: "" none, "json" (every assistant answer holds a ```json block
             that parses), "detection" (that block is a list of {"label", "bbox": [4
             numbers]}, as evaluate parses it). Default "".
@@ -1041,8 +1050,8 @@ def validate_data(
     Raises:
         DataError: An output would overwrite an input (`check_paths`; a local image in an
             output folder too: checked before anything is written); a file is missing,
-            empty, or changed since the snapshot; the model folder has no tokenizer, the task
-            is unknown, fewer than one valid train row, or the invalid fraction exceeds
+            empty, or changed since the snapshot; the model folder has no tokenizer, max_pixels
+            is negative, the task is unknown, fewer than one valid train row, or the invalid fraction exceeds
             `max_invalid_fraction` (message holds the summary).
         LineAccountingError: Clean + quarantined rows differ from the non-blank lines read
             (a bug in this module; nothing is written).
@@ -1057,7 +1066,7 @@ def validate_data(
         counter = TokenCounter(model_dir, max_pixels)
     except ValueError as exc:
         raise DataError(str(exc)) from None
-    boxes = _box_check(task, box_convention, model_dir)
+    boxes = _box_check(task, box_convention, model_dir, max_pixels)
     workers = workers or min(32, 4 * (os.cpu_count() or 1))
     outputs = _Outputs(Path(train_out), Path(eval_out), Path(quarantine_out), report_out or "")
     staging = Path(tempfile.mkdtemp(prefix="validate-data-"))
@@ -1184,6 +1193,31 @@ def _write_lineage(
             "rows_before": int(previous.get("n_rows", 0) or 0), "rows_now": c["n_lines"],
             "file_rows_before": {k: v.get("rows") for k, v in (previous.get("files") or {}).items()},
         }  # fmt: skip
+
+
+def training_max_pixels(swift_args: dict[str, Any], max_pixels: int = 0) -> int:
+    """Returns the ms-swift `max_pixels` a training run resizes images with: what validate-data must count with.
+
+    Args:
+        swift_args: The run's `swift sft` arguments (the config's `swift` section).
+        max_pixels: A value given on its own, px; 0 = `swift_args["max_pixels"]`. Default 0.
+
+    Returns:
+        The max_pixels, px; 0 = none (ms-swift's default).
+
+    Raises:
+        DataError: Not a whole number >= 0, or `max_pixels` differs from the swift section's.
+    """
+    swift_value = swift_args.get("max_pixels") or 0
+    for name, value in (("swift.max_pixels", swift_value), ("max_pixels", max_pixels)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise DataError(f"{name} must be a whole number of pixels >= 0 (0 = no limit), got {value!r}")
+    if max_pixels and swift_value and max_pixels != swift_value:
+        raise DataError(
+            f"max_pixels {max_pixels} differs from swift.max_pixels {swift_value}, which training resizes images "
+            "with: pass the same value, or 0 to take the swift section's"
+        )
+    return max_pixels or swift_value
 
 
 def validate_snapshot(
