@@ -1,4 +1,6 @@
-"""Shared fixtures: a Cloud Storage emulator (`gcs_*`) and a fake Hugging Face hub (`hub_*`)."""
+"""Shared fixtures: a Cloud Storage emulator (`gcs_*`), a fake Hugging Face hub (`hub_*`), and
+fast retries (the real backoff of `components.common.retry` would make every refused
+connection in a test wait seconds; tests that measure the policy set their own)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(monkeypatch):
+    from components.common import retry
+
+    monkeypatch.setattr(retry, "DEFAULT", retry.Policy(attempts=3, base_s=0.01, cap_s=0.02, deadline_s=30.0))
 
 
 def _free_port() -> int:

@@ -8,5 +8,7 @@ Components import from here, never from each other's `core` or `_private` module
 `answers` (parsing model answers: fenced JSON, detection findings),
 `reference` (what evaluate compares the tuned model with: kinds and the decision),
 `snapshot` (data snapshots: fingerprint, verified reads, diffs, the data lineage file),
-`model_sources` (hf:// / ms:// / gs:// / local model sources: parsing, tokens, hub resolution).
+`model_sources` (hf:// / ms:// / gs:// / local model sources: parsing, tokens, hub resolution),
+`retry` (which failures are transient, bounded backoff: GCS reads, HTTP fetches, hub calls),
+`boxes` / `tasks` (box conventions, the task registry).
 """

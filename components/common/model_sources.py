@@ -3,12 +3,15 @@
 Each source resolves to a `Listing`: the resolved revision (a commit hash, or a content
 fingerprint for gs:// and local folders), the files with their sizes, and a `fetch`
 that downloads one file. Hub tokens come from an environment variable or Secret Manager
-(by resource name) and are never put into messages, manifests or metadata.
+(by resource name) and are never put into messages, manifests or metadata. Every hub and
+Secret Manager request retries transient failures (HTTP 408 / 429 / 5xx, resets,
+timeouts) with backoff (`components.common.retry`); errors say how many attempts were made.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import re
@@ -16,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from components.common import retry
 
 SCHEMES = ("hf", "ms", "gs")
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -140,11 +145,21 @@ def _access_secret(name: str) -> str:
     import google.auth
     from google.auth.transport.requests import AuthorizedSession
 
+    def attempt():
+        resp = session.get(f"https://secretmanager.googleapis.com/v1/{name}:access", timeout=30)
+        if retry.is_transient(resp.status_code):
+            resp.raise_for_status()  # an HTTPError carrying the status: retried
+        return resp
+
+    tally = retry.Tally()
     try:
         creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        resp = AuthorizedSession(creds).get(f"https://secretmanager.googleapis.com/v1/{name}:access", timeout=30)
+        session = AuthorizedSession(creds)
+        resp = retry.call_with_retry(attempt, f"secret {name}", tally=tally)
     except Exception as exc:  # noqa: BLE001 - any auth/transport failure is one message
-        raise SourceError(f"token: cannot read secret {name} ({exc.__class__.__name__}); check credentials") from None
+        raise SourceError(
+            f"token: cannot read secret {name} ({exc.__class__.__name__}{tally.note()}); check credentials"
+        ) from None
     if resp.status_code != 200:
         raise SourceError(
             f"token: secret {name}: HTTP {resp.status_code}; grant roles/secretmanager.secretAccessor "
@@ -168,26 +183,41 @@ def resolve_hf(spec: SourceSpec, token: str | None) -> Listing:
     endpoint = os.environ.get("HF_ENDPOINT") or None
     repo = "/".join(spec.parts)
     api = HfApi(endpoint=endpoint)
+    tally = retry.Tally()
     try:
-        info = api.model_info(repo, revision=spec.revision, files_metadata=True, token=token or False)
+        info = retry.call_with_retry(
+            lambda: api.model_info(repo, revision=spec.revision, files_metadata=True, token=token or False),
+            f"hub {spec.uri}@{spec.revision or 'main'}: model info",
+            tally=tally,
+        )
     except Exception as exc:  # noqa: BLE001 - mapped below, message never carries the token
-        raise _hf_error(spec, exc, hfe, bool(token)) from None
+        raise _hf_error(spec, exc, hfe, bool(token), tally=tally) from None
     files = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
     expected = {s.rfilename: {"sha256": s.lfs.sha256} for s in info.siblings or [] if s.lfs and s.lfs.sha256}
     commit = info.sha
 
     def fetch(rel: str, workdir: Path) -> Path:
+        tally = retry.Tally()
         try:
             return Path(
-                hf_hub_download(repo, rel, revision=commit, local_dir=workdir, endpoint=endpoint, token=token or False)
+                retry.call_with_retry(
+                    lambda: hf_hub_download(
+                        repo, rel, revision=commit, local_dir=workdir, endpoint=endpoint, token=token or False
+                    ),
+                    f"hub {spec.uri}@{commit}: download {rel}",
+                    tally=tally,
+                )
             )
         except Exception as exc:  # noqa: BLE001
-            raise _hf_error(spec, exc, hfe, bool(token), rel) from None
+            raise _hf_error(spec, exc, hfe, bool(token), rel, tally) from None
 
     return Listing(commit, files, fetch, expected)
 
 
-def _hf_error(spec: SourceSpec, exc: Exception, hfe, has_token: bool, rel: str = "") -> SourceError:
+def _hf_error(
+    spec: SourceSpec, exc: Exception, hfe, has_token: bool, rel: str = "", tally: retry.Tally | None = None
+) -> SourceError:
+    tries = tally.note() if tally else ""
     where = f"model source {spec.uri}" + (f"@{spec.revision}" if spec.revision else "") + (f" ({rel})" if rel else "")
     if isinstance(exc, hfe.GatedRepoError):
         if has_token:
@@ -203,8 +233,10 @@ def _hf_error(spec: SourceSpec, exc: Exception, hfe, has_token: bool, rel: str =
         code = getattr(getattr(exc, "response", None), "status_code", "?")
         if code in (401, 403):
             return SourceError(f"{where}: no permission (HTTP {code}); check the token's access to the repo")
-        return SourceError(f"{where}: hub error HTTP {code}; retry later")
-    return SourceError(f"{where}: cannot reach the hub ({exc.__class__.__name__}); check the network or HF_ENDPOINT")
+        return SourceError(f"{where}: hub error HTTP {code}{tries}; retry later")
+    return SourceError(
+        f"{where}: cannot reach the hub ({exc.__class__.__name__}{tries}); check the network or HF_ENDPOINT"
+    )
 
 
 # --- ModelScope --------------------------------------------------------------------
@@ -225,10 +257,19 @@ def resolve_ms(spec: SourceSpec, token: str | None, api_factory: Callable[[str |
     api = (api_factory or _ms_api)(token)
     model_id = "/".join(spec.parts)
     where = f"model source {spec.uri}" + (f"@{spec.revision}" if spec.revision else "")
+    tally = retry.Tally()
     try:
-        detail = api.get_valid_revision_detail(model_id, revision=spec.revision or "master") or {}
-        commit = str(detail.get("CommitId") or detail.get("Revision") or spec.revision or "master")
-        entries = api.get_model_files(model_id, revision=commit, recursive=True)
+        detail = retry.call_with_retry(
+            lambda: api.get_valid_revision_detail(model_id, revision=spec.revision or "master"),
+            f"ModelScope {spec.uri}@{spec.revision or 'master'}: revision",
+            tally=tally,
+        )
+        commit = str((detail or {}).get("CommitId") or (detail or {}).get("Revision") or spec.revision or "master")
+        entries = retry.call_with_retry(
+            lambda: api.get_model_files(model_id, revision=commit, recursive=True),
+            f"ModelScope {spec.uri}@{commit}: file list",
+            tally=tally,
+        )
     except Exception as exc:  # noqa: BLE001 - the ModelScope client raises many types
         text = str(exc).lower()
         if "revision" in text:
@@ -237,16 +278,22 @@ def resolve_ms(spec: SourceSpec, token: str | None, api_factory: Callable[[str |
             return _raise(f"{where}: repo not found; check the org/name on modelscope.cn")
         if "401" in text or "403" in text or "permission" in text:
             return _raise(f"{where}: no permission; set MODELSCOPE_API_TOKEN")
-        return _raise(f"{where}: ModelScope error ({exc.__class__.__name__}); retry later")
+        return _raise(f"{where}: ModelScope error ({exc.__class__.__name__}{tally.note()}); retry later")
     files = {e["Path"]: int(e.get("Size") or 0) for e in entries if e.get("Type", "blob") != "tree"}
     expected = {e["Path"]: {"sha256": e["Sha256"]} for e in entries if e.get("Sha256")}
 
     def fetch(rel: str, workdir: Path) -> Path:
         if hasattr(api, "model_file_download"):  # fakes in tests
-            return Path(api.model_file_download(model_id, rel, revision=commit, local_dir=str(workdir)))
-        from modelscope.hub.file_download import model_file_download
+            download = functools.partial(
+                api.model_file_download, model_id, rel, revision=commit, local_dir=str(workdir)
+            )
+        else:
+            from modelscope.hub.file_download import model_file_download
 
-        return Path(model_file_download(model_id, rel, revision=commit, local_dir=str(workdir), token=token))
+            download = functools.partial(
+                model_file_download, model_id, rel, revision=commit, local_dir=str(workdir), token=token
+            )
+        return Path(retry.call_with_retry(download, f"ModelScope {spec.uri}@{commit}: download {rel}"))
 
     return Listing(commit, files, fetch, expected)
 

@@ -11,12 +11,18 @@ http(s) download has a total deadline, headers included: urllib's timeout bounds
 socket operation only, so a server that trickles its headers a byte at a time would
 never trip it; here a timer shuts the connection's socket down at the deadline. A gs://
 download is bounded by google-cloud-storage's own (per request) timeout.
+
+Both retry transient failures (HTTP 408 / 429 / 5xx, connection resets and timeouts)
+with exponential backoff before a row is quarantined (`components.common.retry`, one log
+line per retry), within the same timeout: no retry starts after it; a 404 or 403 is
+quarantined at once.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import hashlib
 import http.client
@@ -30,6 +36,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from components.common import retry
 
 MAX_FETCH_BYTES = 64 * 1024 * 1024  # a remote image larger than this is rejected
 _BASE64_RE = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
@@ -200,10 +208,20 @@ def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
 
 
-def _fetch_http(url: str, timeout: float) -> bytes:
-    """Returns a URL's body, downloaded within `timeout` seconds in all (connect, headers, body)."""
+def _get(url: str, timeout: float, budget: float) -> bytes:
+    """One attempt at a URL's body, within `timeout` seconds in all (connect, headers, body).
+
+    Args:
+        url: The http(s) URL.
+        timeout: Seconds this attempt may take.
+        budget: Seconds all attempts together may take (for the message).
+
+    Raises:
+        TimeoutError: No complete answer within `timeout`.
+        Reject: E_IMAGE_FETCH when the body is larger than MAX_FETCH_BYTES (not retried).
+        Exception: urllib's HTTPError / URLError and socket errors, as raised.
+    """
     deadline = _Deadline(timeout)
-    too_slow = Reject("E_IMAGE_FETCH", f"image {url!r}: no complete answer within {timeout:g} s")
     request = urllib.request.Request(url, headers={"User-Agent": "vlm-lora-validate-data"})
     try:
         with _opener(deadline).open(request, timeout=timeout) as response:
@@ -211,7 +229,7 @@ def _fetch_http(url: str, timeout: float) -> bytes:
             while True:
                 chunk = response.read1(1 << 16)  # what has arrived, so the deadline is checked often
                 if deadline.expired:
-                    raise too_slow
+                    raise TimeoutError(f"no complete answer within {budget:g} s")
                 if not chunk:
                     break
                 size += len(chunk)
@@ -219,18 +237,59 @@ def _fetch_http(url: str, timeout: float) -> bytes:
                     raise Reject("E_IMAGE_FETCH", f"image {url!r}: larger than {MAX_FETCH_BYTES} bytes")
                 chunks.append(chunk)
             return b"".join(chunks)
+    except (Reject, urllib.error.HTTPError):
+        raise
+    except Exception as exc:  # URLError, OSError, http.client errors: a timeout when the deadline cut them
+        reason = getattr(exc, "reason", exc)
+        if deadline.expired or isinstance(reason, TimeoutError):
+            raise TimeoutError(f"no complete answer within {budget:g} s") from None
+        raise
+    finally:
+        deadline.cancel()
+
+
+def _fetch_http(url: str, timeout: float, policy: retry.Policy | None = None) -> bytes:
+    """Returns a URL's body within `timeout` seconds in all, retrying transient failures inside that budget.
+
+    Args:
+        url: The http(s) URL.
+        timeout: Seconds the download may take in all: attempts, waits between them, and
+            each attempt's connect, headers and body. An attempt gets what is left.
+        policy: Retry policy. Default: `retry.DEFAULT` (HTTP 408 / 429 / 5xx and connection
+            errors are retried with backoff; Retry-After is honoured, capped). A timeout
+            uses up the budget, so it ends the retries.
+
+    Raises:
+        Reject: E_IMAGE_MISSING for HTTP 404 / 410, E_IMAGE_FETCH otherwise; the message
+            says how many attempts were made.
+    """
+    policy = policy or retry.DEFAULT
+    policy = dataclasses.replace(policy, deadline_s=min(policy.deadline_s, timeout))
+    start, tally = time.monotonic(), retry.Tally()
+
+    def attempt() -> bytes:
+        return _get(url, max(0.001, timeout - (time.monotonic() - start)), timeout)
+
+    try:
+        return retry.call_with_retry(attempt, f"image {url}", policy, tally)
     except Reject:
         raise
     except urllib.error.HTTPError as exc:
         code = "E_IMAGE_MISSING" if exc.code in (404, 410) else "E_IMAGE_FETCH"
-        raise Reject(code, f"image {url!r}: HTTP {exc.code} {exc.reason}") from None
+        raise Reject(code, f"image {url!r}: HTTP {exc.code} {exc.reason}{_give_up(exc, tally)}") from None
+    except TimeoutError as exc:
+        raise Reject("E_IMAGE_FETCH", f"image {url!r}: {exc}{_give_up(exc, tally)}") from None
     except Exception as exc:  # noqa: BLE001 - URLError, OSError, http.client errors: a quarantine entry
         reason = getattr(exc, "reason", exc)
-        if deadline.expired or isinstance(reason, (TimeoutError, socket.timeout)):
-            raise too_slow from None
-        raise Reject("E_IMAGE_FETCH", f"image {url!r}: {reason}") from None
-    finally:
-        deadline.cancel()
+        raise Reject("E_IMAGE_FETCH", f"image {url!r}: {reason}{_give_up(exc, tally)}") from None
+
+
+def _give_up(exc: BaseException, tally: retry.Tally) -> str:
+    """Returns the end of a quarantine message: how many attempts, and why no more."""
+    if not retry.is_transient(exc):
+        status = retry.status_of(exc)
+        return f" (not retried: {f'HTTP {status}' if status else 'this error'} is not transient)"
+    return f" (gave up after {tally.failures} attempt{'s' if tally.failures != 1 else ''})"
 
 
 _GCS_CLIENT = threading.local()
@@ -247,24 +306,35 @@ def gcs_client():
     return _GCS_CLIENT.value[1]
 
 
-def read_gs(uri: str, timeout: float) -> bytes:
-    """Returns the bytes of a gs:// object.
+def read_gs(uri: str, timeout: float, policy: retry.Policy | None = None) -> bytes:
+    """Returns the bytes of a gs:// object, retrying transient failures.
+
+    Args:
+        uri: gs://bucket/object.
+        timeout: Seconds each request may take (google-cloud-storage's timeout); no retry
+            starts later than this after the first attempt.
+        policy: Retry policy. Default: `retry.DEFAULT` (429, 5xx, resets and timeouts).
 
     Raises:
-        Reject: E_IMAGE_MISSING when the object does not exist, E_IMAGE_FETCH otherwise.
+        Reject: E_IMAGE_MISSING when the object does not exist, E_IMAGE_FETCH otherwise
+            (the message says how many attempts were made).
     """
     from google.api_core import exceptions as gexc
 
-    bucket, name = split_gs(uri)
+    from components.common import storage as _storage
+
+    policy = policy or retry.DEFAULT
+    policy = dataclasses.replace(policy, deadline_s=min(policy.deadline_s, timeout))  # no retry starts later
+    tally = retry.Tally()
     try:
-        blob = gcs_client().bucket(bucket).blob(name)
-        return blob.download_as_bytes(timeout=timeout, retry=None)
-    except Reject:
-        raise
+        return _storage.read_bytes(uri, timeout=timeout, gcs_client=gcs_client(), policy=policy, tally=tally)
     except Exception as exc:  # noqa: BLE001 - any client error becomes a quarantine entry
         if isinstance(exc, gexc.NotFound):
             raise Reject("E_IMAGE_MISSING", f"image {uri!r} not found") from None
-        raise Reject("E_IMAGE_FETCH", f"image {uri!r}: {type(exc).__name__}: {str(exc)[:300]}") from None
+        cause = exc.cause if isinstance(exc, gexc.RetryError) and exc.cause is not None else exc
+        raise Reject(
+            "E_IMAGE_FETCH", f"image {uri!r}: {type(cause).__name__}: {str(cause)[:300]}{_give_up(cause, tally)}"
+        ) from None
 
 
 _MAGIC = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF8", ".gif"), (b"BM", ".bmp"))
