@@ -365,6 +365,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             gate_metric=p["eval_metric"],
             gate_min_value=p["eval_min_value"],
             gate_min_margin=p["eval_min_margin"],
+            swift_args=p["swift_args"],  # max_pixels: the images are shrunk as in training
             box_convention=p["data_box_convention"],
             task=p["data_task"],
             **reference_args,

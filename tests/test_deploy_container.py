@@ -110,3 +110,15 @@ def test_the_container_serves_the_model_vertex_copied(gcs_emulator, gcs_client, 
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_model_trained_with_max_pixels_is_served_with_it(tmp_path):
+    """merge-export's lineage records swift.max_pixels; the container passes it to swift deploy."""
+    import json
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_vl"}')
+    (tmp_path / "lineage.json").write_text(json.dumps({"training": {"hyperparameters": {"max_pixels": 1048576}}}))
+    cmd = serving_command(tmp_path, {})
+    assert cmd[cmd.index("--max_pixels") + 1] == "1048576"
+    (tmp_path / "lineage.json").write_text(json.dumps({"training": {"hyperparameters": {}}}))
+    assert "--max_pixels" not in serving_command(tmp_path, {})

@@ -23,7 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from components.deploy.core import DeployError, build_deploy_command, model_type_of
+from components.deploy.core import DeployError, build_deploy_command, model_type_of, trained_max_pixels
 
 DEFAULT_MODEL_DIR = "/tmp/model"
 
@@ -83,6 +83,7 @@ def serving_command(model_dir: str | os.PathLike, environ: dict[str, str] | os._
         model_type=model_type_of(model_dir),
         served_model_name=environ.get("SERVED_MODEL_NAME") or "tuned",
         infer_backend=environ.get("SWIFT_INFER_BACKEND") or "transformers",
+        max_pixels=trained_max_pixels(model_dir),
     )
 
 

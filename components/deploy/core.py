@@ -329,6 +329,20 @@ def model_type_of(model_dir: str | os.PathLike) -> str:
         return ""
 
 
+def trained_max_pixels(model_dir: str | os.PathLike) -> int:
+    """The `swift.max_pixels` the merged model was trained with (merge-export's lineage.json); 0 = none.
+
+    Serving shrinks images the same way, as evaluate did: a model trained on resized drawings
+    answers for resized drawings.
+    """
+    try:
+        lineage = json.loads((Path(model_dir) / "lineage.json").read_text())
+        value = lineage["training"]["hyperparameters"].get("max_pixels") or 0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def build_deploy_command(
     model_dir: str,
     port: int,
@@ -337,6 +351,7 @@ def build_deploy_command(
     model_type: str = "",
     served_model_name: str = "",
     infer_backend: str = "transformers",
+    max_pixels: int = 0,
     extra: dict[str, Any] | None = None,
 ) -> list[str]:
     """Returns the `swift deploy` command line that serves a merged model.
@@ -348,6 +363,8 @@ def build_deploy_command(
         model_type: ms-swift model_type; "" = none passed. Default "".
         served_model_name: The `model` name clients use; "" = the folder's name. Default "".
         infer_backend: transformers (CPU and GPU) or vllm. Default transformers.
+        max_pixels: Shrink larger images to this many pixels, as in training
+            (`trained_max_pixels`); 0 = not passed. Default 0.
         extra: More `swift deploy` arguments, by ms-swift's names (e.g. {"template": "qwen2_5_vl"}).
 
     Returns:
@@ -360,6 +377,8 @@ def build_deploy_command(
         args["model_type"] = model_type
     if served_model_name:
         args["served_model_name"] = served_model_name
+    if max_pixels:
+        args["max_pixels"] = int(max_pixels)
     args.update(extra or {})
     return ["swift", "deploy", *to_cli(args)]
 
@@ -405,6 +424,7 @@ class LocalServer:
             self.port,
             model_type=model_type or model_type_of(self.model_dir),
             served_model_name=self.model_name,
+            max_pixels=trained_max_pixels(self.model_dir),
             extra=extra,
         )
         self.process: subprocess.Popen | None = None

@@ -19,6 +19,7 @@ def evaluate(
     gate_metric: str,
     gate_min_value: float,
     gate_min_margin: float,
+    swift_args: dict,
     metrics: dsl.Output[dsl.Metrics],
     predictions: dsl.Output[dsl.Dataset],
     report: dsl.Output[dsl.HTML],
@@ -41,6 +42,8 @@ def evaluate(
         gate_metric: Metric the gate compares.
         gate_min_value: Minimum tuned value of the metric.
         gate_min_margin: Minimum improvement over the reference model.
+        swift_args: The run's `swift sft` arguments; `max_pixels` (as in training) shrinks the
+            images both models see and sets the resized_pixel box rule.
         metrics: Output: base_* (the reference's, also when it is the champion) and tuned_*
             metrics, speed figures, reference_is_champion, reference_version (0 = none),
             and the metadata key "reference" (base, champion@VERSION or the folder).
@@ -73,7 +76,10 @@ def evaluate(
     box_convention = resolve_convention(box_convention, *family)
     base_box_convention = resolve_convention(base_box_convention, *family) if base_box_convention else ""
     reference = resolve_reference(reference_uri, reference_version, base_model.path)
-    resize_rule = ResizeRule.from_model(base_model.path)
+    max_pixels = swift_args.get("max_pixels") or 0
+    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 0:
+        raise SystemExit(f"evaluate: swift.max_pixels must be a whole number of pixels >= 0, got {max_pixels!r}")
+    resize_rule = ResizeRule.from_model(base_model.path, max_pixels=max_pixels)
     print(f"evaluate: reference model: {reference.label} ({reference_uri or base_model.uri})", flush=True)
     print(
         f"evaluate: boxes: data {box_convention}, base model answers {base_box_convention or box_convention}",
@@ -97,6 +103,7 @@ def evaluate(
             resize_rule=resize_rule,
             reference_box_convention=base_box_convention if reference.kind == "base" else "",
             task=task or "detection",
+            max_pixels=max_pixels,
         )
     except (EvalError, ValueError) as exc:
         raise SystemExit(f"evaluate: {exc}") from None

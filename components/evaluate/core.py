@@ -15,6 +15,7 @@ converted with the size of the row's first image (read from the image header onl
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -177,11 +178,14 @@ def swift_generate(
     batch_size: int,
     max_new_tokens: int,
     timings: dict[str, float] | None = None,
+    max_pixels: int = 0,
 ) -> tuple[list[str], int]:
     """Generates greedy answers with ms-swift's TransformersEngine (batched, KV cache).
 
     Args:
         timings: If given, receives load_s and generate_s (seconds). Default None.
+        max_pixels: The training run's `swift.max_pixels`: images are shrunk as in training
+            (the template's own rescale); 0 = full size. Default 0.
 
     Returns:
         (answers in row order, number of generated tokens).
@@ -192,6 +196,8 @@ def swift_generate(
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     start = time.time()
     engine = TransformersEngine(model_dir, model_type=model_type or None, torch_dtype=dtype, max_batch_size=batch_size)
+    if max_pixels:
+        engine.template.max_pixels = int(max_pixels)  # what `swift sft --max_pixels` set on training's template
     loaded = time.time()
     requests = [InferRequest(messages=r["messages"], images=r["images"]) for r in rows]
     config = RequestConfig(max_tokens=max_new_tokens, temperature=0.0)
@@ -257,6 +263,7 @@ def evaluate(
     resize_rule: ResizeRule | None = None,
     reference_box_convention: str = "",
     task: str = "detection",
+    max_pixels: int = 0,
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows and applies the gate.
 
@@ -284,6 +291,8 @@ def evaluate(
             not the dataset's: the untuned base model answers in its family's convention
             (`boxes.convention_for_model`), while a champion was tuned on the dataset's.
             "" = box_convention. Default "".
+        max_pixels: The training run's `swift.max_pixels`; both models see images shrunk as
+            in training (and `resize_rule` should carry the same value). 0 = full size. Default 0.
 
     Returns:
         The EvalResult.
@@ -302,6 +311,8 @@ def evaluate(
     if generate_fn is swift_generate:  # fakes in tests take names, not folders
         reference_dir = check_model_dir(reference_dir, "reference")
         tuned_dir = check_model_dir(tuned_dir, "tuned")
+        if max_pixels:
+            generate_fn = functools.partial(swift_generate, max_pixels=max_pixels)
     rows = load_eval_rows(dataset_dir, max_samples)
     geometries = row_geometries(rows, box_convention, resize_rule)
     reference_box_convention = reference_box_convention or box_convention

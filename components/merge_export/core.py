@@ -189,6 +189,8 @@ def training_summary(adapter_dir: str | Path) -> dict[str, Any]:
         missing.append("args.json")
         args = {}
     hyper = {key: args[key] for key, _ in HYPERPARAMETERS if args.get(key) is not None}
+    if args.get("max_pixels"):  # the training resize: evaluate and serving apply it too (not a card row)
+        hyper["max_pixels"] = args["max_pixels"]
     batch, accum = hyper.get("per_device_train_batch_size"), hyper.get("gradient_accumulation_steps")
     if isinstance(batch, int) and isinstance(accum, int):
         world = hyper.get("global_world_size")
