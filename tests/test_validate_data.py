@@ -774,3 +774,18 @@ def test_ms_swift_grounding_rows_are_accepted_and_validated(data, run, obj, code
     else:
         (issue,) = result.issues
         assert issue.code == code and fragment in issue.message, issue.message
+
+
+def test_each_dataset_folder_carries_its_token_figures(tmp_path, run):
+    """train-lora's planner sizes micro-batches from these before it loads anything."""
+    from components.common.dataset import read_token_stats
+
+    rows = [line(row(f"{i}" + "q" * n)) for i, n in enumerate((1, 50, 400, 2000) * 3)]
+    result = run([write_lines(tmp_path / "train.jsonl", rows)], eval_fraction=0.25, max_length=4000)
+    for folder, key in ((run.train, "n_train"), (run.eval, "n_eval")):
+        stats = read_token_stats(folder)
+        assert stats is not None and stats["rows"] == result.counts[key]
+        assert stats["max_tokens"] >= stats["p95_tokens"] >= 1 and stats["max_length"] == 4000
+    both = read_token_stats(run.train)["max_tokens"], read_token_stats(run.eval)["max_tokens"]
+    assert max(both) == max(result.stats["token_counts"])
+    assert read_token_stats(tmp_path) is None  # no figures: None, the planner then says so

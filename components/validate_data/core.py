@@ -12,6 +12,7 @@ end-of-line and a leading BOM are removed; for a line over MAX_LINE_BYTES, its f
 A dataset written here is a folder:
 
     data.jsonl    one row per line, image paths relative to this folder
+    token_stats.json  the rows' token counts (max, p95, mean; `components.common.dataset`)
     images/       the rows' images, named by content hash (copied once)
 
 so it is self-contained and readable by the training task wherever the folder is
@@ -56,6 +57,7 @@ from PIL import Image, UnidentifiedImageError
 from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
+from components.common.dataset import token_stats, write_token_stats
 from components.common.files import sha256_file
 from components.common.tasks import TASK_NAMES, get_task
 from components.validate_data import _sources
@@ -841,12 +843,15 @@ def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecu
 
 def _write_outputs(
     train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected], outputs: _Outputs,
-    pool: ThreadPoolExecutor,
+    pool: ThreadPoolExecutor, token_settings: dict[str, Any] | None = None,
 ) -> int:  # fmt: skip
-    """Writes the quarantine and both datasets; returns the number of images written."""
+    """Writes the quarantine and both datasets (with their token figures); returns the number of images written."""
     outputs.quarantine.parent.mkdir(parents=True, exist_ok=True)
     _write_text_lines(outputs.quarantine, (json.dumps(r.issue.__dict__, ensure_ascii=False) + "\n" for r in rejected))
-    return _write_dataset(train, outputs.train, pool) + _write_dataset(held_out, outputs.eval, pool)
+    written = _write_dataset(train, outputs.train, pool) + _write_dataset(held_out, outputs.eval, pool)
+    for rows, folder in ((train, outputs.train), (held_out, outputs.eval)):
+        write_token_stats(folder, token_stats([r.tokens for r in rows], **(token_settings or {})))
+    return written
 
 
 def _result(
@@ -1132,7 +1137,8 @@ def _validate(
     train, held_out = _split(checked, hash_split=not eval_files, eval_fraction=eval_fraction, split_seed=split_seed)
     n_lines = _check_line_accounting(files, train, held_out, rejected)
 
-    n_images = _write_outputs(train, held_out, rejected, outputs, pool)
+    settings = {"max_length": max_length, "max_pixels": counter.max_pixels, "source": counter.source}
+    n_images = _write_outputs(train, held_out, rejected, outputs, pool, settings)
     result = _result(
         checked, train, held_out, rejected, n_lines=n_lines, n_images=n_images, outputs=outputs,
         counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
