@@ -113,3 +113,30 @@ def test_out_of_memory_replans_are_bounded():
         seen.append((plan.micro_batch, plan.gradient_checkpointing))
     assert seen == [(8, False), (4, False), (2, False), (1, False), (1, True)]
     assert isinstance(replan_after_oom(Plan(1, 16, True, 0, 0), 16), type(None))
+
+
+def test_plan_for_run_reads_what_the_task_has():
+    from components.train_lora._plan import is_out_of_memory, plan_for_run, samples_per_step, wants_plan
+
+    config = {"text_config": {"num_hidden_layers": 36, "hidden_size": 2560, "vocab_size": 151936}}
+    stats = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
+    args = {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True}
+    assert wants_plan(args) and not wants_plan({"per_device_train_batch_size": 8})
+    assert samples_per_step(args, 1) == 16 and samples_per_step({**args, "gradient_accumulation_steps": 4}, 2) == 8
+    plan = plan_for_run(
+        args, model_config=config, weight_bytes=8_880_000_000, token_stats=stats, gpu_bytes=H100, world_size=1
+    )
+    assert (plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing) == (8, 2, False)
+    fixed_gc = plan_for_run(
+        {**args, "gradient_checkpointing": True},
+        model_config=config,
+        weight_bytes=8_880_000_000,
+        token_stats=stats,
+        gpu_bytes=H100,
+        world_size=1,
+    )
+    assert fixed_gc.gradient_checkpointing
+    with pytest.raises(PlanError, match="needs the training set's token figures"):
+        plan_for_run(args, model_config=config, weight_bytes=1, token_stats=None, gpu_bytes=H100, world_size=1)
+    assert is_out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not is_out_of_memory("ValueError: bad row")

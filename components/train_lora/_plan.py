@@ -317,3 +317,72 @@ def replan_after_oom(plan: Plan, per_gpu_samples: int) -> Plan | None:
         why = "out of memory with micro-batch 1: gradient checkpointing on"
         return Plan(1, per_gpu_samples, True, 0, plan.budget_bytes, (*plan.reasons, why))
     return None
+
+
+_OOM_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(log_tail: str) -> bool:
+    """Whether a failed `swift sft` ran out of GPU memory (its log's last lines)."""
+    return any(marker in log_tail for marker in _OOM_MARKERS)
+
+
+def wants_plan(swift_args: Mapping[str, Any]) -> bool:
+    """Whether the config leaves micro-batch or checkpointing to the planner (`auto`)."""
+    return AUTO in (swift_args.get("per_device_train_batch_size"), swift_args.get("gradient_checkpointing"))
+
+
+def samples_per_step(swift_args: Mapping[str, Any], world_size: int) -> int:
+    """Samples per optimizer step an `auto` config asks for: what batch 1 would do.
+
+    `gradient_accumulation_steps: N` with `per_device_train_batch_size: auto` means N samples
+    per GPU and step (as the seed's batch 1 x accumulation 16); without it, ms-swift's own
+    default for batch 1: 16 samples per step in all.
+    """
+    batch = swift_args.get("per_device_train_batch_size")
+    accum = swift_args.get("gradient_accumulation_steps")
+    per_gpu_batch = batch if isinstance(batch, int) and not isinstance(batch, bool) else 1
+    if isinstance(accum, int) and not isinstance(accum, bool) and accum > 0:
+        return per_gpu_batch * accum * world_size
+    return max(SAMPLES_PER_STEP, world_size) if per_gpu_batch == 1 else per_gpu_batch * world_size
+
+
+def plan_for_run(
+    swift_args: Mapping[str, Any],
+    *,
+    model_config: Mapping[str, Any],
+    weight_bytes: int,
+    token_stats: Mapping[str, Any] | None,
+    gpu_bytes: int,
+    world_size: int,
+    zero3: bool = False,
+) -> Plan:
+    """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
+
+    Raises:
+        PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
+    """
+    if not token_stats:
+        raise PlanError(
+            "per_device_train_batch_size / gradient_checkpointing 'auto' needs the training set's token figures "
+            "(token_stats.json, written by validate-data): re-run validate-data, or set both explicitly"
+        )
+    stats = TokenStats(
+        max_tokens=int(token_stats["max_tokens"]),
+        p95_tokens=int(token_stats.get("p95_tokens", 0)),
+        mean_tokens=float(token_stats.get("mean_tokens", 0.0)),
+        rows=int(token_stats.get("rows", 0)),
+    )
+    batch = swift_args.get("per_device_train_batch_size")
+    checkpointing = swift_args.get("gradient_checkpointing", AUTO)
+    return plan_micro_batch(
+        ModelShape.from_config(model_config, weight_bytes),
+        stats,
+        gpu_bytes,
+        samples_per_step=samples_per_step(swift_args, world_size),
+        world_size=world_size,
+        liger=bool(swift_args.get("use_liger_kernel")),
+        batch=batch if batch != AUTO and batch is not None else AUTO,
+        checkpointing=AUTO if checkpointing == AUTO else bool(checkpointing),
+        shards=world_size if zero3 else 1,
+    )
