@@ -1,4 +1,4 @@
-"""Unit tests of train-lora's launch logic: CLUSTER_SPEC, GPUs, DDP/ZeRO choice, preflight, durable checkpoints."""
+"""Unit tests of train-lora's launch logic: CLUSTER_SPEC, GPUs, DDP/ZeRO choice, input checks, durable checkpoints."""
 
 import json
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from components.train_lora import _checkpoints as ck
+from components.train_lora import _input_checks as pf
 from components.train_lora import _launch as la
-from components.train_lora import _preflight as pf
 from components.train_lora import core
 from components.train_lora.core import TrainError
 
@@ -152,7 +152,7 @@ def test_model_weight_bytes_scales_by_dtype(tmp_path):
     assert la.model_weight_bytes(tmp_path, "bfloat16") == 1000
 
 
-# --- preflight ---------------------------------------------------------------------------
+# --- input checks ---------------------------------------------------------------------------
 
 
 def _model(tmp_path, max_pos=4096):
@@ -177,23 +177,23 @@ def _model(tmp_path, max_pos=4096):
 
 def test_max_length_beyond_the_model_is_refused(tmp_path):
     m = _model(tmp_path, 2048)
-    pf.preflight({"max_length": 2048.0}, m)
-    with pytest.raises(pf.PreflightError, match="max_length 3000 .* max_position_embeddings 2048"):
-        pf.preflight({"max_length": 3000}, m)
+    pf.check_inputs({"max_length": 2048.0}, m)
+    with pytest.raises(pf.InputCheckError, match="max_length 3000 .* max_position_embeddings 2048"):
+        pf.check_inputs({"max_length": 3000}, m)
 
 
 def test_target_modules_must_exist(tmp_path):
     m = _model(tmp_path)
     for ok in (["q_proj", "v_proj"], "all-linear", ["self_attn.q_proj"], ["qkv"], [r".*\.q_proj"]):
         pf.check_target_modules({"target_modules": ok}, m)
-    with pytest.raises(pf.PreflightError, match=r"\['qproj'\] match no module.*q_proj"):
+    with pytest.raises(pf.InputCheckError, match=r"\['qproj'\] match no module.*q_proj"):
         pf.check_target_modules({"target_modules": ["q_proj", "qproj"]}, m)
 
 
 def test_unwritable_output_is_refused(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(pf.PreflightError, match="adapter output .* not writable"):
+    with pytest.raises(pf.InputCheckError, match="adapter output .* not writable"):
         pf.check_writable(blocker / "sub", "adapter output")
     pf.check_writable(tmp_path / "new" / "dir", "x")
     assert not any((tmp_path / "new" / "dir").iterdir())
@@ -202,7 +202,7 @@ def test_unwritable_output_is_refused(tmp_path):
 def test_train_lora_fails_before_any_work(tmp_path):
     m = _model(tmp_path, 1024)
     ds = tmp_path / "missing-dataset"
-    with pytest.raises(pf.PreflightError, match="max_length"):
+    with pytest.raises(pf.InputCheckError, match="max_length"):
         core.train_lora(
             str(m),
             "qwen3_vl",
@@ -240,7 +240,7 @@ def test_train_lora_fails_before_any_work(tmp_path):
             environ={"CLUSTER_SPEC": "nope"},
         )
     (tmp_path / "ro").write_text("file, not a folder")
-    with pytest.raises(pf.PreflightError, match="checkpoint_dir"):
+    with pytest.raises(pf.InputCheckError, match="checkpoint_dir"):
         core.train_lora(
             str(m),
             "qwen3_vl",

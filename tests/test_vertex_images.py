@@ -92,9 +92,7 @@ def test_every_package_is_pinned_and_the_project_installs_from_the_lock(path):
     assert reqs, "no pip install found"
     for req in reqs:
         assert re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][0-9A-Za-z.+\-]*", req), f"{path.name}: {req!r} is not pinned"
-    project_installs = [
-        run for run in runs if re.search(r'pip install -c requirements\.lock "?\.\[train\]"?', run)
-    ]
+    project_installs = [run for run in runs if re.search(r'pip install -c requirements\.lock "?\.\[train\]"?', run)]
     assert project_installs, "the project must install with -c requirements.lock (the lock CI uses)"
     lock = dict(
         line.split("==", 1)

@@ -18,6 +18,8 @@ def train_lora(
     accelerator_count: int = 0,
     ddp_timeout_s: int = 0,
     checkpoint_root: str = "",
+    preflight: str = "fail",
+    job_env: dict = {},  # noqa: B006 - KFP needs a literal default; the body never mutates it
 ):
     """Trains a LoRA adapter with `swift sft` on the staged model and the clean datasets.
 
@@ -27,7 +29,7 @@ def train_lora(
         eval_dataset: Clean held-out set from validate-data.
         swift_args: `swift sft` arguments in ms-swift's names.
         adapter: Output: adapter weights + config, args.json, base_model.json.
-        metrics: Output: losses, steps, samples/s, peak memory, wall time.
+        metrics: Output: losses, steps, samples/s, peak memory, wall time, preflight figures.
         loss_curve: Output: training / eval loss per step (HTML, inline SVG).
         checkpoint_dir: Durable folder for verified checkpoints (on Vertex a `/gcs/...`
             path, stable across retries of the job); a restarted job resumes from the
@@ -40,6 +42,13 @@ def train_lora(
             `<checkpoint_root>/<key>/train-lora`, the key a hash of the input artifacts'
             URIs and swift_args (`core.durable_checkpoint_dir`), so retries of one run share
             the folder and no per-run value breaks the cache. "" = none.
+        preflight: GPU and interconnect check on every node before training: "fail"
+            (stop on a slow GPU / link or a missing node), "warn" (log and train) or "off".
+            Skipped without a GPU. Its figures (preflight_tflops_min, preflight_busbw_gbps,
+            preflight_seconds, preflight_gpus) go into `metrics`.
+        job_env: Extra environment variables of the training job (NCCL_*, TORCH_NCCL_*,
+            TORCH_DISTRIBUTED_DEBUG, CUDA_DEVICE_MAX_CONNECTIONS, ...), applied to the
+            preflight and to `swift sft`; other names and secrets are refused. {} = none.
 
     On a multi-node job (Vertex CLUSTER_SPEC) every node trains; only the chief writes
     the adapter and the metrics. Every node copies its own ranks' checkpoint files to
@@ -70,6 +79,8 @@ def train_lora(
             checkpoint_dir=checkpoint_dir or None,
             expected_gpus=accelerator_count,
             ddp_timeout_s=ddp_timeout_s or None,
+            preflight=preflight,
+            job_env=dict(job_env),
         )
     except TrainError as exc:
         raise SystemExit(f"train-lora: {exc}") from None

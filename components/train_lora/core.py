@@ -2,7 +2,9 @@
 
 `build_sft_command` is a pure function from the config's `swift` section (ms-swift's own
 argument names, passed through unchanged) plus the task's inputs to the command line;
-`train_lora` runs it, then collects the adapter and the training metrics. Running the
+`train_lora` first runs the GPU and interconnect preflight on every node
+(`components.train_lora.preflight`, skipped without a GPU), then the command, then
+collects the adapter and the training metrics (with the chief's preflight figures). Running the
 command (`components.common.swift`) and the adapter folder's layout
 (`components.common.adapter`) are shared with merge-export.
 """
@@ -28,13 +30,20 @@ from components.common.swift import (
     swift_executable,
     to_cli,
 )
-from components.train_lora import _checkpoints, _launch, _preflight
+from components.train_lora import _checkpoints, _input_checks, _launch
+from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
+from components.train_lora.job_env import check_job_env, job_env_strings
 
 # Set by the task from its inputs; a config that sets them is refused.
 PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
 # Printed when SIGTERM arrives: what the task does next.
 _SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
+# How long each node's preflight waits for every rank to join, seconds: the ranks of one
+# node start together; the replicas of a multi-node Vertex job can start minutes apart
+# (provisioning, image pull), and a missing one is named when this runs out.
+PREFLIGHT_TIMEOUT_S = 60.0
+PREFLIGHT_MULTI_NODE_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -424,6 +433,8 @@ def train_lora(
     node_timeout_s: float = 900.0,
     term_wait_s: float = 10.0,
     grace_s: float = 25.0,
+    preflight: str = "fail",
+    job_env: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Trains a LoRA adapter with `swift sft` and writes it to `adapter_out`.
 
@@ -459,15 +470,27 @@ def train_lora(
         grace_s: After SIGTERM: seconds (from the signal) the last durable copy may wait
             for other nodes' markers; Vertex kills the task about 30 s after SIGTERM.
             Default 25.
+        preflight: The GPU and interconnect check run on every node before `swift sft`
+            (`components.train_lora.preflight`): "fail" stops on a problem, "warn" logs it
+            and trains, "off" skips it. Skipped on a node without a GPU. Default "fail".
+        job_env: Extra environment variables of the preflight and `swift sft` (NCCL_*,
+            TORCH_NCCL_*, TORCH_DISTRIBUTED_DEBUG, CUDA_DEVICE_MAX_CONNECTIONS, ...; see
+            `components.train_lora.job_env`). Default None (none).
 
     Returns:
         The TrainResult (on a non-chief node: no adapter, `is_chief` False).
 
     Raises:
         TrainError: Inputs invalid, or `swift sft` failed (message names the likely knob).
+        JobEnvError: `job_env` names a variable outside the allow-list, or a secret (a TrainError).
+        PreflightFailed: mode "fail" and a GPU or link check failed, or a rank did not join
+            (a TrainError; the message names node, GPU, the figure and the NCCL knobs).
         Preempted: SIGTERM arrived (a TrainError); swift was stopped and the finished
             checkpoints were copied; the message names the last durable checkpoint.
     """
+    gpu_check.check_mode(preflight, "preflight")
+    check_job_env(job_env or {}, "job_env")
+    extra_env = job_env_strings(job_env)
     durable = _Durability(checkpoint_dir, checkpoint_interval_s, keep_checkpoints, node_timeout_s, term_wait_s, grace_s)
     launch = _plan_launch(
         model_dir,
@@ -478,6 +501,15 @@ def train_lora(
         expected_gpus=expected_gpus,
         environ=environ,
         gpus=gpus,
+    )
+    checked = run_node_preflight(
+        launch.plan,
+        launch.gpu_count,
+        preflight,
+        work_dir=work_dir,
+        job_env=extra_env,
+        expected_gpus=expected_gpus,
+        environ=environ,
     )
     inputs = _materialize_inputs(work_dir, train_dir, eval_dir)
     args, strategy = _final_swift_args(
@@ -495,11 +527,13 @@ def train_lora(
     )
     cmd[0] = swift_executable()
     print("train-lora:", " ".join(cmd), flush=True)
-    wall = _run_swift(cmd, inputs, launch.plan, durable)
+    wall = _run_swift(cmd, inputs, launch.plan, durable, extra_env)
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
     result = _collect_outputs(
         inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=wall, resume=resume, strategy=strategy.name
     )
+    if result.is_chief:
+        result.metrics.update(checked)
     lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
     if result.is_chief and lineage.is_file():
         shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
@@ -542,7 +576,7 @@ def _plan_launch(
 
     Raises:
         TrainError: The base model folder has no config.json; or (subclasses) too few
-            GPUs, a bad CLUSTER_SPEC, or a preflight check of the config or a folder failed.
+            GPUs, a bad CLUSTER_SPEC, or an input check of the config or a folder failed.
     """
     if not Path(model_dir, "config.json").is_file():
         raise TrainError(f"{model_dir}: base model folder has no config.json; stage the model first")
@@ -554,8 +588,72 @@ def _plan_launch(
         writable["adapter output"] = adapter_out
     if checkpoint_dir:
         writable["checkpoint_dir"] = checkpoint_dir
-    _preflight.preflight(swift_args, model_dir, writable)
+    _input_checks.check_inputs(swift_args, model_dir, writable)
     return _Launch(plan, gpu_count, gpu_memory)
+
+
+def run_node_preflight(
+    plan: _launch.LaunchPlan,
+    gpu_count: int,
+    mode: str,
+    *,
+    work_dir: str,
+    job_env: dict[str, str] | None = None,
+    expected_gpus: int = 0,
+    environ: dict[str, str] | None = None,
+    device: str | None = None,
+    sizes_mb: tuple[float, ...] | None = None,
+    timeout_s: float | None = None,
+) -> dict[str, float]:
+    """Runs the GPU and interconnect preflight on this node (torchrun, bounded), before training.
+
+    Every node of the job runs it at the same point, so the nodes meet in its rendezvous.
+
+    Args:
+        plan: This node's launch plan (nodes, node rank, master address, processes).
+        gpu_count: GPUs on this node; 0 skips the check (CPU run) unless `device` is set.
+        mode: "fail", "warn" or "off".
+        work_dir: Folder for the figures (`preflight.json`).
+        job_env: Extra environment variables (strings). Default None.
+        expected_gpus: GPUs the profile asks for per node (0 = no check). Default 0.
+        environ: Environment with CLUSTER_SPEC (for host names). Default None (os.environ).
+        device: "cuda" or "cpu" (gloo; for tests) instead of deciding from `gpu_count`.
+            Default None.
+        sizes_mb: All-reduce sizes in MB. Default None (the preflight's default).
+        timeout_s: Longest wait for every rank. Default None (PREFLIGHT_TIMEOUT_S on one
+            node, PREFLIGHT_MULTI_NODE_TIMEOUT_S on several).
+
+    Returns:
+        On the chief, the Metrics-ready figures (preflight_tflops_min, preflight_busbw_gbps,
+        preflight_seconds, preflight_gpus); {} elsewhere, when skipped, or when off.
+
+    Raises:
+        PreflightFailed: mode "fail" and a check failed, a rank did not join, or the check
+            did not finish within its wall-clock bound.
+    """
+    if mode == "off":
+        print("train-lora: preflight off", flush=True)
+        return {}
+    if device is None and not gpu_count:
+        print("train-lora: preflight skipped: no GPU on this node (CPU run)", flush=True)
+        return {}
+    wait = timeout_s or (PREFLIGHT_TIMEOUT_S if plan.nnodes == 1 else PREFLIGHT_MULTI_NODE_TIMEOUT_S)
+    opts = gpu_check.Options(
+        mode=mode,
+        expect_gpus=expected_gpus,
+        timeout_s=wait,
+        json_path=str(Path(work_dir) / "preflight.json"),
+        device=device or "cuda",
+    )
+    if sizes_mb:
+        opts.sizes_mb = tuple(sorted(sizes_mb))
+    hosts = gpu_check.cluster_hosts(os.environ if environ is None else environ)
+    outcome = gpu_check.run_launch(
+        opts, plan, hosts=hosts, env={**os.environ, **(job_env or {})}, log=lambda line: print(line, flush=True)
+    )
+    summary = ", ".join(f"{k} {v:g}" for k, v in outcome.metrics.items())
+    print(f"train-lora: preflight {'passed' if outcome.ok else 'found problems (mode warn)'}: {summary}", flush=True)
+    return outcome.metrics if plan.is_chief else {}
 
 
 def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str) -> _Inputs:
@@ -636,8 +734,12 @@ def _resume_point(checkpoint_dir: str | None, plan: _launch.LaunchPlan) -> Path 
     return resume
 
 
-def _run_swift(cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durable: _Durability) -> float:
-    """Runs `swift sft`, copying its finished checkpoints durably meanwhile; returns the wall time in seconds.
+def _run_swift(
+    cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durable: _Durability, job_env: dict[str, str]
+) -> float:
+    """Runs `swift sft` (with the job environment), copying its finished checkpoints durably meanwhile.
+
+    Returns the wall time in seconds.
 
     Raises:
         Preempted: SIGTERM arrived; swift's process group was stopped and the last
@@ -645,9 +747,12 @@ def _run_swift(cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durabl
         TrainError: swift exited non-zero (the message names the likely knob).
     """
     start = time.time()
-    env = cpu_speed_env(_cuda_available())
+    env = cpu_speed_env(_cuda_available(), {**os.environ, **job_env})
     if env:
         print("train-lora: CPU-only, setting", " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    if job_env:
+        print("train-lora: job environment:", " ".join(f"{k}={v}" for k, v in sorted(job_env.items())), flush=True)
+    env.update(job_env)
     env.update(plan.env)
     sync = None
     if durable.checkpoint_dir:

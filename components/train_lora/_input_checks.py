@@ -1,6 +1,7 @@
-"""Checks that fail before the first training step, with the knob to turn.
+"""Checks of the config and the inputs that fail before the first training step, with the knob to turn.
 
 All of them read only small files (config.json, safetensors headers), never the weights.
+The hardware check (GPUs, interconnect) is `components.train_lora.preflight`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from components.train_lora._errors import TrainError
 
 
-class PreflightError(TrainError):
+class InputCheckError(TrainError):
     """An input makes training fail later; the message names the setting."""
 
 
@@ -38,7 +39,7 @@ def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
 
 
 def check_max_length(swift_args: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Raises PreflightError when swift.max_length exceeds the model's max_position_embeddings."""
+    """Raises InputCheckError when swift.max_length exceeds the model's max_position_embeddings."""
     raw = swift_args.get("max_length")
     limit = max_position_embeddings(config)
     if raw is None or limit is None:
@@ -48,7 +49,7 @@ def check_max_length(swift_args: Mapping[str, Any], config: Mapping[str, Any]) -
     except (TypeError, ValueError):
         return
     if length > limit:
-        raise PreflightError(
+        raise InputCheckError(
             f"swift.max_length {length} is larger than the model's max_position_embeddings {limit}: "
             f"lower swift.max_length to at most {limit}"
         )
@@ -90,7 +91,7 @@ _PLAIN = re.compile(r"[A-Za-z_][\w.]*")
 
 
 def check_target_modules(swift_args: Mapping[str, Any], model_dir: str | Path) -> None:
-    """Raises PreflightError when a plain swift.target_modules name matches no module of the model.
+    """Raises InputCheckError when a plain swift.target_modules name matches no module of the model.
 
     Special values (`all-linear`, `all-embedding`, ...) and regular expressions are left to
     ms-swift; a model folder without readable safetensors skips the check.
@@ -107,14 +108,14 @@ def check_target_modules(swift_args: Mapping[str, Any], model_dir: str | Path) -
     ]
     if missing:
         leaves = sorted({m.rsplit(".", 1)[-1] for m in known if not m.rsplit(".", 1)[-1].isdigit()})
-        raise PreflightError(
+        raise InputCheckError(
             f"swift.target_modules {missing} match no module of the model; use all-linear or names such as "
             f"{', '.join(leaves[:12])}"
         )
 
 
 def check_writable(folder: str | Path, what: str) -> None:
-    """Creates the folder and writes/deletes a probe file; PreflightError when it cannot."""
+    """Creates the folder and writes/deletes a probe file; InputCheckError when it cannot."""
     base = Path(folder)
     probe = base / f".write-probe-{uuid.uuid4().hex}"
     try:
@@ -122,10 +123,10 @@ def check_writable(folder: str | Path, what: str) -> None:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise PreflightError(f"{what} {base} is not writable: {exc.strerror or exc}") from None
+        raise InputCheckError(f"{what} {base} is not writable: {exc.strerror or exc}") from None
 
 
-def preflight(
+def check_inputs(
     swift_args: Mapping[str, Any],
     model_dir: str | Path,
     writable: Mapping[str, str | Path] | None = None,
@@ -138,7 +139,7 @@ def preflight(
         writable: {description: folder} that must be writable.
 
     Raises:
-        PreflightError: The first failed check.
+        InputCheckError: The first failed check.
     """
     for what, folder in (writable or {}).items():
         check_writable(folder, what)
