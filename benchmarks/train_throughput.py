@@ -64,6 +64,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b16_gc_liger": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True},
     "b4_nogc_liger": {"batch": 4, "gradient_checkpointing": False, "use_liger_kernel": True},
     "b8_nogc_liger": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True},
+    # the planner (swift.per_device_train_batch_size / gradient_checkpointing: auto, issue 14)
+    "auto_liger": {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True},
+    # a 40 GB card (the seed's A100 40GB) stood in for by a memory cap on a larger GPU
+    "auto_liger_40g": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_GPU_MEMORY_GIB": "39.4"},
+    },
+    "seed_40g": {"batch": 1, "env": {"VLM_LORA_GPU_MEMORY_GIB": "39.4"}},
     "b16_gc_liger_w8": {
         "batch": 16,
         "vit_gradient_checkpointing": False,
@@ -183,6 +193,17 @@ def profile_args(
     name: str, overrides: dict[str, Any], samples_per_step: int, gpus: int, steps: int, base: dict[str, Any]
 ) -> dict[str, Any]:
     """The swift arguments of one profile run."""
+    if overrides.get("batch") == "auto":  # the planner splits what batch 1 would do: samples_per_step / GPUs each
+        args = {**base, **{k: v for k, v in overrides.items() if k not in ("batch", "env")}}
+        args.update(
+            per_device_train_batch_size="auto",
+            gradient_accumulation_steps=samples_per_step // gpus,
+            max_steps=steps, save_steps=steps, logging_steps=1, save_only_model=True, report_to="none",
+            eval_strategy="no",
+        )  # fmt: skip
+        for key in ("eval_steps", "save_total_limit", "num_train_epochs"):
+            args.pop(key, None)
+        return args
     batch = int(overrides.get("batch", 1))
     if samples_per_step % (batch * gpus):
         raise SystemExit(
@@ -309,6 +330,10 @@ def run_profile(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    if "plan_micro_batch" in result.metrics:  # what the planner chose
+        row.update(batch=result.metrics["plan_micro_batch"], grad_accum=result.metrics["plan_grad_accum"])
+        row["plan"] = {k: v for k, v in result.metrics.items() if k.startswith("plan_") or k == "oom_replans"}
+        args = {**args, "gradient_checkpointing": bool(result.metrics["plan_gradient_checkpointing"])}
     steady = steady_state(result.log_history, skip_steps=2)
     sps = samples_per_step / steady["seconds_per_step"] if steady else 0.0
     gc_on = bool(args.get("gradient_checkpointing", True))

@@ -439,7 +439,8 @@ SWIFT_ARG_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "learning_rate": (lambda v: _is_number(v) and v > 0, "a number > 0, e.g. 1.0e-4"),
     "num_train_epochs": (lambda v: _is_number(v) and v > 0, "a number > 0, e.g. 2"),
     "max_steps": (lambda v: _is_int(v) and (v == -1 or v > 0), "-1 (use num_train_epochs) or a positive integer"),
-    "per_device_train_batch_size": _POSITIVE_INT,
+    # `auto`: train-lora sizes the micro-batch from the data, the model and the GPU (components/train_lora/_plan.py)
+    "per_device_train_batch_size": (lambda v: v == "auto" or (_is_int(v) and v > 0), "a positive integer or auto"),
     "per_device_eval_batch_size": _POSITIVE_INT,
     "gradient_accumulation_steps": _POSITIVE_INT,
     "lora_rank": _POSITIVE_INT,
@@ -464,7 +465,7 @@ SWIFT_ARG_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "torch_dtype": (lambda v: v in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32"),
     "bf16": _BOOL,
     "fp16": _BOOL,
-    "gradient_checkpointing": _BOOL,
+    "gradient_checkpointing": (lambda v: isinstance(v, bool) or v == "auto", "true, false or auto"),
     "freeze_vit": _BOOL,
     "freeze_llm": _BOOL,
     "freeze_aligner": _BOOL,

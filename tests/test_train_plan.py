@@ -140,3 +140,75 @@ def test_plan_for_run_reads_what_the_task_has():
         plan_for_run(args, model_config=config, weight_bytes=1, token_stats=None, gpu_bytes=H100, world_size=1)
     assert is_out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert not is_out_of_memory("ValueError: bad row")
+
+
+FAKE_SWIFT = """#!{python}
+import sys
+args = sys.argv[1:]
+batch = int(args[args.index("--per_device_train_batch_size") + 1])
+accum = int(args[args.index("--gradient_accumulation_steps") + 1])
+assert batch * accum == 16, (batch, accum)
+with open({calls!r}, "a") as f:
+    f.write(f"{{batch}} {{accum}} {{args[args.index('--gradient_checkpointing') + 1]}}\\n")
+if batch > {fits}:
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB", flush=True)
+    sys.exit(1)
+print("fake swift: trained", flush=True)
+"""
+
+
+def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1):
+    """`_train_until_it_fits` with a swift that runs out of memory above `fits` rows per micro-batch."""
+    import sys
+
+    from components.train_lora import _launch, core
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "swift"
+    fake.write_text(FAKE_SWIFT.format(python=sys.executable, calls=str(calls), fits=fits))
+    fake.chmod(0o755)
+    monkeypatch.setattr(core, "swift_executable", lambda: str(fake))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.jsonl").write_text("{}\n")
+    inputs = core._Inputs(work, work / "train.jsonl", "", 1)
+    launch = core._Launch(_launch.LaunchPlan(nnodes=nnodes), 1, H100)
+    durable = core._Durability(None, 5.0, 2, 60.0, 5.0, 10.0)
+    plan = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
+    run = core._train_until_it_fits(
+        {"use_liger_kernel": True},
+        plan,
+        model_dir=str(tmp_path),
+        model_type="qwen3_vl",
+        inputs=inputs,
+        launch=launch,
+        durable=durable,
+        job_env={},
+        checkpoint_dir=None,
+    )
+    return run, calls.read_text().splitlines()
+
+
+def test_out_of_memory_in_the_first_steps_replans_and_trains(tmp_path, monkeypatch, capsys):
+    run, calls = _fake_run(tmp_path, monkeypatch, fits=2)
+    assert calls == ["8 2 false", "4 4 false", "2 8 false"]  # the same 16 samples per step each time
+    assert run.replans == 2 and run.plan.micro_batch == 2
+    assert run.metrics()["oom_replans"] == 2 and run.metrics()["plan_micro_batch"] == 2
+    assert "out of memory; re-plan 1/3: out of memory with micro-batch 8: micro-batch 4" in capsys.readouterr().out
+
+
+def test_out_of_memory_replans_are_bounded_and_name_the_knob(tmp_path, monkeypatch):
+    from components.train_lora.core import SwiftFailed
+
+    with pytest.raises(SwiftFailed, match="CUDA out of memory: lower swift.per_device_train_batch_size"):
+        _fake_run(tmp_path, monkeypatch, fits=0)
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert calls == ["8 2 false", "4 4 false", "2 8 false", "1 16 false"]  # 3 re-plans, then the error
+
+
+def test_a_multi_node_run_does_not_replan_alone(tmp_path, monkeypatch):
+    from components.train_lora.core import SwiftFailed
+
+    with pytest.raises(SwiftFailed):
+        _fake_run(tmp_path, monkeypatch, fits=2, nnodes=2)
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["8 2 false"]

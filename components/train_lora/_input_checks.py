@@ -21,7 +21,7 @@ class InputCheckError(TrainError):
     """An input makes training fail later; the message names the setting."""
 
 
-def _load_config(model_dir: str | Path) -> dict[str, Any]:
+def load_model_config(model_dir: str | Path) -> dict[str, Any]:
     try:
         return json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -143,5 +143,5 @@ def check_inputs(
     """
     for what, folder in (writable or {}).items():
         check_writable(folder, what)
-    check_max_length(swift_args, _load_config(model_dir))
+    check_max_length(swift_args, load_model_config(model_dir))
     check_target_modules(swift_args, model_dir)

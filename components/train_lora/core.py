@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
+from components.common.dataset import read_token_stats
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import (
     RESERVED_ARGS,
@@ -30,7 +31,7 @@ from components.common.swift import (
     swift_executable,
     to_cli,
 )
-from components.train_lora import _checkpoints, _input_checks, _launch
+from components.train_lora import _checkpoints, _input_checks, _launch, _plan
 from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
@@ -303,6 +304,14 @@ _FAILURES = (
 )
 
 
+class SwiftFailed(TrainError):
+    """`swift sft` exited non-zero; the message names the likely knob, `log_tail` holds its last lines."""
+
+    def __init__(self, message: str, log_tail: str):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
 def _explain_failure(log_tail: str, code: int) -> str:
     for needle, advice in _FAILURES:
         if needle in log_tail:
@@ -503,41 +512,121 @@ def train_lora(
         gpus=gpus,
     )
     checked = run_node_preflight(
-        launch.plan,
-        launch.gpu_count,
-        preflight,
-        work_dir=work_dir,
-        job_env=extra_env,
-        expected_gpus=expected_gpus,
+        launch.plan, launch.gpu_count, preflight, work_dir=work_dir, job_env=extra_env, expected_gpus=expected_gpus,
         environ=environ,
-    )
+    )  # fmt: skip
     inputs = _materialize_inputs(work_dir, train_dir, eval_dir)
     args, strategy = _final_swift_args(
         swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
     )
-    resume = _resume_point(checkpoint_dir, launch.plan)
-    cmd = build_sft_command(
-        args,
-        model_dir,
-        model_type,
-        str(inputs.train_jsonl),
-        inputs.eval_jsonl,
-        str(inputs.output_dir),
-        resume_from=str(resume) if resume else None,
-    )
-    cmd[0] = swift_executable()
-    print("train-lora:", " ".join(cmd), flush=True)
-    wall = _run_swift(cmd, inputs, launch.plan, durable, extra_env)
+    batch_plan = _micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env)
+    run = _train_until_it_fits(
+        args, batch_plan, model_dir=model_dir, model_type=model_type, inputs=inputs, launch=launch, durable=durable,
+        job_env=extra_env, checkpoint_dir=checkpoint_dir,
+    )  # fmt: skip
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
     result = _collect_outputs(
-        inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=wall, resume=resume, strategy=strategy.name
+        inputs,
+        adapter_out,
+        ref,
+        is_chief=launch.plan.is_chief,
+        wall=run.wall,
+        resume=run.resume,
+        strategy=strategy.name,
     )
     if result.is_chief:
         result.metrics.update(checked)
+        result.metrics.update(run.metrics())
     lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
     if result.is_chief and lineage.is_file():
         shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
     return result
+
+
+@dataclass
+class _Run:
+    """How the training ran: wall time, where it resumed from, the micro-batch plan, out-of-memory re-plans."""
+
+    wall: float
+    resume: Path | None
+    plan: _plan.Plan | None
+    replans: int = 0
+
+    def metrics(self) -> dict[str, Any]:
+        if self.plan is None:
+            return {}
+        return {**self.plan.metrics(), "oom_replans": self.replans}
+
+
+def _micro_batch_plan(
+    args: dict[str, Any], model_dir: str, train_dir: str, launch: _Launch, strategy: str, job_env: dict[str, str]
+) -> _plan.Plan | None:
+    """Resolves `auto` micro-batch / checkpointing (`_plan`); None when the config fixes both."""
+    if not _plan.wants_plan(args):
+        return None
+    world = launch.plan.world_size
+    if not launch.gpu_count:
+        per_gpu = _plan.samples_per_step(args, world) // world
+        checkpointing = args.get("gradient_checkpointing")
+        plan = _plan.Plan(
+            1, per_gpu, checkpointing is True, 0, 0, ("no GPU: micro-batch 1 (the planner sizes for GPU memory)",)
+        )
+    else:
+        cap = job_env.get("VLM_LORA_GPU_MEMORY_GIB") or os.environ.get("VLM_LORA_GPU_MEMORY_GIB", "")
+        gpu_bytes = min(launch.gpu_memory, int(float(cap) * _plan.GIB)) if cap else launch.gpu_memory
+        plan = _plan.plan_for_run(
+            args,
+            model_config=_input_checks.load_model_config(model_dir),
+            weight_bytes=_launch.model_weight_bytes(model_dir, args.get("torch_dtype")),
+            token_stats=read_token_stats(train_dir),
+            gpu_bytes=gpu_bytes,
+            world_size=world,
+            zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
+        )
+    for reason in plan.reasons:
+        print(f"train-lora: plan: {reason}", flush=True)
+    return plan
+
+
+def _train_until_it_fits(
+    args: dict[str, Any],
+    plan: _plan.Plan | None,
+    *,
+    model_dir: str,
+    model_type: str,
+    inputs: _Inputs,
+    launch: _Launch,
+    durable: _Durability,
+    job_env: dict[str, str],
+    checkpoint_dir: str | None,
+) -> _Run:
+    """Runs `swift sft`; with a planned micro-batch, an out-of-memory re-plans (smaller micro-batch, then
+    checkpointing) and starts again from the last durable checkpoint, at most `_plan.MAX_OOM_REPLANS` times.
+
+    Multi-node runs do not re-plan (every node would have to agree): they fail as before.
+    """
+    replans = 0
+    per_gpu = plan.micro_batch * plan.grad_accum if plan else 0
+    while True:
+        resume = _resume_point(checkpoint_dir, launch.plan)
+        run_args = {**args, **(plan.swift_args() if plan else {})}
+        cmd = build_sft_command(
+            run_args, model_dir, model_type, str(inputs.train_jsonl), inputs.eval_jsonl, str(inputs.output_dir),
+            resume_from=str(resume) if resume else None,
+        )  # fmt: skip
+        cmd[0] = swift_executable()
+        print("train-lora:", " ".join(cmd), flush=True)
+        try:
+            return _Run(_run_swift(cmd, inputs, launch.plan, durable, job_env), resume, plan, replans)
+        except SwiftFailed as exc:
+            nxt = _plan.replan_after_oom(plan, per_gpu) if plan and _plan.is_out_of_memory(exc.log_tail) else None
+            if nxt is None or launch.plan.nnodes > 1 or replans >= _plan.MAX_OOM_REPLANS:
+                raise
+            replans += 1
+            print(
+                f"train-lora: out of memory; re-plan {replans}/{_plan.MAX_OOM_REPLANS}: {nxt.reasons[-1]}", flush=True
+            )
+            plan = nxt
 
 
 def durable_checkpoint_dir(checkpoint_root: str, *inputs: Any) -> str:
@@ -775,7 +864,7 @@ def _run_swift(
             raise _preempted(sync, durable.checkpoint_dir, durable.grace_s - (time.monotonic() - guard.received_at))
     wall = time.time() - start
     if code != 0:
-        raise TrainError(_explain_failure(tail, code))
+        raise SwiftFailed(_explain_failure(tail, code), tail)
     if sync is not None and not sync.drain(durable.node_timeout_s, final=True):
         print(
             f"train-lora: WARNING: checkpoint(s) {sync.outstanding()} lack another node's files; they stay incomplete",

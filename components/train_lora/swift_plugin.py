@@ -17,6 +17,11 @@ reaches the matmul is the same (bf16 -> fp32 is exact, autocast rounds back), dr
 runs in bf16 (same scale, its own random stream), and the adapter's master weights and
 optimizer state stay float32. Without autocast nothing changes. VLM_LORA_PEFT_INPUT_CAST=1
 restores peft's behaviour.
+
+3. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
+training process may allocate at most that much of its GPU
+(`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
 """
 
 from __future__ import annotations
@@ -75,5 +80,24 @@ def _install_autocast_input() -> bool:
     return True
 
 
+def _install_memory_cap() -> float:
+    """Caps this process's GPU memory at VLM_LORA_GPU_MEMORY_GIB; returns the fraction set (0 = none)."""
+    text = os.environ.get("VLM_LORA_GPU_MEMORY_GIB", "")
+    if not text:
+        return 0.0
+    try:
+        import torch
+    except ImportError:
+        return 0.0
+    if not torch.cuda.is_available():
+        return 0.0
+    device = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, float(text) * 1024**3 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
 INSTALLED = _install()
+MEMORY_FRACTION = _install_memory_cap()
 AUTOCAST_INPUT = _install_autocast_input()
