@@ -57,6 +57,8 @@ from components.common.boxes import CONVENTIONS
 from components.common.reference import CHAMPION, reference_problem
 from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
+from components.train_lora.job_env import JobEnvError, check_job_env
+from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -252,6 +254,9 @@ class ResourcesSection:
         eval_memory_gb: Memory of merge-export and evaluate, GB. Default 85.
         light_cpu: vCPUs of stage-model, validate-data, find-champion and register. Default 4.
         light_memory_gb: Memory of the light tasks, GB. Default 16.
+        preflight: GPU and interconnect check train-lora runs on every node before training
+            (`components.train_lora.preflight`): "fail" stops a bad node, "warn" logs and
+            trains, "off" skips it. Default "fail".
     """
 
     machine_type: str = "a2-highgpu-1g"
@@ -269,6 +274,7 @@ class ResourcesSection:
     eval_memory_gb: int = 85
     light_cpu: int = 4
     light_memory_gb: int = 16
+    preflight: str = "fail"
 
 
 @dataclass(frozen=True)
@@ -396,6 +402,7 @@ class Config:
     model: ModelSection
     data: DataSection
     swift: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
     eval: EvalSection = field(default_factory=EvalSection)
     vertex: VertexSection = field(default_factory=VertexSection)
     resources: ResourcesSection = field(default_factory=ResourcesSection)
@@ -881,11 +888,11 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         "deploy": DeploySection,
         "schedule": ScheduleSection,
     }
-    unknown = sorted(map(str, set(raw) - set(sections) - {"swift"}))  # YAML keys may be non-strings
+    unknown = sorted(map(str, set(raw) - set(sections) - {"swift", "environment"}))  # YAML keys may be non-strings
     if unknown:
         raise ConfigError(
             f"{where(unknown[0])}: unknown section '{unknown[0]}'; allowed: pipeline, model, data, swift, eval, "
-            "vertex, resources, images, register, deploy, schedule"
+            "vertex, resources, images, register, deploy, schedule, environment"
         )
     for required in ("pipeline", "model", "data"):
         if required not in raw:
@@ -899,7 +906,17 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
             raise ConfigError(
                 f"{where('swift.' + str(key))}: 'swift.{key}' must be a string, number, boolean or list, got {value!r}"
             )
-    cfg = Config(path=str(path), swift=dict(swift), **built)
+    environment = raw.get("environment") or {}
+    if not isinstance(environment, dict):
+        raise ConfigError(
+            f"{where('environment')}: section 'environment' must be a mapping of variable names to values"
+        )
+    try:
+        check_job_env(environment, "environment")
+    except JobEnvError as exc:
+        key = next((f"environment.{k}" for k in map(str, environment) if f"environment.{k}" in str(exc)), "environment")
+        raise ConfigError(f"{where(key)}: {exc}") from None
+    cfg = Config(path=str(path), swift=dict(swift), environment=dict(environment), **built)
     _check_token_ref(cfg.model.token_from, where)
     _scan_values(raw, "", where)
     _check_ranges(cfg, where)
@@ -962,6 +979,7 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("resources.boot_disk_type", r.boot_disk_type in ("pd-ssd", "pd-standard"), "'pd-ssd' or 'pd-standard'"),
         ("resources.scheduling", r.scheduling in shapes.SCHEDULING, "one of " + ", ".join(shapes.SCHEDULING)),
         ("resources.max_wait_s", r.max_wait_s > 0, "a positive number of seconds"),
+        ("resources.preflight", r.preflight in PREFLIGHT_MODES, "one of " + ", ".join(PREFLIGHT_MODES)),
         ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
         (
             "resources.reservation",

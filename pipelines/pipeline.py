@@ -443,6 +443,8 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
         train_dataset=data.outputs["train_dataset"],
         eval_dataset=data.outputs["eval_dataset"],
         swift_args=swift_args,
+        preflight=cfg.resources.preflight,
+        job_env={str(k): v for k, v in cfg.environment.items()},
         **vertex_args,
     ).set_display_name("train-lora")
     if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run

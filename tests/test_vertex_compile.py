@@ -373,3 +373,39 @@ def test_training_job_execs_python_so_sigterm_reaches_train_lora(tmp_path):
     assert "exec env _KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in script
     # nothing after the exec line that would never run
     assert script.rstrip().endswith('"$@"')
+
+
+def test_preflight_mode_and_job_environment_reach_train_lora(tmp_path):
+    raw = yaml.safe_load(SEED.read_text())
+    raw["resources"]["preflight"] = "warn"
+    raw["environment"] = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_NVLS_ENABLE": 0}
+    path = tmp_path / "env.yaml"
+    path.write_text("# test\n" + yaml.safe_dump(raw))
+    compiled, _ = _compiled(str(path), tmp_path)
+    index = tasks(compiled)
+    params = index["train-lora"].spec["inputs"]["parameters"]
+    assert params["preflight"]["runtimeValue"]["constant"] == "warn"
+    assert params["job_env"]["runtimeValue"]["constant"] == {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_NVLS_ENABLE": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "message"),
+    [
+        ("resources", {"preflight": "maybe"}, "'resources.preflight' must be one of fail, warn, off"),
+        ("environment", {"HF_TOKEN": "hf_x"}, "environment"),
+        ("environment", {"LD_PRELOAD": "/tmp/x.so"}, "environment"),
+        ("environment", ["NCCL_DEBUG"], "must be a mapping"),
+    ],
+)
+def test_bad_preflight_or_environment_is_refused_at_load(tmp_path, section, value, message):
+    raw = yaml.safe_load(SEED.read_text())
+    raw[section] = {**raw.get(section, {}), **value} if isinstance(value, dict) and section == "resources" else value
+    path = tmp_path / "bad.yaml"
+    path.write_text("# test\n" + yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}:")
