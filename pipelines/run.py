@@ -46,7 +46,7 @@ from pipelines.config import (
     load_config,
     parse_overrides,
 )
-from pipelines.vertex import VertexError, console_link, google_error_message, init_vertex, pipeline_job, preflight
+from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight, report_google_error
 
 # The tasks that read the data snapshot, in order: all cache hits when the data did not change.
 TRAIN_TASKS = ("validate-data", "train-lora", "merge-export", "evaluate")
@@ -537,11 +537,7 @@ def _main_vertex(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        message = google_error_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return report_google_error(exc)
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from pipelines.config import Config, ConfigError, cron_problem, load_config, parse_overrides
-from pipelines.vertex import VertexError, console_link, google_error_message, init_vertex, pipeline_job, preflight
+from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight, report_google_error
 
 
 def schedule_cron(cron: str, time_zone: str) -> str:
@@ -179,11 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        message = google_error_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return report_google_error(exc)
     return 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import Config, ConfigError, load_config, parse_overrides
-from pipelines.vertex import VertexError, google_error_message
+from pipelines.vertex import VertexError, report_google_error
 
 PROJECT_VERSION = "0.1.0"
 
@@ -85,11 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        message = google_error_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return report_google_error(exc)
     print(f"uploaded {package} version {version} (tags: {', '.join(args.tag or default_tags())})")
     return 0
 

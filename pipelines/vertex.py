@@ -14,6 +14,7 @@ No project, region or bucket is hard-coded here: they come from the config.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,18 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 def strip_ansi(text: str) -> str:
     """Removes terminal colour codes (some libraries colour their messages) from error text."""
     return _ANSI.sub("", text)
+
+
+def report_google_error(exc: BaseException) -> int:
+    """For a command's `main`: prints a credentials / Google API error as one line, returns exit code 1.
+
+    Any other exception is raised again (a bug keeps its traceback).
+    """
+    message = google_error_message(exc)
+    if message is None:
+        raise exc
+    print(f"error: {message}", file=sys.stderr)
+    return 1
 
 
 def google_error_message(exc: BaseException) -> str | None:
