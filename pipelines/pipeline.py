@@ -503,6 +503,8 @@ def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval
                 smoke_rows=d.smoke_rows,
                 served_model_name=d.served_model_name,
                 deploy_timeout_s=d.timeout_s,
+                alias=reg.alias,
+                **check,
             ),
             DEPLOY_TASK,
             plan,

@@ -56,9 +56,11 @@ def test_deploy_and_promote_sit_under_the_gate_after_register(tmp_path):
     assert str(source(index, "deploy", "eval_dataset", artifact=True)) == "validate-data.eval_dataset"
     assert str(source(index, "promote", "deployment", artifact=True)) == "deploy.deployment"
     assert str(source(index, "promote", "registered_model", artifact=True)) == "register.registered_model"
-    # the champion is checked again when the alias moves (another run may have promoted meanwhile)
-    assert _const(index, "promote", "check_champion") is True
-    assert str(source(index, "promote", "champion_version")) == "find-champion.version_id"
+    # the champion is checked again before traffic moves and when the alias moves (another run may have promoted)
+    for task in ("deploy", "promote"):
+        assert _const(index, task, "check_champion") is True
+        assert str(source(index, task, "champion_version")) == "find-champion.version_id"
+    assert _const(index, "deploy", "alias") == "champion"
     assert not index["deploy"].caches and not index["promote"].caches
     assert _const(index, "deploy", "endpoint") == "qwen-drawings"
     assert (_const(index, "deploy", "machine_type"), _const(index, "deploy", "accelerator_type")) == (
@@ -163,10 +165,13 @@ def test_a_failing_smoke_test_leaves_alias_default_and_traffic_on_the_champion(a
         location="us-central1",
     )
 
-    def run(name: str, champion: str | None):
+    def run(name: str, champion: str | None, between=None):
         reg = _register_run(register, tmp_path, name, promote=False, champion=champion)
+        if between is not None:
+            between()  # what another run does while this one deploys
         dep = dsl.Artifact(uri=str(tmp_path / f"{name}-dep"))
-        deploy.python_func(registered_model=reg, deployment=dep, **deploy_args)
+        check = {"alias": "champion", "check_champion": champion is not None, "champion_version": champion or ""}
+        deploy.python_func(registered_model=reg, deployment=dep, **deploy_args, **check)
         out = dsl.Artifact(uri=str(tmp_path / f"{name}-promoted"))
         promote.python_func(
             registered_model=reg,
@@ -224,3 +229,46 @@ def test_registry_outputs_are_vertex_models_and_read_only_light_tasks_retry(tmp_
         assert policy["backoffMaxDuration"] == "600s", name
     for name in ("register", "deploy", "promote"):
         assert "retryPolicy" not in index[name].spec, name
+
+
+def test_a_champion_promoted_meanwhile_stops_the_deploy_before_traffic_moves(api, tmp_path, monkeypatch):
+    """Another run promotes version 3 while this one deploys: the new model passed its smoke test but
+    gets no traffic, is undeployed, and the run fails before promote."""
+    deploy_core, deploy, promote, register = _components()
+    init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
+    real_ask = deploy_core.vertex_invoke_ask
+    monkeypatch.setattr(
+        deploy_core,
+        "vertex_invoke_ask",
+        lambda name, dm, **kw: real_ask(name, dm, **{**kw, "credentials": CRED, "api_base": api.url}),
+    )
+    (tmp_path / "data.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Detect the holes."}], "images": []}) + "\n"
+    )
+    parent = f"{PARENT}/models/qwen-drawings"
+    args = dict(
+        eval_dataset=dsl.Dataset(uri=str(tmp_path)),
+        endpoint="qwen-drawings",
+        machine_type="g2-standard-12",
+        task="detection",
+        project="test-project",
+        location="us-central1",
+        alias="champion",
+    )
+    first = _register_run(register, tmp_path, "run-1", promote=True, champion="")
+    dep1 = dsl.Artifact(uri=str(tmp_path / "dep1"))
+    deploy.python_func(registered_model=first, deployment=dep1, **args)
+    first_id, endpoint = dep1.metadata["deployed_model_id"], dep1.metadata["resourceName"]
+    mine = _register_run(register, tmp_path, "run-2", promote=False, champion="1")
+    _register_run(register, tmp_path, "run-3", promote=True, champion="1")  # another run promotes version 3
+    with pytest.raises(SystemExit, match="^deploy: ChampionChanged: .*now points at version 3.*not given traffic"):
+        deploy.python_func(
+            registered_model=mine,
+            deployment=dsl.Artifact(uri=str(tmp_path / "dep2")),
+            **args,
+            check_champion=True,
+            champion_version="1",
+        )
+    assert api.resources[endpoint]["trafficSplit"] == {first_id: 100}
+    assert [m["id"] for m in api.resources[endpoint]["deployedModels"]] == [first_id]
+    assert api.resources[f"{parent}@champion"]["versionId"] == "3"

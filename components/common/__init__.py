@@ -9,6 +9,8 @@ Components import from here, never from each other's `core` or `_private` module
 `reference` (what evaluate compares the tuned model with: kinds and the decision),
 `snapshot` (data snapshots: fingerprint, verified reads, diffs, the data lineage file),
 `model_sources` (hf:// / ms:// / gs:// / local model sources: parsing, tokens, hub resolution),
+`registry` (the champion check before a run acts on the Model Registry or an endpoint),
+`dataset` (the validated dataset's token figures),
 `retry` (which failures are transient, bounded backoff: GCS reads, HTTP fetches, hub calls),
 `boxes` / `tasks` (box conventions, the task registry).
 """

@@ -22,6 +22,9 @@ def deploy(
     smoke_rows: int = 3,
     served_model_name: str = "tuned",
     deploy_timeout_s: int = 3600,
+    alias: str = "",
+    check_champion: bool = False,
+    champion_version: str = "",
     project: str = "{{$.pipeline_google_cloud_project_id}}",
     location: str = "{{$.pipeline_google_cloud_location}}",
 ):
@@ -44,9 +47,15 @@ def deploy(
         served_model_name: The serving container's model name (the `model` of each smoke-test
             request). Default "tuned" (the default container's).
         deploy_timeout_s: Longest wait for the deployment, s. Default 3600.
+        alias: The champion alias checked before traffic moves. Default "".
+        check_champion: Before the new model gets traffic, refuse (and undeploy it) when the
+            alias no longer points at champion_version. Default False.
+        champion_version: Version ID of the champion evaluate compared with; "" = none. Default "".
         project: Google Cloud project ID. Default: the pipeline job's project.
         location: Vertex region. Default: the pipeline job's region.
     """
+    from components.common.registry import ChampionChanged, alias_version
+    from components.common.registry import check_champion as champion_check
     from components.deploy.core import DeployError, DeployPlan, deploy_to_vertex, load_rows
 
     meta = registered_model.metadata
@@ -63,8 +72,17 @@ def deploy(
     )
     try:
         rows = load_rows(eval_dataset.path, smoke_rows)
-        result = deploy_to_vertex(f"{meta['resourceName']}@{meta['version_id']}", plan, project, location, rows, task)
-    except DeployError as exc:
+        parent = meta["resourceName"]
+
+        def before_traffic() -> None:
+            if check_champion and alias:
+                now = alias_version(parent, alias, project, location)
+                champion_check(parent, alias, champion_version, now, action="given traffic")
+
+        result = deploy_to_vertex(
+            f"{parent}@{meta['version_id']}", plan, project, location, rows, task, before_traffic=before_traffic
+        )
+    except (DeployError, ChampionChanged) as exc:
         raise SystemExit(f"deploy: {type(exc).__name__}: {exc}") from None
     deployment.uri = f"https://{location}-aiplatform.googleapis.com/v1/{result.endpoint}"
     deployment.metadata.update(

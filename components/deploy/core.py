@@ -673,6 +673,7 @@ def deploy_to_vertex(
     *,
     credentials: Any = None,
     ask_for: Callable[[str, str], Ask] | None = None,
+    before_traffic: Callable[[], None] | None = None,
 ) -> Deployed:
     """Deploys a registered model version, smoke-tests it, then gives it traffic and retires the old models.
 
@@ -694,6 +695,9 @@ def deploy_to_vertex(
         credentials: google-auth credentials; default ADC.
         ask_for: (endpoint resource name, deployed model ID) -> `ask` transport; default
             `vertex_invoke_ask`.
+        before_traffic: Called after the smoke test passed, before any traffic moves (the
+            champion check: another run may have promoted a model meanwhile); when it raises,
+            the new model is undeployed like after a failed smoke test. Default none.
 
     Returns:
         The endpoint, the new deployed model's ID, what was undeployed, the traffic split.
@@ -715,8 +719,11 @@ def deploy_to_vertex(
     ask = (ask_for or _invoke_transport(plan, location, credentials))(endpoint.resource_name, new_id)
     try:
         smoke = run_smoke(ask, rows, task)
-    except SmokeTestError:
-        print(f"deploy: smoke test failed; undeploying {new_id}, traffic stays {old_split or 'none'}", flush=True)
+        if before_traffic is not None:
+            before_traffic()
+    except Exception as exc:
+        why = "smoke test failed" if isinstance(exc, SmokeTestError) else f"{type(exc).__name__}"
+        print(f"deploy: {why}; undeploying {new_id}, traffic stays {old_split or 'none'}", flush=True)
         endpoint.undeploy(new_id)
         raise
     split = shifted_split(old_split, new_id, int(plan.traffic_percent))

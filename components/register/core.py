@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from components.common.registry import ChampionChanged, alias_version, check_champion
+
 _LABEL_RE = re.compile(r"[^a-z0-9_-]+")
 # Metrics copied into version labels (all metrics go into the version description).
 LABEL_METRICS = ("tuned_f1", "tuned_json_valid_rate", "base_f1", "passed")
@@ -229,8 +231,8 @@ def register_model(
         existing = None
     checked = alias or next(iter(request.get("version_aliases") or []), "")
     if expected_champion is not None and checked:
-        current = _alias_version(parent, checked, project, location, credentials) if existing is not None else ""
-        _check_champion(parent, checked, expected_champion, current)
+        current = alias_version(parent, checked, project, location, credentials) if existing is not None else ""
+        _checked(parent, checked, expected_champion, current)
     if existing is not None:
         request.pop("model_id", None)
         request["parent_model"] = existing.resource_name
@@ -272,35 +274,16 @@ def promote_version(
     if not alias:
         raise RegisterError("register.alias is empty: there is no alias to promote the version with")
     if expected_champion is not None:
-        current = _alias_version(model_name, alias, project, location, credentials)
-        _check_champion(model_name, alias, expected_champion, current)
+        current = alias_version(model_name, alias, project, location, credentials)
+        _checked(model_name, alias, expected_champion, current)
     registry = ModelRegistry(model_name, project=project, location=location, credentials=credentials)
     moved = [alias, "default"]
     registry.add_version_aliases(moved, version_id)
     return moved
 
 
-def _alias_version(parent: str, alias: str, project: str, location: str, credentials: Any) -> str:
-    """The version ID `parent@alias` points at; "" when none does."""
-    from google.api_core import exceptions
-    from google.cloud import aiplatform
-
+def _checked(parent: str, alias: str, expected: str, current: str) -> None:
     try:
-        return str(
-            aiplatform.Model(
-                f"{parent}@{alias}", project=project, location=location, credentials=credentials
-            ).version_id
-        )
-    except exceptions.NotFound:
-        return ""
-
-
-def _check_champion(parent: str, alias: str, expected: str, current: str) -> None:
-    if current != expected:
-        was = f"version {expected}" if expected else "no champion"
-        now = f"version {current}" if current else "no version"
-        raise RegisterError(
-            f"the champion changed during this run: evaluate compared with {was} of {parent}, but alias "
-            f"{alias!r} now points at {now}; this model was not compared with the current champion, "
-            "so it is not promoted. Run the pipeline again to evaluate against the new champion"
-        )
+        check_champion(parent, alias, expected, current)
+    except ChampionChanged as exc:
+        raise RegisterError(str(exc)) from None
