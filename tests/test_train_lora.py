@@ -313,3 +313,8 @@ def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
         )
     assert fast.dtype == torch.bfloat16
     assert torch.allclose(fast.float(), slow.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_progress_bars_refresh_at_most_every_30_s_in_logs_unless_set():
+    assert core.log_progress_env({}) == {"TQDM_MININTERVAL": "30"}
+    assert core.log_progress_env({"TQDM_MININTERVAL": "1"}) == {}

@@ -349,6 +349,17 @@ def cpu_speed_env(cuda_available: bool, environ: dict[str, str] | None = None) -
     return {k: v for k, v in CPU_SPEED_ENV.items() if k not in current}
 
 
+# A progress bar in a log file (Vertex, kfp.local) writes a line per refresh: 188 lines for 160
+# steps. One refresh per 30 s keeps the log readable; ms-swift's own loss lines are unaffected.
+LOG_PROGRESS_ENV = {"TQDM_MININTERVAL": "30"}
+
+
+def log_progress_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The progress-bar settings for a run whose output goes to a log (a user's own setting wins)."""
+    current = os.environ if environ is None else environ
+    return {k: v for k, v in LOG_PROGRESS_ENV.items() if k not in current}
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -839,6 +850,7 @@ def _run_swift(
     env = cpu_speed_env(_cuda_available(), {**os.environ, **job_env})
     if env:
         print("train-lora: CPU-only, setting", " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    env.update(log_progress_env({**os.environ, **job_env}))
     if job_env:
         print("train-lora: job environment:", " ".join(f"{k}={v}" for k, v in sorted(job_env.items())), flush=True)
     env.update(job_env)
