@@ -798,7 +798,7 @@ def resolve_config_path(name: str | Path) -> Path:
         ConfigError: Neither a file nor a shipped config (the shipped names are listed).
     """
     path = Path(name)
-    if path.is_file() or path.is_dir():  # a folder gets load_config's own message
+    if path.exists() or path.is_symlink():  # anything on disk (a folder, a device) gets load_config's own message
         return path
     text = str(name)
     stem = text[: -len(".yaml")] if text.endswith(".yaml") else text
