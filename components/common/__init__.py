@@ -12,5 +12,6 @@ Components import from here, never from each other's `core` or `_private` module
 `registry` (the champion check before a run acts on the Model Registry or an endpoint),
 `dataset` (the validated dataset's token figures),
 `retry` (which failures are transient, bounded backoff: GCS reads, HTTP fetches, hub calls),
+`progress` (long steps' progress as rate-limited log lines: one per 5 % or 30 s, whichever comes later),
 `boxes` / `tasks` (box conventions, the task registry).
 """

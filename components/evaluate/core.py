@@ -16,7 +16,9 @@ converted with the size of the row's first image (read from the image header onl
 from __future__ import annotations
 
 import functools
+import inspect
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,12 +27,14 @@ from typing import Any
 
 # The reference model is decided in one shared place; evaluate's component resolves it through this module.
 from components.common.boxes import CONVENTIONS, ResizeRule
+from components.common.progress import Progress
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
 from components.common.storage import to_fuse_path
 from components.common.tasks import Geometry
 from components.evaluate.metrics import aggregate, gate, score_sample
 
-# (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens)
+# (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens); a generator
+# that also takes `progress_label` logs its own progress (rows done / total, rows/s, ETA) under that label
 GenerateFn = Callable[[str, str, list[dict[str, Any]], int, int], tuple[list[str], int]]
 
 
@@ -179,6 +183,7 @@ def swift_generate(
     max_new_tokens: int,
     timings: dict[str, float] | None = None,
     max_pixels: int = 0,
+    progress_label: str = "",
 ) -> tuple[list[str], int]:
     """Generates greedy answers with ms-swift's TransformersEngine (batched, KV cache).
 
@@ -186,6 +191,9 @@ def swift_generate(
         timings: If given, receives load_s and generate_s (seconds). Default None.
         max_pixels: The training run's `swift.max_pixels`: images are shrunk as in training
             (the template's own rescale); 0 = full size. Default 0.
+        progress_label: With a label, logs the load time, then rows done / total, rows/s and
+            the ETA after each batch, at most one line per 5 % or 30 s (whichever comes later;
+            `components.common.progress`). "" = silent. Default "".
 
     Returns:
         (answers in row order, number of generated tokens).
@@ -199,9 +207,16 @@ def swift_generate(
     if max_pixels:
         engine.template.max_pixels = int(max_pixels)  # what `swift sft --max_pixels` set on training's template
     loaded = time.time()
+    if progress_label:
+        print(f"{progress_label}: loaded in {loaded - start:.1f} s", file=sys.stderr, flush=True)
     requests = [InferRequest(messages=r["messages"], images=r["images"]) for r in rows]
     config = RequestConfig(max_tokens=max_new_tokens, temperature=0.0)
-    responses = engine.infer(requests, config, use_tqdm=False)
+    step = max(1, batch_size)
+    responses = []
+    with Progress(progress_label, len(requests), "rows", enabled=bool(progress_label)) as progress:
+        for i in range(0, len(requests), step):  # one batch at a time, as the engine would: progress per batch
+            responses += engine.infer(requests[i : i + step], config, use_tqdm=False)
+            progress.update(len(requests[i : i + step]))
     answers = [resp.choices[0].message.content or "" for resp in responses]
     generated = sum(resp.usage.completion_tokens for resp in responses)
     if timings is not None:
@@ -210,6 +225,13 @@ def swift_generate(
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return answers, generated
+
+
+def _takes_progress_label(fn: Callable) -> bool:
+    try:
+        return "progress_label" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _score_model(
@@ -225,8 +247,14 @@ def _score_model(
     pred_geometries: list[Geometry],
     task: str = "detection",
 ) -> tuple[dict[str, float], list[str], list[dict[str, Any]]]:
+    label = f"evaluate: {name} model"
     start = time.time()
-    answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens)
+    if _takes_progress_label(generate_fn):
+        answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens, progress_label=label)
+    else:  # a generator that logs nothing itself: a line before, a line after
+        with Progress(label, len(rows), "rows") as progress:
+            answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens)
+            progress.update(len(answers))
     seconds = max(time.time() - start, 1e-9)
     if len(answers) != len(rows):
         raise EvalError(f"{name} model returned {len(answers)} answers for {len(rows)} prompts")

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=8, help="files copied in parallel (default 8)")
     parser.add_argument("--json", action="store_true", help="print the result summary as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("stage_model").setLevel(logging.INFO)  # ours only: no HTTP request lines

@@ -33,7 +33,13 @@ def stage_model(
 
     try:
         result = stage(
-            source, cache, allow or None, ignore or None, revision=revision or None, token_from=token_from or None
+            source,
+            cache,
+            allow or None,
+            ignore or None,
+            revision=revision or None,
+            token_from=token_from or None,
+            progress=True,  # rate-limited lines in the task's log: one per 5 % or 30 s
         )
     except StageError as exc:
         raise SystemExit(f"stage-model: {exc}") from None

@@ -66,6 +66,7 @@ from components.common.model_sources import (
     resolve_hf,
     resolve_ms,
 )
+from components.common.progress import Progress
 from components.stage_model import _gcs, _lock
 from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
 
@@ -545,13 +546,13 @@ def _acquire(entry, owner: str, wait_s: float, stale_s: float, poll_s: float):
 
 
 def _parallel(fn, items: list, workers: int, total_bytes: int, progress: bool, desc: str) -> list:
-    """Runs fn(item) -> bytes on a thread pool with a byte progress bar; returns results in order."""
-    from tqdm import tqdm
+    """Runs fn(item) -> bytes on a thread pool; returns results in order.
 
-    with (
-        tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=not progress, mininterval=1.0) as bar,
-        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
-    ):
+    With `progress`, logs bytes done / total, the rate and the ETA, at most one line per 5 % or
+    30 s, whichever comes later (`components.common.progress`), as each file completes.
+    """
+    bar = Progress(f"stage-model: {desc}", total_bytes, "bytes", enabled=progress and bool(items))
+    with bar, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(fn, item) for item in items]
         out = []
         try:
@@ -928,7 +929,8 @@ def stage_model(
             'projects/P/secrets/S[/versions/V]'. Default None: $HF_TOKEN /
             $MODELSCOPE_API_TOKEN if set. Never the token itself.
         workers: Files copied in parallel. Default 8.
-        progress: Show tqdm byte progress bars on stderr. Default False.
+        progress: Log bytes copied / total, rate and ETA on stderr, at most one line per 5 % or
+            30 s (whichever comes later). Default False.
         lock_wait_s: Longest wait, in seconds, for another stager of the same entry
             before staging without the lock. Default 4 h.
         lock_stale_s: A lock not refreshed for this many seconds is taken over. Default 300.
