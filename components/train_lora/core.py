@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common import cost
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.dataset import read_token_stats
 from components.common.snapshot import LINEAGE_FILE
@@ -508,6 +509,7 @@ def train_lora(
         Preempted: SIGTERM arrived (a TrainError); swift was stopped and the finished
             checkpoints were copied; the message names the last durable checkpoint.
     """
+    started = time.time()  # the GPUs are held from here: gpu_hours counts the task's wall time
     gpu_check.check_mode(preflight, "preflight")
     check_job_env(job_env or {}, "job_env")
     extra_env = job_env_strings(job_env)
@@ -531,6 +533,8 @@ def train_lora(
         swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
     )
     batch_plan = _micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env)
+    if launch.plan.is_chief:
+        _log_expected_time(args, batch_plan, train_dir, launch, (base_model_ref or {}).get("source", ""))
     run = _train_until_it_fits(
         args, batch_plan, model_dir=model_dir, model_type=model_type, inputs=inputs, launch=launch, durable=durable,
         job_env=extra_env, checkpoint_dir=checkpoint_dir,
@@ -548,10 +552,35 @@ def train_lora(
     if result.is_chief:
         result.metrics.update(checked)
         result.metrics.update(run.metrics())
+        gpus = launch.gpu_count * launch.plan.nnodes  # wall time x GPUs: what the job held, start-up included
+        result.metrics["gpu_hours"] = round((time.time() - started) / 3600 * gpus, 4)
     lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
     if result.is_chief and lineage.is_file():
         shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
     return result
+
+
+def _log_expected_time(
+    args: dict[str, Any], plan: _plan.Plan | None, train_dir: str, launch: _Launch, model_source: str
+) -> None:
+    """Logs the expected training time and GPU-hours (`components.common.cost`), when they can be estimated."""
+    if not launch.gpu_count:
+        return
+    import torch
+
+    micro = plan.micro_batch if plan else int(args.get("per_device_train_batch_size") or 1)
+    line = cost.training_log_line(
+        args if not plan else {**args, **plan.swift_args()},
+        read_token_stats(train_dir),
+        micro_batch=micro,
+        checkpointing=plan.gradient_checkpointing if plan else args.get("gradient_checkpointing") is True,
+        gpus=launch.gpu_count,
+        nodes=launch.plan.nnodes,
+        gpu_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
+        model_source=model_source,
+    )
+    if line:
+        print(f"train-lora: {line}", flush=True)
 
 
 @dataclass
