@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from components.common.provenance import ORIGIN_KEY
 from components.validate_data import core
 from components.validate_data.core import CODES, DataError, split_key, validate_data
 
@@ -346,7 +347,11 @@ def test_good_lines_pass_through_unchanged(data, run):
         for out in out_rows:
             src = by_question[out["messages"][0]["content"]]
             assert out["messages"] == src["messages"]
-            assert {k: v for k, v in out.items() if k != "images"} == {k: v for k, v in src.items() if k != "images"}
+            kept = {k: v for k, v in out.items() if k not in ("images", ORIGIN_KEY)}
+            assert kept == {k: v for k, v in src.items() if k != "images"}
+            origin = out[ORIGIN_KEY]  # provenance: the user's file, line and image names (tests/test_provenance.py)
+            assert origin["file"] == str(path) and rows[origin["line"] - 1] == src
+            assert origin["images"] == src.get("images", [])
             assert len(out.get("images", [])) == len(src.get("images", []))
             assert ("images" in out) == ("images" in src)
             for ref, src_ref in zip(out.get("images", []), src.get("images", [])):

@@ -310,8 +310,8 @@ def huge_png(tmp_path_factory) -> Path:
 def test_thumbnail_of_a_huge_png_is_not_decoded(huge_png, monkeypatch):
     decoded = []
     monkeypatch.setattr(Image.Image, "load", lambda self: decoded.append(self.size))
-    html = _report._thumb(huge_png)
-    assert "too large to preview" in html and "13300" in html
+    note = _report._thumb(huge_png)["note"]
+    assert "too large to preview" in note and "13300" in note
     assert decoded == []
 
 

@@ -46,6 +46,22 @@ def approx_text_tokens(text: str) -> int:
     return digits + non_ascii + math.ceil((len(text) - digits - non_ascii) / 4)
 
 
+def model_label(model_dir: Path) -> str:
+    """Names a model folder as a person knows it: the staged source and revision from its manifest.json
+    (`hf://Qwen/Qwen3-VL-4B-Instruct@0a1b2c3d4e5f`), else the folder's name (a staged folder's name
+    is its revision hash, which names nothing, so the manifest wins)."""
+    import json
+
+    try:
+        manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
+        source, revision = str(manifest.get("source") or ""), str(manifest.get("revision") or "")
+    except (OSError, ValueError, AttributeError):
+        source = revision = ""
+    if not source:
+        return model_dir.name
+    return f"{source}@{revision[:12]}" if revision and revision not in source else source
+
+
 class TokenCounter:
     """Counts the tokens of rows for one model as ms-swift encodes them (or approximates without one).
 
@@ -69,6 +85,8 @@ class TokenCounter:
         self.rule = boxes.ResizeRule.for_patch_size(DEFAULT_PATCH_SIZE, max_pixels)
         self.tokenizer = None
         self.source = "approx"
+        self.model = ""  # the tokenizer's model: its staged source (hub id @ revision) or its folder's name
+        self.model_dir = ""
         self.swift_image_context = False
         if model_dir:
             self._load(Path(model_dir))
@@ -87,7 +105,9 @@ class TokenCounter:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         except Exception as exc:  # noqa: BLE001 - any loader error names the folder
             raise ValueError(f"{model_dir}: cannot load a tokenizer ({type(exc).__name__}: {exc})") from None
-        self.source = f"tokenizer:{model_dir.name}"
+        self.model = model_label(model_dir)
+        self.model_dir = str(model_dir)
+        self.source = f"tokenizer:{self.model}"
         self.has_template = bool(getattr(self.tokenizer, "chat_template", None))
         vocab = self.tokenizer.get_vocab()
         self.swift_image_context = all(t in vocab for t in SWIFT_IMAGE_CONTEXT)

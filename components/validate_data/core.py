@@ -59,6 +59,7 @@ from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
 from components.common.dataset import token_stats, write_token_stats
 from components.common.files import sha256_file
+from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
 from components.common.tasks import TASK_NAMES, get_task
 from components.validate_data import _sources
 from components.validate_data._sources import Reject as _Reject
@@ -117,9 +118,12 @@ class Issue:
     code: str
     message: str
     raw: str = ""  # the rejected line (first 64 KiB), so nothing is lost
+    origin: str = ""  # the user's `file:line` when the row carries its origin (a clean set validated again)
+    origin_images: list[str] = field(default_factory=list)  # its images as the user named them
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.code}: {self.message}"
+        also = f" (originally {self.origin})" if self.origin else ""
+        return f"{self.file}:{self.line}{also}: {self.code}: {self.message}"
 
 
 @dataclass
@@ -480,6 +484,7 @@ class _CheckedRow:
         key: sha256 of its messages and image hashes: the duplicate check and the split key.
         tokens: Its estimated token count.
         is_eval: Whether it came from an eval file.
+        origin: The user's file, line and image names (`components.common.provenance`).
     """
 
     row: dict[str, Any]
@@ -487,6 +492,7 @@ class _CheckedRow:
     key: str
     tokens: int
     is_eval: bool
+    origin: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -606,12 +612,44 @@ def _parse_file(
             row = _parse_line(raw, length, task)
             sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]  # E_IMAGE_PATH
         except _Reject as rej:
-            read.rejected.append(_Rejected(Issue(name, number, rej.code, rej.message, _raw_text(raw))))
+            row = _json_or_none(raw)
+            issue = _issue(name, number, rej, raw, row)
+            read.rejected.append(_Rejected(issue, _local_images(row, base)))
             continue
         read.pending.append(_Pending(name, number, raw, row, sources, is_eval))
     if read.n_read == read.n_blank:
         raise DataError(f"{name}: file is empty (no JSONL rows)")
     return read
+
+
+def _json_or_none(raw: bytes) -> Any:
+    """Returns a line's JSON value, or None when it does not parse (a rejected line, read again for its report)."""
+    try:
+        return json.loads(raw[:MAX_LINE_BYTES].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def _issue(file: str, line: int, rej: _Reject, raw: bytes, row: Any) -> Issue:
+    """Returns the quarantine record of a rejected line, with the row's original file:line when it carries one."""
+    origin = origin_of(row)
+    return Issue(file, line, rej.code, rej.message, _raw_text(raw), where(origin), origin["images"] if origin else [])
+
+
+def _local_images(row: Any, base: str) -> list[Path]:
+    """Returns the local image files a text-rejected row names (for the report's thumbnails; nothing is fetched)."""
+    refs = row.get("images") if isinstance(row, dict) else None
+    if isinstance(refs, str):
+        refs = [refs]
+    found = []
+    for ref in refs if isinstance(refs, list) else []:
+        try:
+            src = _sources.resolve(ref, base) if isinstance(ref, str) else None
+        except _Reject:
+            continue
+        if src is not None and src.kind == "file" and Path(src.location).is_file():
+            found.append(Path(src.location))
+    return found
 
 
 def _inspect_images(
@@ -737,7 +775,8 @@ def _check_row(
     if key in seen:
         raise _Reject("E_DUPLICATE", f"same messages and images as {seen[key]}")
     seen[key] = f"{p.file}:{p.line}"
-    return _CheckedRow(p.row, images, key, n_tokens, p.is_eval)
+    origin = origin_of(p.row) or make_origin(p.file, p.line, [ref for ref, _ in p.sources])
+    return _CheckedRow(p.row, images, key, n_tokens, p.is_eval, origin)
 
 
 def _thumbnails(p: _Pending, inspected: dict[_sources.Source, _Image | _Reject]) -> list[Path]:
@@ -764,8 +803,7 @@ def _check_rows(
         try:
             checked.append(_check_row(p, inspected, counter=counter, max_length=max_length, seen=seen, boxes=boxes))
         except _Reject as rej:
-            issue = Issue(p.file, p.line, rej.code, rej.message, _raw_text(p.raw))
-            rejected.append(_Rejected(issue, _thumbnails(p, inspected)))
+            rejected.append(_Rejected(_issue(p.file, p.line, rej, p.raw, p.row), _thumbnails(p, inspected)))
     return checked, rejected
 
 
@@ -833,6 +871,7 @@ def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecu
             out = dict(checked.row)
             if refs or "images" in checked.row:
                 out["images"] = refs
+            out[ORIGIN_KEY] = checked.origin  # the user's file:line and image names (evaluate's report)
             yield json.dumps(out, ensure_ascii=False) + "\n"
 
     _write_text_lines(out_dir / "data.jsonl", data_lines())
@@ -841,13 +880,18 @@ def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecu
     return len(to_copy)
 
 
+def _record(issue: Issue) -> dict[str, Any]:
+    """Returns a quarantine line: file, line, code, message, raw; plus origin / origin_images when the row had one."""
+    return {k: v for k, v in issue.__dict__.items() if v or k not in ("origin", "origin_images")}
+
+
 def _write_outputs(
     train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected], outputs: _Outputs,
     pool: ThreadPoolExecutor, token_settings: dict[str, Any] | None = None,
 ) -> int:  # fmt: skip
     """Writes the quarantine and both datasets (with their token figures); returns the number of images written."""
     outputs.quarantine.parent.mkdir(parents=True, exist_ok=True)
-    _write_text_lines(outputs.quarantine, (json.dumps(r.issue.__dict__, ensure_ascii=False) + "\n" for r in rejected))
+    _write_text_lines(outputs.quarantine, (json.dumps(_record(r.issue), ensure_ascii=False) + "\n" for r in rejected))
     written = _write_dataset(train, outputs.train, pool) + _write_dataset(held_out, outputs.eval, pool)
     for rows, folder in ((train, outputs.train), (held_out, outputs.eval)):
         write_token_stats(folder, token_stats([r.tokens for r in rows], **(token_settings or {})))
@@ -874,6 +918,8 @@ def _result(
     stats = {
         "token_counts": [r.tokens for r in checked],
         "token_source": counter.source,
+        "token_model": counter.model,
+        "token_model_dir": counter.model_dir,
         "max_length": max_length,
         "max_pixels": counter.max_pixels,
         "max_invalid_fraction": max_invalid_fraction,
