@@ -257,21 +257,62 @@ def test_tensorboard_args_follow_vertex_and_yield_to_the_config():
     assert core.tensorboard_args({}, {}) == {}
 
 
-def test_loss_curve_html_plots_both_series():
+def _swift_log(steps: int = 20) -> list[dict]:
+    """A log history as ms-swift writes it: train entries, then one eval pass."""
     log = [
-        {"loss": 3.0, "global_step/max_steps": "5/20"},
-        {"loss": 1.0, "global_step/max_steps": "20/20"},
-        {"eval_loss": 2.0, "global_step/max_steps": "20/20"},
-    ]
-    page = core.loss_curve_html(log)
+        {
+            "loss": 2.5 * 0.9**i, "grad_norm": 4.0 / (i + 1), "learning_rate": 1e-4 * (1 - i / steps),
+            "token_acc": 0.3 + 0.02 * i, "epoch": 2 * (i + 1) / steps, "global_step/max_steps": f"{i + 1}/{steps}",
+        }
+        for i in range(steps)
+    ]  # fmt: skip
+    log.append({"eval_loss": 1.1, "eval_token_acc": 0.6, "epoch": 2.0, "global_step/max_steps": f"{steps}/{steps}"})
+    return log
+
+
+def _svg_texts(page: str) -> list[str]:
     import re
 
-    loss = re.search(r'class="loss" points="([^"]+)"', page).group(1).split()
-    assert len(loss) == 2
-    (x_a, y_a), (x_b, y_b) = [tuple(map(float, p.split(","))) for p in loss]
-    assert x_a < x_b and y_a < y_b  # higher loss is drawn higher up (smaller y)
-    assert 'class="eval_loss"' in page and "last 1.0000" in page
+    return re.findall(r"<text[^>]*>([^<]*)</text>", page)
+
+
+def test_loss_curve_html_draws_every_logged_quantity():
+    import re
+
+    page = core.loss_curve_html(_swift_log())
+    texts = _svg_texts(page)
+    for title in ("loss", "learning rate", "grad norm", "token accuracy"):  # one panel each
+        assert title in texts
+    assert texts.count("optimizer step") == 4 and "loss (log scale)" in texts
+    assert "token accuracy (fraction of answer tokens)" in texts
+    # log-scale loss ticks as plain numbers (0.5 1 2 ...), not 10^k
+    loss_ticks = texts[texts.index("optimizer step") + 1 : texts.index("loss (log scale)")]
+    assert "1" in loss_ticks and "2" in loss_ticks
+    # the single eval pass is drawn: one marker in the eval_loss group
+    group = re.search(r'<g id="eval_loss">(.*?)</g>', page, re.S).group(1)
+    assert group.count("<use ") == 1
+    assert re.search(r'<g id="loss">', page) and "eval loss (last 1.1)" in texts
+    assert "<td><code>eval_loss</code></td>" in page and "epoch 2.00" in page and "step 20/20" in page
+    assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
+
+
+def test_loss_curve_html_with_only_a_loss_or_nothing():
+    page = core.loss_curve_html([{"loss": 3.0, "step": 1}, {"loss": 1.0, "step": 2}])
+    texts = _svg_texts(page)
+    assert "loss" in texts and "learning rate" not in texts and "grad norm" not in texts
     assert "No loss was logged" in core.loss_curve_html([])
+    assert "No loss was logged" in core.loss_curve_html([{"train_runtime": 3.0}])
+
+
+def test_loss_curve_renders_in_chromium(tmp_path):
+    from tests.browser import assert_not_blank, pixels_near, screenshot
+
+    page = tmp_path / "loss_curve.html"
+    page.write_text(core.loss_curve_html(_swift_log()), encoding="utf-8")
+    img = screenshot(page, tmp_path / "train_lora_loss_curve.png", (1200, 900))
+    assert pixels_near(img, (0x1A, 0x73, 0xE8), 40) > 200  # the blue train loss / token accuracy lines
+    assert pixels_near(img, (0xE8, 0x71, 0x0A), 40) > 40  # the orange eval points
+    assert_not_blank(img)
 
 
 def test_explain_failure_points_at_the_knob():

@@ -23,6 +23,7 @@ from typing import Any
 from components.common import cost
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.dataset import read_token_stats
+from components.common.provenance import strip_origin
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import (
     RESERVED_ARGS,
@@ -116,61 +117,22 @@ def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) 
 
 
 def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora") -> str:
-    """Renders the training and eval loss per step as a self-contained HTML page (inline SVG).
+    """Renders the training curves as a self-contained HTML page (matplotlib SVG; `_report.render_curves`).
+
+    Loss per optimizer step on a log scale (train loss a line, eval loss points, even a single
+    one), and learning rate, grad norm and token accuracy panels when the log has them.
 
     Args:
-        log_history: Log entries (`loss` / `eval_loss` with `global_step/max_steps` or `step`).
+        log_history: Log entries as ms-swift writes them (`loss`, `eval_loss`, `learning_rate`,
+            `grad_norm`, `token_acc`, `eval_token_acc`, `epoch`, with `global_step/max_steps` or `step`).
         title: Page title. Default "train-lora".
 
     Returns:
         The HTML text (renders in the Vertex console's HTML artifact view).
     """
-    import html
+    from components.train_lora._report import render_curves
 
-    def step_of(entry: dict[str, Any], index: int) -> float:
-        if "step" in entry:
-            return float(entry["step"])
-        gs = entry.get("global_step/max_steps")
-        return float(str(gs).split("/")[0]) if gs else float(index + 1)
-
-    series = {
-        "loss": [(step_of(e, i), float(e["loss"])) for i, e in enumerate(log_history) if "loss" in e],
-        "eval_loss": [(step_of(e, i), float(e["eval_loss"])) for i, e in enumerate(log_history) if "eval_loss" in e],
-    }
-    points = [p for values in series.values() for p in values]
-    w, h, pad = 640, 320, 48
-    body = "<p>No loss was logged.</p>"
-    if points:
-        x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
-        y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
-        sx = (w - 2 * pad) / ((x1 - x0) or 1.0)
-        sy = (h - 2 * pad) / ((y1 - y0) or 1.0)
-        colors = {"loss": "#1a73e8", "eval_loss": "#e8710a"}
-        parts = [
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img">',
-            f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#999"/>',
-            f'<text x="{pad}" y="{pad - 8}" font-size="12">{y1:.3f}</text>',
-            f'<text x="{pad}" y="{h - pad + 16}" font-size="12">step {x0:g}</text>',
-            f'<text x="{w - pad}" y="{h - pad + 16}" font-size="12" text-anchor="end">step {x1:g}</text>',
-            f'<text x="{pad - 4}" y="{h - pad}" font-size="12" text-anchor="end">{y0:.3f}</text>',
-        ]
-        for name, values in series.items():
-            if values:
-                coords = " ".join(f"{pad + (x - x0) * sx:.1f},{h - pad - (y - y0) * sy:.1f}" for x, y in values)
-                parts.append(
-                    f'<polyline class="{name}" points="{coords}" fill="none" stroke="{colors[name]}" stroke-width="2"/>'
-                )
-        parts.append("</svg>")
-        legend = " ".join(
-            f'<span style="color:{colors[n]}">&#9632; {n} ({len(v)} points, last {v[-1][1]:.4f})</span>'
-            for n, v in series.items()
-            if v
-        )
-        body = "".join(parts) + f"<p>{legend}</p>"
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
-        f"<body style='font-family:sans-serif'><h2>{html.escape(title)}: loss per step</h2>{body}</body></html>"
-    )
+    return render_curves(log_history, title)
 
 
 def build_sft_command(
@@ -228,6 +190,9 @@ def build_sft_command(
 def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
     """Writes a dataset folder's rows with absolute image paths (what `swift sft` reads).
 
+    Each row's provenance key (`components.common.provenance.ORIGIN_KEY`) is left out: ms-swift
+    would drop it anyway (`remove_unused_columns`), and this way no setting can pass it on.
+
     Args:
         dataset_dir: A validated dataset folder (data.jsonl + images/).
         out_jsonl: The JSONL to write.
@@ -254,6 +219,7 @@ def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
                 images.append(str(path))
             if "images" in row:
                 row["images"] = images
+            row = strip_origin(row)  # validate-data's provenance is for reports, never for the model
             fout.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
     return n
