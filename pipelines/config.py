@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -257,6 +258,10 @@ class ResourcesSection:
         preflight: GPU and interconnect check train-lora runs on every node before training
             (`components.train_lora.preflight`): "fail" stops a bad node, "warn" logs and
             trains, "off" skips it. Default "fail".
+        price_usd_per_hour: Price of one training machine per hour, USD, for the cost estimate
+            `pipelines.run` prints and train-lora logs; 0 = the approximate list price in
+            `components.common.cost.PRICES` (on-demand or Spot by `scheduling`). Default 0.
+        price_date: The date of `price_usd_per_hour` (YYYY-MM-DD), printed with it. Default "".
     """
 
     machine_type: str = "a2-highgpu-1g"
@@ -275,6 +280,8 @@ class ResourcesSection:
     light_cpu: int = 4
     light_memory_gb: int = 16
     preflight: str = "fail"
+    price_usd_per_hour: float = 0.0
+    price_date: str = ""
 
 
 @dataclass(frozen=True)
@@ -690,7 +697,8 @@ def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
         what = "; ".join(filter(None, (exc.context, exc.problem)))  # no snippet: the line may hold a secret
         raise ConfigError(f"{where}: not valid YAML: {what}") from None
     except ValueError as exc:  # Python refuses to convert integers of more than 4300 digits
-        raise ConfigError(f"{path}: not valid YAML: a number is too long ({str(exc).split(';')[0]})") from None
+        what = "a number is too long" if "digits" in str(exc) else "a value YAML reads as a date is not one"
+        raise ConfigError(f"{path}: not valid YAML: {what} ({str(exc).split(';')[0]})") from None
     except yaml.YAMLError as exc:  # e.g. a control character (ReaderError)
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     finally:
@@ -774,8 +782,11 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError(f"{where(name)}: missing required key '{key}' ({_type_name(hints[fname])})")
             continue
+        value = raw[fname]
+        if hints[fname] is str and fname.endswith("_date") and isinstance(value, datetime.date):
+            value = value.isoformat()  # `price_date: 2026-11-24` unquoted: YAML reads a date
         try:
-            values[fname] = _check_value(raw[fname], hints[fname])
+            values[fname] = _check_value(value, hints[fname])
         except TypeError:
             raise ConfigError(
                 f"{where(key)}: '{key}' must be {_type_name(hints[fname])}, got {json.dumps(raw[fname], default=str)}"
@@ -833,7 +844,7 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
             )
         try:
             value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: a date that is none (2026-13-01), a huge number
             raise ConfigError(f"override {item!r}: the value is not YAML ({str(exc).splitlines()[0]})") from None
         out[key] = value
     return out
@@ -981,6 +992,16 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("resources.max_wait_s", r.max_wait_s > 0, "a positive number of seconds"),
         ("resources.preflight", r.preflight in PREFLIGHT_MODES, "one of " + ", ".join(PREFLIGHT_MODES)),
         ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
+        (
+            "resources.price_usd_per_hour",
+            0 <= r.price_usd_per_hour < 10_000,
+            "0 (the list price table) or the machine's price per hour in USD, e.g. 4.22",
+        ),
+        (
+            "resources.price_date",
+            r.price_date == "" or _is_date(r.price_date),
+            "'' or the price's date as YYYY-MM-DD",
+        ),
         (
             "resources.reservation",
             r.reservation in ("", "any") or _is_reservation(r.reservation),
@@ -1262,6 +1283,10 @@ def _is_alias(text: str) -> bool:
         and (text[-1].islower() or text[-1].isdigit())
         and all(c.isascii() and (c.isalnum() or c == "-") for c in text)
     )
+
+
+def _is_date(text: str) -> bool:
+    return bool(re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", text))
 
 
 def _is_reservation(name: str) -> bool:

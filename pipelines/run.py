@@ -3,6 +3,9 @@
     python -m pipelines.run --config F [--wait] [--no-cache] [--project P]   (Vertex AI)
     python -m pipelines.run --local [--config F] [--root DIR] [--no-cache]
 
+Both print the expected training time, GPU-hours and cost first (`pipelines.estimate`: the
+profile's GPU, the measured throughput, the price table or `resources.price_usd_per_hour`).
+
 Without `--local` it compiles the config for Vertex, checks project, region, GPU shape and
 buckets, and submits an `aiplatform.PipelineJob` (pipeline root, labels, experiment,
 caching switch, service account, network, CMEK key); it prints the console link, and with
@@ -46,6 +49,7 @@ from pipelines.config import (
     load_config,
     parse_overrides,
 )
+from pipelines.estimate import estimate_lines
 from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight, report_google_error
 
 # The tasks that read the data snapshot, in order: all cache hits when the data did not change.
@@ -330,6 +334,7 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     check_local_dirs(cfg, root_from="--root" if root else "")  # under a file / not writable: a named error
     cfg = resolve_demo_inputs(cfg)
     preflight_local(cfg)
+    print("\n".join(estimate_lines(cfg, local=True)), flush=True)
     root_dir = Path(cfg.pipeline.root).expanduser().resolve()
     root_dir.mkdir(parents=True, exist_ok=True)
     caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching
@@ -412,6 +417,7 @@ def submit_vertex(
 
     out = out or sys.stdout
     preflight(cfg, credentials)
+    print("\n".join(estimate_lines(cfg)), file=out, flush=True)  # what it will cost, before anything is created
     v = cfg.vertex
     init_vertex(
         v.project,
