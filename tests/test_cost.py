@@ -252,3 +252,25 @@ def test_readme_gives_the_price_table_date_and_the_override():
     assert cost.PRICE_TABLE_DATE in section and "resources.price_usd_per_hour" in section
     table = readme[readme.index("## Config reference") : readme.index("Seed default (")]
     assert "`resources.price_usd_per_hour`" in table and "`price_date`" in table
+
+
+def test_train_lora_records_gpu_hours_of_its_wall_time(tmp_path, monkeypatch, capsys):
+    """gpu_hours = the task's wall time x GPUs, whatever ran inside (swift itself is faked here)."""
+    import types
+
+    from components.train_lora import _launch, core
+
+    clock = iter([1000.0, 1000.0 + 1800.0])  # the task starts, then ends half an hour later
+    monkeypatch.setattr(core, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    launch = core._Launch(_launch.launch_plan({}, 2), 2, 80 * 1024**3)
+    monkeypatch.setattr(core, "_plan_launch", lambda *a, **k: launch)
+    monkeypatch.setattr(core, "run_node_preflight", lambda *a, **k: {})
+    monkeypatch.setattr(core, "_materialize_inputs", lambda *a, **k: None)
+    monkeypatch.setattr(core, "_final_swift_args", lambda args, *a, **k: (args, types.SimpleNamespace(name="ddp")))
+    monkeypatch.setattr(core, "_micro_batch_plan", lambda *a, **k: None)
+    monkeypatch.setattr(core, "_train_until_it_fits", lambda *a, **k: core._Run(wall=1700.0, resume=None, plan=None))
+    monkeypatch.setattr(core, "_collect_outputs", lambda *a, **k: core.TrainResult("a", "c", {"wall_s": 1700.0}))
+    result = core.train_lora(
+        str(tmp_path), "qwen3_vl", str(tmp_path), "", {}, str(tmp_path / "out"), str(tmp_path), preflight="off"
+    )
+    assert result.metrics["gpu_hours"] == pytest.approx(1.0)  # 0.5 h x 2 GPUs
