@@ -10,6 +10,7 @@
     vlm-lora stage SOURCE ...                           # stage a model into a cache folder
     vlm-lora snapshot SOURCES ...                       # what snapshot-data would train on
     vlm-lora serve --local [--smoke]                    # chat with the tuned demo model
+    vlm-lora jobs ls|show|logs|cancel|fetch --config NAME [RUN]   # a config's Vertex runs
 
 `--config` takes a path or the name of a shipped config (`vlm-lora ls`); `section.key=value`
 words override the config and are checked by the same schema. Each subcommand is the
@@ -33,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stage": ("components.stage_model.__main__", "stage a model (hub, gs://, folder) into a cache"),
     "snapshot": ("components.snapshot_data.__main__", "list the exact files a run would train on"),
     "serve": ("pipelines.serve", "serve a merged model locally (swift deploy) and smoke-test it"),
+    "jobs": ("pipelines.jobs", "a config's Vertex runs: ls, show (tasks, links), logs [--follow], cancel, fetch"),
     "ls": ("", "list the shipped configs"),
 }
 

@@ -3,8 +3,11 @@
 A `http.server` on 127.0.0.1 that records every request and answers like the REST APIs,
 just enough for the real clients (`google.cloud.aiplatform` with the REST transport,
 `google.cloud.storage` via STORAGE_EMULATOR_HOST, `kfp.registry.RegistryClient`) to
-complete: resources are stored on create and returned on get / list; long-running
-operations are answered done. Model versions are reachable as `models/ID@VERSION` and
+complete: resources are stored on create and returned on get / list (pipeline jobs filtered by
+`labels.KEY="VALUE"` clauses, as Vertex filters them); long-running operations are answered
+done; a cancelled pipeline job reports CANCELLED. Cloud Logging's `entries:list` answers from
+`log_entries`, filtered by the CustomJob IDs / pipeline job ID and the `timestamp>=` of the
+filter, in pages. Model versions are reachable as `models/ID@VERSION` and
 `models/ID@ALIAS`; an uploaded version takes its aliases from older versions, as Vertex
 does. Tests assert on `server.requests`.
 """
@@ -12,6 +15,7 @@ does. Tests assert on `server.requests`.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -41,11 +45,15 @@ class FakeApis:
     requests: list[Recorded] = field(default_factory=list)
     # States a pipeline job reports on successive GETs (the last one repeats).
     job_states: list[str] = field(default_factory=lambda: ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"])
-    # Resource paths (unquoted, without /v1/) answered with an error: path -> (HTTP code, status).
+    # Resource paths (unquoted, without /v1/; "entries:list" for Cloud Logging) answered with an error:
+    # path -> (HTTP code, status).
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
     # Answers of a deployed model's chat route (`.../deployedModels/ID/invoke/...`, `:rawPredict`),
     # in turn (the last one repeats).
     raw_answers: list[str] = field(default_factory=lambda: ['[{"label": "hole", "bbox": [1, 2, 3, 4]}]'])
+    # Cloud Logging entries (LogEntry dicts) that `v2/entries:list` selects from; entries per page.
+    log_entries: list[dict] = field(default_factory=list)
+    log_page_size: int = 1000
     url: str = ""
 
     def calls(self, method: str, contains: str) -> list[Recorded]:
@@ -89,6 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(url.path)
         if path.startswith("/storage/v1/b/"):
             return self._storage(path)
+        if path == "/v2/entries:list":
+            return self._log_entries(body or {})
         if path.startswith("/v1/") or path.startswith("/v1beta1/"):
             return self._vertex(path.split("/", 2)[2], query, body or {})
         return self._registry(path)
@@ -178,6 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
             name, verb = path.rsplit(":", 1)
             if verb == "mergeVersionAliases":
                 return self._merge_aliases(name, body)
+            if verb == "cancel" and "/pipelineJobs/" in name:
+                if name not in res:
+                    return self._not_found(name)
+                self.fake.job_states[:] = ["PIPELINE_STATE_CANCELLED"]  # what later GETs report
             if name in res and verb in ("pause", "resume"):
                 res[name]["state"] = "PAUSED" if verb == "pause" else "ACTIVE"
             return self._send(200, {})
@@ -209,10 +223,45 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, item)
             collection = path.rsplit("/", 1)[-1]
             children = [r for k, r in res.items() if k.rsplit("/", 1)[0] == path and "@" not in k]
+            for key, value in re.findall(r'labels\.([\w-]+)\s*=\s*"([^"]*)"', (query.get("filter") or [""])[0]):
+                children = [c for c in children if (c.get("labels") or {}).get(key) == value]
             if collection in ("schedules", "pipelineJobs", "models", "endpoints"):
                 return self._send(200, {collection: children})
             return self._not_found(path)
         return self._send(400, {"error": {"code": 400, "message": "unsupported", "status": "INVALID_ARGUMENT"}})
+
+    def _log_entries(self, body: dict) -> None:
+        """`v2/entries:list`: the entries of the filter's CustomJobs (`ml_job`) or pipeline job, from its
+        `timestamp>=`, ordered as asked, `log_page_size` per page."""
+        if "entries:list" in self.fake.errors:
+            code, status = self.fake.errors["entries:list"]
+            return self._send(code, {"error": {"code": code, "message": f"{status} on entries:list", "status": status}})
+        text = body.get("filter", "")
+        ids = re.search(r"resource\.labels\.job_id=\(([^)]*)\)", text)
+        job_ids = set(re.findall(r'"([^"]+)"', ids.group(1))) if ids else set()
+        pipeline = re.search(r'resource\.labels\.pipeline_job_id="([^"]+)"', text)
+        since = re.search(r'timestamp>="([^"]+)"', text)
+
+        def selected(entry: dict) -> bool:
+            resource = entry.get("resource", {})
+            labels = resource.get("labels", {})
+            if resource.get("type") == "ml_job":
+                match = labels.get("job_id") in job_ids
+            else:
+                match = bool(pipeline) and labels.get("pipeline_job_id") == pipeline.group(1)
+            return match and (not since or entry.get("timestamp", "") >= since.group(1))
+
+        entries = sorted(
+            (e for e in self.fake.log_entries if selected(e)),
+            key=lambda e: e.get("timestamp", ""),
+            reverse="desc" in body.get("orderBy", ""),
+        )
+        start = int(body.get("pageToken") or 0)
+        size = min(int(body.get("pageSize") or 1000), self.fake.log_page_size)
+        page = {"entries": entries[start : start + size]}
+        if start + size < len(entries):
+            page["nextPageToken"] = str(start + size)
+        return self._send(200, page)
 
     def _merge_aliases(self, name: str, body: dict) -> None:
         """`models/ID@VERSION:mergeVersionAliases`: each alias moves to this version ("-alias" removes it)."""
