@@ -6,13 +6,16 @@ import base64
 import io
 import json
 import re
+import tempfile
 from html.parser import HTMLParser
+from pathlib import Path
 
 from PIL import Image
 
 from components.evaluate._report import (
     GOLD_COLOR,
     PRED_COLOR,
+    REF_COLOR,
     draw_thumbnail,
     render_report,
     sample_f1,
@@ -113,11 +116,12 @@ def test_report_is_self_contained_with_table_and_drawn_worst_samples(tmp_path):
     assert cells[row : row + 4] == ["F1", "0.0000", "0.6667", "+0.6667"]
     assert "346.5" in cells and "127.2" in cells and "samples/s" in cells and "generated tokens/s" in cells
     assert "PASSED" in page
-    # worst two: the invalid one first, then the wrong box; the perfect one is not shown
-    assert len(parser.imgs) == 2
+    # worst two: the invalid one first, then the wrong box; the perfect one is not shown; each drawn
+    # twice, the tuned model's answer and the reference's beside it
+    assert len(parser.imgs) == 4
     assert page.index("line 3") < page.index("line 2") and "line 1<" not in page
     assert "invalid: no JSON" in page
-    thumb = _decode(parser.imgs[1])  # line 2: gold green at (10..50, 10..40), prediction red at (60..90, 50..80)
+    thumb = _decode(parser.imgs[2])  # line 2, tuned: gold green at (10..50, 10..40), prediction red at (60..90, 50..80)
     assert thumb.size == (100, 100)
     assert thumb.getpixel((10, 25)) == GOLD_COLOR and thumb.getpixel((30, 10)) == GOLD_COLOR
     assert thumb.getpixel((60, 65)) == PRED_COLOR and thumb.getpixel((75, 80)) == PRED_COLOR
@@ -197,7 +201,7 @@ def test_report_draws_boxes_in_pixels_for_each_convention(tmp_path):
     assert "IoU ≥ 0.5" in page and "norm1000" in page
     parser = _Collector()
     parser.feed(page)
-    for src in parser.imgs:
+    for src in parser.imgs[::2]:  # the tuned model's drawings (the reference's follow each)
         thumb = _decode(src)
         assert thumb.size == (200, 100)
         assert thumb.getpixel((20, 30)) == GOLD_COLOR and thumb.getpixel((60, 10)) == GOLD_COLOR
@@ -230,3 +234,83 @@ def test_thumbnail_with_an_explicit_convention(tmp_path):
     # pixel: the same numbers are not rescaled
     png = draw_thumbnail(path, [{"label": "a", "bbox": [100, 10, 150, 50]}], [], convention="pixel")
     assert Image.open(io.BytesIO(png)).convert("RGB").getpixel((100, 30)) == GOLD_COLOR
+
+
+def _scored(tmp_path, line, gold, tuned, reference, size=(200, 100), name="s.png", color="white"):
+    path = tmp_path / f"{line}-{name}"
+    Image.new("RGB", size, color).save(path)
+    return {
+        "line": line,
+        "origin": {"file": "gs://bucket/drawings/train.jsonl", "line": 40 + line, "images": [f"drawings/{name}"]},
+        "images": [str(path)],
+        "box_convention": "pixel",
+        "image_size": list(size),
+        "gold": gold,
+        "tuned": tuned,
+        "tuned_score": score_sample(tuned, gold, 0.5),
+        "reference": reference,
+        "reference_score": score_sample(reference, gold, 0.5),
+    }
+
+
+def _labelled_samples(tmp_path):
+    hole, block = {"label": "hole", "bbox": [10, 10, 40, 40]}, {"label": "title_block", "bbox": [100, 50, 190, 90]}
+    moved = {"label": "hole", "bbox": [120, 10, 150, 40]}
+    flipped = {"label": "title_block", "bbox": [190, 50, 100, 90]}  # x2 < x1: zero area, never matches
+    return [
+        _scored(tmp_path, 1, _answer([hole, block]), _answer([hole, block]), _answer([moved])),
+        _scored(tmp_path, 2, _answer([hole, block]), _answer([moved, flipped]), "no boxes here"),
+        _scored(tmp_path, 3, _answer([block]), "I cannot tell", _answer([block]), color=(240, 240, 200)),
+    ]
+
+
+def test_per_label_counts_add_up_to_the_metric():
+    from components.evaluate._labels import per_label
+    from components.evaluate.metrics import aggregate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        samples = _labelled_samples(Path(tmp))
+        for key in ("tuned", "reference"):
+            labels = per_label(samples, key, "detection", 0.5)
+            total = aggregate([s[f"{key}_score"] for s in samples])
+            for count in ("tp", "fp", "fn"):
+                assert sum(v[count] for v in labels.values()) == total[count], (key, count)
+        tuned = per_label(samples, "tuned", "detection", 0.5)
+        assert tuned["hole"]["tp"] == 1 and tuned["hole"]["fp"] == 1 and tuned["hole"]["fn"] == 1
+        assert tuned["title_block"] == {**tuned["title_block"], "tp": 1, "fp": 1, "fn": 2, "n_gold": 3}
+        assert tuned["title_block"]["precision"] == 0.5 and tuned["title_block"]["recall"] == 1 / 3
+
+
+def test_report_has_per_label_table_reference_answers_provenance_and_iou(tmp_path):
+    samples = _labelled_samples(tmp_path)
+    page = render_report(TUNED, BASE, samples, reference_name="base", iou_threshold=0.6, worst_n=3)
+    parser = _Collector()
+    parser.feed(page)
+    cells = parser.cells
+    # per-label table: label, expected, reference P/R/F1, tuned P/R/F1, delta
+    row = cells.index("title_block", cells.index("F1 tuned − base"))
+    assert cells[row : row + 9] == ["title_block", "3", "1.000", "0.333", "0.500", "0.500", "0.333", "0.400", "-0.100"]
+    assert "Per label (2)" in page and "IoU ≥ 0.6" in page
+    # the per-label F1 chart: matplotlib SVG with the labels and the axis title as text
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", page)
+    assert "hole" in texts and "title_block" in texts and "F1 (per label, boxes matched at the IoU threshold)" in texts
+    # every card: the user's file:line and image name, the reference's answer beside the tuned one
+    assert "gs://bucket/drawings/train.jsonl:43" in page and "drawings/s.png" in page and "(eval set line 3)" in page
+    assert page.count('alt="reference, line') == 3 and "no boxes here" in page
+    assert page.count('<div class="label ref">base (') == 3
+    assert "1 invalid: x2 ≤ x1 or y2 ≤ y1, never matches" in page  # the flipped box, as the metric scores it
+    # the reference drawing of line 1 (the last card): its (moved) hole box in blue, the gold boxes in green
+    ref = _decode(parser.imgs[5])
+    assert ref.getpixel((120, 25)) == REF_COLOR and ref.getpixel((10, 25)) == GOLD_COLOR
+
+
+def test_evaluate_report_renders_in_chromium(tmp_path):
+    from tests.browser import assert_not_blank, pixels_near, screenshot
+
+    page = tmp_path / "evaluate_report.html"
+    write_report(page, TUNED, BASE, _labelled_samples(tmp_path), True, "PASS: f1 ...", iou_threshold=0.5, worst_n=3)
+    img = screenshot(page, tmp_path / "evaluate_report.png", (1250, 2200))
+    assert pixels_near(img, GOLD_COLOR, 10) > 200  # expected boxes
+    assert pixels_near(img, PRED_COLOR, 10) > 100 and pixels_near(img, REF_COLOR, 10) > 100  # both models' boxes
+    assert pixels_near(img, (0x1A, 0x73, 0xE8), 12) > 300  # the tuned F1 bars
+    assert_not_blank(img)

@@ -82,3 +82,37 @@ def test_origin_helpers():
     assert image_name("x" * 300).endswith("…") and len(image_name("x" * 300)) == 200
     assert origin_of({ORIGIN_KEY: {"file": "f", "line": True}}) is None  # malformed: ignored
     assert where(origin_of({ORIGIN_KEY: {"file": "gs://b/t.jsonl", "line": 3}})) == "gs://b/t.jsonl:3"
+
+
+def test_evaluate_carries_the_users_origin_into_predictions_and_report(tmp_path):
+    from components.evaluate._report import render_report
+    from components.evaluate.core import evaluate, load_eval_rows
+
+    path = _user_data(tmp_path)
+    run = Run(tmp_path / "out")
+    run([path])
+    rows = load_eval_rows(run.eval)
+    assert all(r["origin"]["file"] == str(path) for r in rows)
+
+    def generate(model_dir, model_type, rows, batch_size, max_new_tokens):
+        return (["no boxes"] * len(rows) if model_dir == "base" else [r["gold"] for r in rows]), len(rows)
+
+    predictions = tmp_path / "predictions.jsonl"
+    result = evaluate("tuned", "base", "qwen3_vl", str(run.eval), str(predictions), generate_fn=generate)
+    written = [json.loads(x) for x in predictions.read_text(encoding="utf-8").splitlines()]
+    assert [w["origin"] for w in written] == [r["origin"] for r in rows]
+    first = written[0]["origin"]
+    assert first["images"][0].startswith("pics/drawing_")
+    page = render_report(result.tuned, result.reference, result.samples, iou_threshold=0.5, worst_n=len(rows))
+    assert f"{where(first)}</b>" in page and first["images"][0] in page
+    assert "images/" not in page.split("<h2>Worst")[1].split("<pre>")[0]  # the hashed name is not what a card shows
+
+
+def test_evaluate_of_a_dataset_without_origins_names_its_own_file(tmp_path):
+    from components.evaluate.core import load_eval_rows
+
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    plain = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": fenced(1)}]}
+    (folder / "data.jsonl").write_text(json.dumps(plain) + "\n", encoding="utf-8")
+    assert where(load_eval_rows(folder)[0]["origin"]) == f"{folder / 'data.jsonl'}:1"

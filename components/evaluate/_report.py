@@ -1,30 +1,41 @@
-"""The evaluate task's HTML report (pure): metric table, speed, worst samples drawn.
+"""The evaluate task's HTML report (pure): metric table, per-label scores, worst samples drawn.
 
-`render_report` returns one self-contained HTML page (inline CSS, images as base64 PNG
-`data:` URIs, no scripts, no external requests), which the Vertex AI console shows for an
-`Output[HTML]` artifact. The worst samples (invalid JSON first, then lowest tuned F1) are
-drawn as thumbnails with the expected boxes in green and the tuned model's boxes in red,
-each with its label. Boxes are drawn as the metric scores them (`components.common.tasks`):
-in pixels of the original image, converted from the dataset's convention; a box with
-x2 <= x1 or y2 <= y1 has zero area and never matches, so it is drawn as a small cross
-marked "invalid", never as a rectangle spanning its corners.
+`render_report` returns one self-contained HTML page (`report.html.jinja`: inline CSS,
+figures as inline matplotlib SVG, images as base64 PNG `data:` URIs, no scripts, no external
+requests), which the Vertex AI console shows for an `Output[HTML]` artifact.
+
+- Metrics: reference, tuned and the difference; the gate decision; the IoU threshold.
+- Per label (detection) or field (key_value): precision / recall / F1 of both models, counted
+  as the metric counts (`_labels.per_label`), as a table and a bar chart of F1.
+- The worst samples (invalid JSON first, then lowest tuned F1), each named by the user's
+  `file:line` and image (validate-data's provenance), drawn twice side by side: expected boxes
+  in green with the tuned model's in red, and with the reference model's in blue, each box with
+  its label, then the three answers. Boxes are drawn as the metric scores them
+  (`components.common.tasks`): in pixels of the original image, converted from the dataset's
+  convention (the reference's answers from its own); a box with x2 <= x1 or y2 <= y1 has zero
+  area and never matches, so it is drawn as a small cross marked "invalid", never as a
+  rectangle spanning its corners. Sample images are drawn with PIL (exact pixels, tested).
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from components.common.boxes import BoxError, ResizeRule
+from components.common.provenance import where
+from components.common.report import BLUE, GREY, figure_svg, png_data_uri, render_template
 from components.common.tasks import Geometry, Shape, get_task, key_value_rows
+from components.evaluate._labels import per_label
 
 INVALID_MARK = 4  # half-size of the cross drawn for an invalid box, thumbnail px
 GOLD_COLOR = (0, 170, 0)
 PRED_COLOR = (220, 0, 0)
+REF_COLOR = (30, 90, 230)  # the reference model's boxes
+LABEL_FONT_PX = 11
+MAX_LABELS = 40  # per-label rows shown (most gold boxes first)
 THUMB_SIZE = 320
 # (key, label, format) rows of the metric table, in order.
 METRIC_ROWS = (
@@ -69,8 +80,9 @@ def draw_shapes(
     gold: Sequence[Shape],
     pred: Sequence[Shape],
     size: int = THUMB_SIZE,
+    pred_color: tuple[int, int, int] = PRED_COLOR,
 ) -> bytes:
-    """Draws gold (green) and predicted (red) shapes with their labels on the image; PNG bytes.
+    """Draws gold (green) and predicted (`pred_color`, red) shapes with their labels on the image; PNG bytes.
 
     Shapes are in pixels of the original image (`Task.shapes`); the image is scaled to fit
     `size`. A valid shape is a rectangle; an invalid one (x2 <= x1 or y2 <= y1, which the
@@ -91,11 +103,11 @@ def draw_shapes(
     if scale < 1.0:
         image = image.resize((max(1, round(width * scale)), max(1, round(height * scale))))
     draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default()
+    font = ImageFont.load_default(size=LABEL_FONT_PX)
     text_h = draw.textbbox((0, 0), "Ag", font=font)[3]
     w, h = image.size
     placed = []
-    for shapes, color in ((gold, GOLD_COLOR), (pred, PRED_COLOR)):
+    for shapes, color in ((gold, GOLD_COLOR), (pred, pred_color)):
         for shape in shapes:
             box = [v * scale for v in shape.box]
             if shape.valid:
@@ -169,18 +181,16 @@ def _fmt(fmt: str, value: Any) -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else "—"
 
 
-def _metric_table(tuned: dict, reference: dict, reference_name: str) -> str:
+def _metric_rows(tuned: dict, reference: dict) -> list[dict[str, str]]:
+    """Returns the metric table's rows: label, reference, tuned and the difference, formatted."""
     rows = []
     for key, label, fmt in METRIC_ROWS:
         if key not in tuned and key not in reference:
             continue
         t, r = tuned.get(key), reference.get(key)
         delta = _fmt("{:+.4f}", t - r) if isinstance(t, (int, float)) and isinstance(r, (int, float)) else "—"
-        rows.append(
-            f"<tr><th>{html.escape(label)}</th><td>{_fmt(fmt, r)}</td><td>{_fmt(fmt, t)}</td><td>{delta}</td></tr>"
-        )
-    head = f"<tr><th>metric</th><th>{html.escape(reference_name)}</th><th>tuned</th><th>tuned − {html.escape(reference_name)}</th></tr>"
-    return f'<table class="metrics">{head}{"".join(rows)}</table>'
+        rows.append({"label": label, "reference": _fmt(fmt, r), "tuned": _fmt(fmt, t), "delta": delta})
+    return rows
 
 
 def _describe(shapes: Sequence[Shape]) -> str:
@@ -188,78 +198,97 @@ def _describe(shapes: Sequence[Shape]) -> str:
     return f"{len(shapes)}" + (f", {invalid} invalid: x2 ≤ x1 or y2 ≤ y1, never matches" if invalid else "")
 
 
-def _field_table(gold_text: str, pred_text: str) -> str:
-    """A key_value sample's fields: field, expected and predicted value, ✓ / ✗ per field."""
-    rows = []
-    for name, gold, pred, match in key_value_rows(gold_text, pred_text):
-        mark = '<td class="gold">✓</td>' if match else '<td class="pred">✗</td>'
-        cells = "".join(f"<td>{'—' if v is None else html.escape(v)}</td>" for v in (gold, pred))
-        rows.append(f"<tr><th>{html.escape(name)}</th>{cells}{mark}</tr>")
-    head = "<tr><th>field</th><th>expected</th><th>tuned</th><th></th></tr>"
-    return f'<table class="metrics fields">{head}{"".join(rows)}</table>'
+def _status(score: dict[str, Any]) -> str:
+    return "valid JSON" if score.get("json_valid") else f"invalid: {score.get('error') or 'no JSON'}"
 
 
-def _key_value_card(sample: dict[str, Any]) -> str:
-    """A key_value sample: the image, then the field table and both answers."""
+def _drawn(sample: dict[str, Any], answer_key: str, task: str, rule: ResizeRule) -> dict[str, Any]:
+    """One model's side of a sample card: its answer drawn over the expected boxes, its score and text."""
     images = sample.get("images") or [None]
-    uri = "data:image/png;base64," + base64.b64encode(draw_shapes(images[0], [], [])).decode("ascii")
-    score = sample["tuned_score"]
-    status = "valid JSON" if score.get("json_valid") else f"invalid: {score.get('error') or 'no JSON'}"
-    ref_score = sample.get("reference_score") or {}
-    return (
-        '<div class="sample">'
-        f'<img src="{uri}" alt="line {sample.get("line")}">'
-        f"<div><b>line {sample.get('line')}</b> · tuned field F1 {sample_f1(score):.3f} "
-        f"(tp {score.get('tp', 0)}, fp {score.get('fp', 0)}, fn {score.get('fn', 0)}) · {html.escape(status)}"
-        f" · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}"
-        + _field_table(sample["gold"], sample["tuned"])
-        + f'<div class="label pred">tuned answer</div><pre>{html.escape(sample["tuned"][:1500])}</pre>'
-        "</div></div>"
-    )
-
-
-def _sample_card(sample: dict[str, Any], task: str = "detection", rule: ResizeRule | None = None) -> str:
-    if task == "key_value":
-        return _key_value_card(sample)
-    images = sample.get("images") or [None]
-    convention = sample.get("box_convention") or "pixel"
     size = sample.get("image_size") or _image_size(images[0])
-    geometry = Geometry(convention, tuple(size) if size else None, rule or ResizeRule())
-    shapes_of = get_task(task).shapes
-    try:
-        gold, pred = shapes_of(sample["gold"], geometry), shapes_of(sample["tuned"], geometry)
-        problem = ""
-    except BoxError as exc:
-        gold, pred, problem = [], [], f" · boxes not drawn: {exc}"
-    png = draw_shapes(images[0], gold, pred)
-    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-    score = sample["tuned_score"]
-    status = "valid JSON" if score.get("json_valid") else f"invalid: {score.get('error') or 'no JSON'}"
-    ref_score = sample.get("reference_score") or {}
-    return (
-        '<div class="sample">'
-        f'<img src="{uri}" alt="line {sample.get("line")}">'
-        f"<div><b>line {sample.get('line')}</b> · tuned F1 {sample_f1(score):.3f} "
-        f"(tp {score.get('tp', 0)}, fp {score.get('fp', 0)}, fn {score.get('fn', 0)}) · {html.escape(status)}"
-        f" · reference F1 {sample_f1(ref_score) if ref_score else 0.0:.3f}{html.escape(problem)}"
-        f'<div class="label gold">expected ({_describe(gold)})</div><pre>{html.escape(sample["gold"][:1500])}</pre>'
-        f'<div class="label pred">tuned ({html.escape(_describe(pred))})</div>'
-        f"<pre>{html.escape(sample['tuned'][:1500])}</pre>"
-        "</div></div>"
+    size = tuple(size) if size else None
+    convention = sample.get("box_convention") or "pixel"
+    pred_convention = (
+        (sample.get("reference_box_convention") or convention) if answer_key == "reference" else convention
     )
+    text = sample.get(answer_key) or ""
+    score = sample.get(f"{answer_key}_score") or {}
+    shapes_of, gold, pred, problem = get_task(task).shapes, [], [], ""
+    if task != "key_value":
+        try:
+            gold = shapes_of(sample["gold"], Geometry(convention, size, rule))
+            pred = shapes_of(text, Geometry(pred_convention, size, rule))
+        except BoxError as exc:
+            gold, pred, problem = [], [], f"boxes not drawn: {exc}"
+    color = REF_COLOR if answer_key == "reference" else PRED_COLOR
+    return {
+        "uri": png_data_uri(draw_shapes(images[0], gold, pred, pred_color=color)),
+        "f1": sample_f1(score) if score else 0.0,
+        "score": {k: score.get(k, 0) for k in ("tp", "fp", "fn")},
+        "status": _status(score) if score else "not scored",
+        "describe": _describe(pred),
+        "gold_describe": _describe(gold),
+        "problem": problem,
+        "text": text[:1500],
+        "convention": pred_convention,
+    }
 
 
-STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:16px;color:#222}
-h1{font-size:20px}h2{font-size:16px;margin-top:24px}
-.pass{color:#070;font-weight:bold}.fail{color:#b00;font-weight:bold}
-table.metrics{border-collapse:collapse}table.metrics td,table.metrics th{border:1px solid #ccc;padding:4px 10px;text-align:right}
-table.metrics th:first-child{text-align:left}
-.sample{display:flex;gap:12px;border-top:1px solid #ddd;padding:10px 0}
-.sample img{border:1px solid #999;max-width:320px;align-self:flex-start}
-pre{white-space:pre-wrap;word-break:break-all;font-size:12px;background:#f6f6f6;padding:6px;margin:2px 0 6px}
-.label{font-size:12px;font-weight:bold;margin-top:6px}.gold{color:rgb(0,140,0)}.pred{color:rgb(200,0,0)}
-"""
+def _sample_view(sample: dict[str, Any], task: str, rule: ResizeRule) -> dict[str, Any]:
+    """A sample card: where it came from (the user's file:line and image), both models' sides, the fields."""
+    origin = sample.get("origin") or None
+    images = sample.get("images") or []
+    names = (origin or {}).get("images") or [Path(p).name for p in images if p]
+    fields = []
+    if task == "key_value":
+        fields = [
+            {"name": n, "gold": g, "pred": p, "match": m}
+            for n, g, p, m in key_value_rows(sample["gold"], sample["tuned"])
+        ]
+    return {
+        "line": sample.get("line"),
+        "where": where(origin),
+        "images": names,
+        "gold": sample["gold"][:1500],
+        "tuned": _drawn(sample, "tuned", task, rule),
+        "reference": _drawn(sample, "reference", task, rule),
+        "fields": fields,
+    }
+
+
+def _per_label_view(samples: Sequence[dict[str, Any]], task: str, iou: float, rule: ResizeRule) -> list[dict]:
+    """Per-label rows of both models (most gold boxes first, at most MAX_LABELS)."""
+    tuned = per_label(samples, "tuned", task, iou, rule)
+    reference = per_label(samples, "reference", task, iou, rule)
+    labels = sorted(set(tuned) | set(reference), key=lambda k: (-(tuned.get(k) or reference[k])["n_gold"], k))
+    empty = {"tp": 0, "fp": 0, "fn": 0, "n_gold": 0, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    return [
+        {"label": k, "n_gold": (tuned.get(k) or reference[k])["n_gold"], "tuned": tuned.get(k, empty),
+         "reference": reference.get(k, empty)}
+        for k in labels[:MAX_LABELS]
+    ]  # fmt: skip
+
+
+def _per_label_svg(rows: list[dict], reference_name: str) -> Any:
+    """Returns a horizontal bar chart of F1 per label (reference vs tuned) as inline SVG, None without rows."""
+    if not rows:
+        return None
+
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot()
+        ys = list(range(len(rows)))
+        ax.barh(
+            [y + 0.2 for y in ys], [r["reference"]["f1"] for r in rows], height=0.4, color=GREY, label=reference_name
+        )
+        ax.barh([y - 0.2 for y in ys], [r["tuned"]["f1"] for r in rows], height=0.4, color=BLUE, label="tuned")
+        ax.set_yticks(ys, [r["label"] for r in rows])
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("F1 (per label, boxes matched at the IoU threshold)")
+        ax.set_ylabel("label")
+        ax.legend(loc="lower right", fontsize=8)
+
+    return figure_svg(draw, (6.4, 1.2 + 0.32 * len(rows)), "labels")
 
 
 def render_report(
@@ -281,8 +310,8 @@ def render_report(
     Args:
         tuned: Aggregate metrics of the tuned model (EvalResult.tuned).
         reference: Aggregate metrics of the reference model (EvalResult.reference).
-        samples: Per-sample records (EvalResult.samples: line, images, gold, tuned,
-            tuned_score, reference, reference_score).
+        samples: Per-sample records (EvalResult.samples: line, origin, images, gold, tuned,
+            tuned_score, reference, reference_score, box conventions, image_size).
         passed: Gate decision; None = not shown. Default None.
         reason: Gate reason text. Default "".
         reference_name: Column name of the reference ("base", "champion@VERSION" or a
@@ -291,8 +320,8 @@ def render_report(
             gate decision. Default "" (not shown).
         worst_n: How many worst samples to draw. Default 8.
         title: Page title. Default "Evaluation: tuned vs reference".
-        iou_threshold: The IoU at which boxes matched, stated above the samples; None = not
-            stated. Default None.
+        iou_threshold: The IoU at which boxes matched, stated on the page and used for the
+            per-label table; None = not stated, and per-label figures at 0.5. Default None.
         resize_rule: Smart-resize settings for samples whose box_convention is
             resized_pixel; None = Qwen2.5-VL's. Default None.
         task: The task the answers were scored with (`components.common.tasks`);
@@ -302,47 +331,27 @@ def render_report(
     Returns:
         A self-contained HTML document.
     """
-    parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-    ]
-    if passed is not None:
-        cls = "pass" if passed else "fail"
-        parts.append(f'<p class="{cls}">{"PASSED" if passed else "FAILED"} the gate</p>')
-    if reason:
-        parts.append(f"<p>{html.escape(reason)}</p>")
-    if reference_detail:
-        parts.append(
-            f"<p>Reference model: <b>{html.escape(reference_name)}</b> "
-            f"(<code>{html.escape(reference_detail)}</code>)</p>"
-        )
-    parts.append("<h2>Metrics</h2>" + _metric_table(tuned, reference, reference_name))
+    rule = resize_rule or ResizeRule()
     worst = worst_samples(samples, worst_n)
-    if worst:
-        n_invalid = sum(1 for s in samples if not s["tuned_score"].get("json_valid"))
-        if task == "key_value":
-            parts.append(
-                f"<h2>Worst {len(worst)} of {len(samples)} samples (tuned model; {n_invalid} with invalid JSON)</h2>"
-                "<p>Fields compared after stripping, collapsing whitespace and ignoring case: "
-                '<span class="gold">✓ tuned value equals the expected one</span> · '
-                '<span class="pred">✗ missing, wrong or extra</span>.</p>'
-            )
-        else:
-            conventions = sorted({s.get("box_convention") or "pixel" for s in worst})
-            parts.append(
-                f"<h2>Worst {len(worst)} of {len(samples)} samples (tuned model; {n_invalid} with invalid JSON)</h2>"
-                '<p>Boxes: <span class="gold">■ expected</span> · <span class="pred">■ tuned prediction</span>'
-                f", drawn in pixels of the original image (dataset boxes: {html.escape(', '.join(conventions))})"
-                + (
-                    f"; a prediction matches an expected box of the same label at IoU ≥ {iou_threshold:g}"
-                    if iou_threshold is not None
-                    else ""
-                )
-                + "; × = an invalid box (x2 ≤ x1 or y2 ≤ y1), which never matches.</p>"
-            )
-        parts.extend(_sample_card(s, task, rule=resize_rule) for s in worst)
-    parts.append("</body></html>")
-    return "".join(parts)
+    labels = _per_label_view(samples, task, 0.5 if iou_threshold is None else iou_threshold, rule)
+    return render_template(
+        Path(__file__).parent,
+        "report.html.jinja",
+        title=title,
+        passed=passed,
+        reason=reason,
+        reference_name=reference_name,
+        reference_detail=reference_detail,
+        metrics=_metric_rows(tuned, reference),
+        task=task,
+        iou_threshold=iou_threshold,
+        labels=labels,
+        labels_svg=_per_label_svg(labels, reference_name),
+        n_samples=len(samples),
+        n_invalid=sum(1 for s in samples if not s["tuned_score"].get("json_valid")),
+        conventions=sorted({s.get("box_convention") or "pixel" for s in worst}),
+        cards=[_sample_view(s, task, rule) for s in worst],
+    )
 
 
 def write_report(path: str | Path, *args: Any, **kwargs: Any) -> str:

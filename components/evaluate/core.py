@@ -28,6 +28,7 @@ from typing import Any
 # The reference model is decided in one shared place; evaluate's component resolves it through this module.
 from components.common.boxes import CONVENTIONS, ResizeRule
 from components.common.progress import Progress
+from components.common.provenance import make_origin, origin_of
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
 from components.common.storage import to_fuse_path
 from components.common.tasks import Geometry
@@ -71,7 +72,9 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
 
     Returns:
         Rows {"messages": prompt messages (without the final answer), "images": absolute
-        paths, "gold": the reference answer text, "line": line number}.
+        paths, "gold": the reference answer text, "line": line number in data.jsonl, "origin":
+        the user's file, line and image names (`components.common.provenance`; this file's
+        own when the row carries none)}.
 
     Raises:
         EvalError: No data.jsonl, or no rows.
@@ -90,6 +93,8 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
                     "gold": messages[-1]["content"],
                     "images": [str((Path(dataset_dir) / p).resolve()) for p in row.get("images", [])],
                     "line": number,
+                    # the user's file:line and image names (validate-data's provenance); else this file's
+                    "origin": origin_of(row) or make_origin(str(src), number, row.get("images", [])),
                 }
             )
             if max_samples and len(rows) >= max_samples:
@@ -395,6 +400,7 @@ def evaluate(
         ):
             sample = {
                 "line": row["line"],
+                "origin": row["origin"],
                 "images": row["images"],
                 "box_convention": geometry.convention,
                 "reference_box_convention": reference_box_convention,
