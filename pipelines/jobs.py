@@ -220,6 +220,25 @@ def log_filter(job: dict[str, Any], task: str | None = None, after: str | None =
     return f'{clause} AND timestamp>="{since}"' if since else clause
 
 
+def task_pending(job: dict[str, Any], task: str | None) -> bool:
+    """True while a run that has not ended has yet to start `task`'s job: the task is there without a
+    job, or not there yet and not a misspelling of a task that is (that one is an error at once)."""
+    if not task or job.get("state") in ENDED:
+        return False
+    tasks = {t.get("task_name", ""): t for t in pipeline_tasks(job)}
+    if task in tasks:
+        return not task_job_ids(tasks[task])
+    return not difflib.get_close_matches(task, list(tasks), n=1)
+
+
+def _timestamp_key(stamp: str) -> str:
+    """An RFC 3339 UTC time ('...:05Z', '...:05.12Z', nanoseconds) as a string that sorts in time order."""
+    if len(stamp) < 19:
+        return stamp
+    fraction = stamp[19:].rstrip("Z").lstrip(".")
+    return stamp[:19] + fraction.ljust(9, "0")
+
+
 def _ml_jobs_clause(ids: list[str]) -> str:
     return '(resource.type="ml_job" AND resource.labels.job_id=(' + " OR ".join(f'"{i}"' for i in ids) + "))"
 
@@ -521,10 +540,19 @@ def stream_logs(
             seen.add(key)
             print(format_entry(entry, names), file=out, flush=True)
             printed += 1
-            last = max(last, entry.get("timestamp") or "")
+            last = max(last, entry.get("timestamp") or "", key=_timestamp_key)
 
-    flt = log_filter(job, task)
-    emit(read_entries(session, project, flt, newest=lines, endpoint=logging_endpoint), job_names_by_id(job))
+    def read(newest: int = 0) -> None:
+        if follow and task_pending(job, task):  # follow a task the run has not reached yet: wait for it
+            if "waiting" not in seen_notes:
+                seen_notes.add("waiting")
+                print(f"(waiting for task {task} to start)", file=out, flush=True)
+            return
+        flt = log_filter(job, task, after=last or None)
+        emit(read_entries(session, project, flt, newest=newest, endpoint=logging_endpoint), job_names_by_id(job))
+
+    seen_notes: set[str] = set()
+    read(newest=lines)
     if not follow:
         return printed
     deadline = clock() + follow_for_s
@@ -536,8 +564,7 @@ def stream_logs(
         if not ended:
             sleep(poll_s)
             job = get_run(cfg, job["name"], credentials=credentials, api_endpoint=api_endpoint)
-        flt = log_filter(job, task, after=last or None)
-        emit(read_entries(session, project, flt, endpoint=logging_endpoint), job_names_by_id(job))
+        read()
         if ended:
             print(f"(run {_short_state(job.get('state', ''))})", file=out, flush=True)
             return printed

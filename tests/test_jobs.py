@@ -328,6 +328,51 @@ def test_logs_follow_polls_until_the_run_ends_without_repeating_lines(api, cfg_p
     ]
 
 
+def test_logs_follow_waits_for_a_task_the_run_has_not_reached(api, cfg_path):
+    api.job_states[:] = ["PIPELINE_STATE_RUNNING", "PIPELINE_STATE_RUNNING", "PIPELINE_STATE_SUCCEEDED"]
+    job = make_job("run-1")
+    add_job(api, job)
+    api.log_entries.append(_entry("777", "2026-11-24T11:40:00.5Z", "registered", 1))
+    api.log_entries.append(_entry("777", "2026-11-24T11:40:00Z", "registering", 2))
+
+    def sleep(s):  # the register task starts its job between two polls
+        job["jobDetail"]["taskDetails"][-1]["executorDetail"] = {
+            "containerDetail": {"mainJob": f"{PARENT}/customJobs/777"}
+        }
+
+    out = io.StringIO()
+    jobs.stream_logs(
+        load_config(cfg_path),
+        "run-1",
+        task="register",
+        follow=True,
+        poll_s=1,
+        credentials=AnonymousCredentials(),
+        api_endpoint=api.url,
+        logging_endpoint=api.url,
+        out=out,
+        sleep=sleep,
+    )
+    assert out.getvalue().splitlines() == [
+        "(waiting for task register to start)",
+        "2026-11-24 11:40:00 register registering",
+        "2026-11-24 11:40:00 register registered",
+        "(run SUCCEEDED)",
+    ]
+    # the newest entry seen is the one at .5 s, though '...:00Z' sorts after '...:00.5Z' as text
+    assert api.calls("POST", "/v2/entries:list")[-1].body["filter"].endswith('timestamp>="2026-11-24T11:40:00.5Z"')
+    with pytest.raises(jobs.VertexError, match="did you mean 'register'"):  # a misspelling is not waited for
+        jobs.stream_logs(
+            load_config(cfg_path),
+            "run-1",
+            task="registr",
+            follow=True,
+            credentials=AnonymousCredentials(),
+            api_endpoint=api.url,
+            logging_endpoint=api.url,
+        )
+
+
 def test_logs_follow_is_bounded(api, cfg_path):
     api.job_states[:] = ["PIPELINE_STATE_RUNNING"]
     add_job(api, make_job("run-1"))
@@ -443,3 +488,22 @@ def test_fetch_downloads_outputs_into_task_folders_and_skips_what_is_there(
     ]
     assert out.startswith(f"fetched 2 artifacts of run-1 into {dest}\n")
     assert re.search(r"\n  merge-export/merged_model  model +2 files, 1 already there +<- gs://", out)
+
+
+def test_jobs_needs_only_the_light_install(tmp_path):
+    """`vlm-lora jobs` and what its actions import need no training module (aiplatform and storage are
+    the light install's; the recording-server tests above exercise them)."""
+    from tests.test_cli import HEAVY, _light
+
+    proc = _light(
+        f"""
+        import sys
+        from pipelines import jobs
+        from components.common import progress, retry, storage
+        assert jobs.main(["lgos"]) == 2
+        assert not any(m.split(".")[0] in {HEAVY!r} for m in sys.modules), "a training module was imported"
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "did you mean 'logs'?" in proc.stderr

@@ -67,6 +67,11 @@ def _kind_id(query: dict[str, list[str]]) -> str | None:
     return None
 
 
+def _time_key(stamp: str) -> str:
+    """An RFC 3339 UTC time ('...:05Z', '...:05.5Z') as text that sorts in time order, as Logging compares."""
+    return stamp[:19] + stamp[19:].rstrip("Z").lstrip(".").ljust(9, "0") if len(stamp) >= 19 else stamp
+
+
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeApis
 
@@ -249,11 +254,11 @@ class _Handler(BaseHTTPRequestHandler):
                 match = labels.get("job_id") in job_ids
             else:
                 match = bool(pipeline) and labels.get("pipeline_job_id") == pipeline.group(1)
-            return match and (not since or entry.get("timestamp", "") >= since.group(1))
+            return match and (not since or _time_key(entry.get("timestamp", "")) >= _time_key(since.group(1)))
 
         entries = sorted(
             (e for e in self.fake.log_entries if selected(e)),
-            key=lambda e: e.get("timestamp", ""),
+            key=lambda e: _time_key(e.get("timestamp", "")),
             reverse="desc" in body.get("orderBy", ""),
         )
         start = int(body.get("pageToken") or 0)
