@@ -348,6 +348,37 @@ def _stored_dtype(model_dir: Path) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _check_placement(model_dir: Path, share: float = 0.85) -> tuple[Any, dict[str, Any]]:
+    """Where and in what dtype the logits check loads a model: float32 when a float32 copy fits.
+
+    float32 (the check's precision) on GPU 0 when it fits `share` of its free memory, else
+    float32 spread over all GPUs (device_map "auto"), else the stored dtype the same way
+    (a 31 B model is 124 GB in float32); without a GPU, float32 on the CPU.
+
+    Returns:
+        (torch dtype, keyword arguments for from_pretrained).
+    """
+    import torch
+
+    stored = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    width = {"float32": 4, "bfloat16": 2, "float16": 2}.get(_stored_dtype(model_dir), 2)
+    fp32 = stored * 4 // width
+    if not torch.cuda.is_available():
+        return torch.float32, {}
+    free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+    stored_dtype = getattr(torch, _stored_dtype(model_dir), torch.bfloat16)
+    for dtype, size in ((torch.float32, fp32), (stored_dtype, stored)):
+        if size <= share * free[0]:
+            return dtype, {"device_map": {"": 0}}
+        if len(free) > 1 and size <= share * sum(free):
+            return dtype, {"device_map": "auto"}
+    raise MergeError(
+        f"{model_dir}: {stored / 1e9:.1f} GB of weights do not fit the free memory of this machine's "
+        f"{len(free)} GPU(s) ({sum(free) / 1e9:.1f} GB): the logits check needs a machine with more GPU memory "
+        "(merge_export(verify_logits=False) keeps only the tensor-by-tensor weights check)"
+    )
+
+
 def compare_logits(
     base_model_dir: str | Path,
     adapter_dir: str | Path,
@@ -357,9 +388,10 @@ def compare_logits(
 ) -> dict[str, Any]:
     """Checks that the merged model computes what base model + adapter (peft) computes.
 
-    Loads one model at a time in float32 (on the GPU if there is one): the base model with
-    the adapter (PeftModel, eval mode), then the merged model, and compares their logits on
-    the probe inputs (`_probe_inputs`: two text prompts and one image prompt).
+    Loads one model at a time, in float32 where a float32 copy fits the GPUs (else in the
+    stored dtype; `_check_placement`): the base model with the adapter (PeftModel, eval
+    mode), then the merged model, and compares their logits on the probe inputs
+    (`_probe_inputs`: two text prompts and one image prompt).
 
     Args:
         base_model_dir: Staged base model.
@@ -386,17 +418,17 @@ def compare_logits(
     default_rtol, default_atol = LOGIT_TOLERANCES.get(dtype_name, LOGIT_TOLERANCES["bfloat16"])
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     inputs = _probe_inputs(merged)
+    dtype, placement = _check_placement(merged)
 
-    base = AutoModelForImageTextToText.from_pretrained(base_model_dir, dtype=torch.float32).to(device)
+    base = AutoModelForImageTextToText.from_pretrained(base_model_dir, dtype=dtype, **placement)
     model = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
     with model.disable_adapter():
         base_logits = _logits(model, inputs)
     ref_logits = _logits(model, inputs)
     _free(model)
     del base
-    merged_model = AutoModelForImageTextToText.from_pretrained(merged, dtype=torch.float32).to(device).eval()
+    merged_model = AutoModelForImageTextToText.from_pretrained(merged, dtype=dtype, **placement).eval()
     merged_logits = _logits(merged_model, inputs)
     _free(merged_model)
 
@@ -411,8 +443,9 @@ def compare_logits(
         "adapter_effect_max_abs": effect,
         "probe_inputs": len(inputs),
         "merged_dtype": dtype_name,
+        "merge_check_dtype": str(dtype).removeprefix("torch."),
     }
-    low_precision = dtype_name in ("bfloat16", "float16")
+    low_precision = dtype_name in ("bfloat16", "float16") or dtype != torch.float32
     if low_precision and math.isfinite(diff) and diff < effect:
         facts["logits_within_tolerance"] = diff <= tolerance
         return facts
@@ -454,8 +487,25 @@ class _Reader:
         return self._open[path].get_tensor(key)
 
 
+# Stored mantissa bits by dtype, and how many rounding steps an element may be off.
+_MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
+_STEPS_ALLOWED = {"float32": 4, "bfloat16": 1, "float16": 1}
+
+
+def _ulp(x: Any, bits: int) -> Any:
+    """The spacing of representable values at |x| for a float format with `bits` mantissa bits."""
+    import torch
+
+    _, exponent = torch.frexp(x.abs())
+    return torch.ldexp(torch.ones_like(x), exponent - 1 - bits).clamp_min(2.0**-126)
+
+
 def _lora_modules(adapter_dir: Path) -> tuple[dict[str, tuple[Any, Any]], float]:
-    """Module path -> (lora_A, lora_B) weights, and the scale alpha / r (or / sqrt(r))."""
+    """Module path -> (lora_A, lora_B) weights, and the scale alpha / r (or / sqrt(r)).
+
+    A path may end in `.base_layer` (peft nests one ParamWrapper per targeted parameter of a
+    module: `mlp.experts.base_layer` and `mlp.experts` are the two expert parameters).
+    """
     from safetensors.torch import load_file
 
     config = _read_json(adapter_dir / "adapter_config.json")
@@ -478,23 +528,164 @@ def _lora_modules(adapter_dir: Path) -> tuple[dict[str, tuple[Any, Any]], float]
     return pairs, scale
 
 
-# Stored mantissa bits by dtype, and how many rounding steps an element may be off.
-_MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
-_STEPS_ALLOWED = {"float32": 4, "bfloat16": 1, "float16": 1}
+@dataclass
+class _Update:
+    """One LoRA pair of the adapter and the base tensors it may update.
+
+    Attributes:
+        path: The adapter's module path (may end in `.base_layer`).
+        lora_a: lora_A weight (r x in; r·E x in for E experts).
+        lora_b: lora_B weight (out x r; out x r·E).
+        candidates: Base tensor names it may update: the Linear's `.weight`, or, for a
+            parameter targeted with peft's `target_parameters`, the module's targeted
+            parameters (which pair is which is not in the file: the check tries each).
+    """
+
+    path: str
+    lora_a: Any
+    lora_b: Any
+    candidates: list[str]
 
 
-def _ulp(x: Any, bits: int) -> Any:
-    """The spacing of representable values at |x| for a float format with `bits` mantissa bits."""
+def _adapter_updates(adapter_dir: Path, base_index: dict[str, Path]) -> tuple[list[_Update], float]:
+    """The adapter's LoRA pairs, each with the base tensors it may update.
+
+    Raises:
+        MergeVerificationError: A pair updates no tensor of the base model.
+    """
+    pairs, scale = _lora_modules(adapter_dir)
+    targeted = [str(p) for p in _read_json(adapter_dir / "adapter_config.json").get("target_parameters") or []]
+    updates = []
+    for path, (lora_a, lora_b) in sorted(pairs.items()):
+        module = path
+        while module.endswith(".base_layer"):
+            module = module[: -len(".base_layer")]
+        if f"{path}.weight" in base_index:
+            candidates = [f"{path}.weight"]
+        else:
+            names = {f"{module}.{p.rsplit('.', 1)[-1]}" for p in targeted}
+            candidates = sorted(n for n in names if n in base_index and any(n.endswith(p) for p in targeted))
+        if not candidates:
+            raise MergeVerificationError(
+                f"{adapter_dir}: adapter module {path} has no weight {path}.weight (nor a targeted parameter "
+                f"{targeted or '(target_parameters empty)'}) in the base model's safetensors; "
+                "the adapter does not match this base"
+            )
+        updates.append(_Update(path, lora_a, lora_b, candidates))
+    return updates, scale
+
+
+def _deltas(update: _Update, scale: float, shape: tuple[int, ...], device: str) -> list[Any]:
+    """W's possible LoRA updates of `shape` (float32): B @ A, or per expert as peft's ParamWrapper does."""
     import torch
 
-    _, exponent = torch.frexp(x.abs())
-    return torch.ldexp(torch.ones_like(x), exponent - 1 - bits).clamp_min(2.0**-126)
+    a = update.lora_a.to(device, torch.float32)
+    b = update.lora_b.to(device, torch.float32)
+    if len(shape) == 2:
+        delta = b @ a
+        return [scale * delta] if tuple(delta.shape) == tuple(shape) else []
+    experts = shape[0]
+    if len(shape) != 3 or a.shape[0] % experts or b.shape[1] % experts:
+        return []
+    a3 = a.reshape(experts, -1, a.shape[-1])  # experts x r x in
+    b3 = b.reshape(b.shape[0], -1, experts)  # out x r x experts
+    out = []
+    for pattern in ("o r e, e r i -> e i o", "o r e, e r i -> e o i"):
+        delta = torch.einsum(pattern, b3, a3)  # square experts: both orders fit, both are tried
+        if tuple(delta.shape) == tuple(shape):
+            out.append(scale * delta)
+    return out
+
+
+def _aligned(base_tensor: Any, shape: tuple[int, ...]) -> tuple[Any, bool]:
+    """The base tensor in the merged model's layout: transformers 5 keeps Qwen3-VL-MoE experts as
+    (E, out, in) and saves them so, the released checkpoints store (E, in, out)."""
+    if tuple(base_tensor.shape) != tuple(shape) and base_tensor.ndim == 3:
+        flipped = base_tensor.transpose(1, 2)
+        if tuple(flipped.shape) == tuple(shape):
+            return flipped, True
+    return base_tensor, False
+
+
+def _within_fraction(w: Any, delta: Any, got: Any, stored_dtype: Any) -> float:
+    """Share of elements of `got` equal to W + delta rounded to the stored dtype (to its rounding steps)."""
+    import torch
+
+    dtype_name = str(stored_dtype).removeprefix("torch.")
+    bits, steps = _MANTISSA_BITS.get(dtype_name, 7), _STEPS_ALLOWED.get(dtype_name, 1)
+    # a merge rounds once (W + update) or, like peft on a bf16 base, rounds the update to
+    # the weight dtype first and then the sum; either is accepted, to `steps` rounding steps
+    single = (w + delta).to(stored_dtype).float()
+    double = (w.to(stored_dtype) + delta.to(stored_dtype)).float()
+    err = torch.minimum((got - single).abs(), (got - double).abs())
+    return float((err <= steps * _ulp(torch.maximum(single.abs(), got.abs()), bits)).float().mean())
+
+
+def _check_adapted(
+    updates: list[_Update], scale: float, base: _Reader, merged: _Reader, device: str
+) -> tuple[dict[str, float], int, int, int]:
+    """Each update against its best-fitting candidate tensor.
+
+    Returns:
+        (tensor -> share of elements within rounding, changed elements, total elements,
+        tensors whose base layout was transposed).
+    """
+    import torch
+
+    fractions: dict[str, float] = {}
+    changed = total = transposed = 0
+    for update in updates:
+        best, best_key, best_changed, best_total, flipped_best = -1.0, "", 0, 0, False
+        for key in update.candidates:
+            if key in fractions:  # each targeted tensor takes one pair
+                continue
+            got_raw = merged.get(key)
+            got = got_raw.to(device, torch.float32)
+            w, flipped = _aligned(base.get(key), tuple(got.shape))
+            w = w.to(device, torch.float32)
+            for delta in _deltas(update, scale, tuple(got.shape), device):
+                fraction = _within_fraction(w, delta, got, got_raw.dtype)
+                if fraction > best:
+                    best, best_key, flipped_best = fraction, key, flipped
+                    best_changed, best_total = int((got != w).sum()), w.numel()
+                del delta
+            del w, got, got_raw
+        if not best_key:
+            raise MergeVerificationError(
+                f"update {update.path} (lora_A {tuple(update.lora_a.shape)}, lora_B {tuple(update.lora_b.shape)}) "
+                f"fits none of {', '.join(update.candidates)} in shape; the adapter does not match this base"
+            )
+        fractions[best_key] = best
+        changed, total, transposed = changed + best_changed, total + best_total, transposed + int(flipped_best)
+    return fractions, changed, total, transposed
+
+
+def _check_untouched(base: _Reader, merged: _Reader, adapted: set[str]) -> tuple[list[str], int]:
+    """Tensors the adapter does not touch that differ from the base (in either expert layout)."""
+    import torch
+
+    differing, transposed = [], 0
+    for key in base.index:
+        if key in adapted:
+            continue
+        b = merged.get(key)
+        a, flipped = _aligned(base.get(key), tuple(b.shape))
+        transposed += int(flipped)
+        if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
+            differing.append(key)
+    return differing, transposed
 
 
 def compare_weights(
     base_model_dir: str | Path, adapter_dir: str | Path, merged_dir: str | Path, min_fraction: float = 0.999
 ) -> dict[str, Any]:
     """Checks the merged weights tensor by tensor against base weights + adapter update.
+
+    One tensor at a time is read (safetensors, memory-mapped), so a model of tens of GB is
+    checked in a few GB of memory. LoRA on Linear layers (`target_modules`) and on expert
+    parameters of a mixture-of-experts model (peft's `target_parameters`, one update per
+    expert) are both checked; a base stored in the released checkpoints' expert layout
+    (E, in, out) is compared with the merged model's (E, out, in).
 
     Args:
         base_model_dir: Staged base model.
@@ -509,9 +700,10 @@ def compare_weights(
 
     Returns:
         {"weights_checked", "adapted_weights", "adapted_within_step_min_fraction",
-        "adapted_changed_fraction", "weights_seconds"}: adapted_changed_fraction is the share
-        of adapted elements whose merged value differs from the base (below bf16's
-        resolution an update is rounded away: legitimate, but worth knowing).
+        "adapted_changed_fraction", "layout_transposed", "weights_seconds"}:
+        adapted_changed_fraction is the share of adapted elements whose merged value differs
+        from the base (below bf16's resolution an update is rounded away: legitimate, but
+        worth knowing); layout_transposed counts expert tensors stored transposed in the base.
 
     Raises:
         MergeVerificationError: An adapted weight is not base + update, another tensor
@@ -521,58 +713,23 @@ def compare_weights(
 
     start = time.time()
     base, merged = _Reader(Path(base_model_dir)), _Reader(Path(merged_dir))
-    modules, scale = _lora_modules(Path(adapter_dir))
     missing = sorted(set(base.index) - set(merged.index))
     if missing:
         raise MergeVerificationError(
             f"{merged_dir}: merged model lacks {len(missing)} tensor(s) of the base model, "
             f"e.g. {', '.join(missing[:3])}; the merge is wrong"
         )
+    updates, scale = _adapter_updates(Path(adapter_dir), base.index)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    adapted: dict[str, tuple[Any, Any]] = {}
-    for path, pair in modules.items():
-        key = f"{path}.weight"
-        if key not in base.index:
-            raise MergeVerificationError(
-                f"{adapter_dir}: adapter module {path} has no weight {key} in the base "
-                "model's safetensors; the adapter does not match this base"
-            )
-        adapted[key] = pair
-    worst, worst_key, changed, total = 1.0, "", 0, 0
-    for key, (lora_a, lora_b) in adapted.items():
-        stored = merged.get(key)
-        dtype_name = str(stored.dtype).removeprefix("torch.")
-        bits, steps = _MANTISSA_BITS.get(dtype_name, 7), _STEPS_ALLOWED.get(dtype_name, 1)
-        w = base.get(key).to(device, torch.float32)
-        delta = scale * (lora_b.to(device, torch.float32) @ lora_a.to(device, torch.float32))
-        if delta.shape != w.shape:
-            raise MergeVerificationError(
-                f"{adapter_dir}: update of {key} has shape {tuple(delta.shape)}, the base weight {tuple(w.shape)}"
-            )
-        got = stored.to(device, torch.float32)
-        # a merge rounds once (W + update) or, like peft on a bf16 base, rounds the update to
-        # the weight dtype first and then the sum; either is accepted, to `steps` rounding steps
-        single = (w + delta).to(stored.dtype).float()
-        double = (w.to(stored.dtype) + delta.to(stored.dtype)).float()
-        err = torch.minimum((got - single).abs(), (got - double).abs())
-        within = float((err <= steps * _ulp(torch.maximum(single.abs(), got.abs()), bits)).float().mean())
-        changed += int((got != w).sum())
-        total += w.numel()
-        if within < worst:
-            worst, worst_key = within, key
-        del w, delta, got, single, double, err
+    fractions, changed, total, flipped = _check_adapted(updates, scale, base, merged, device)
+    worst_key = min(fractions, key=fractions.get)
+    worst = fractions[worst_key]
     if worst < min_fraction:
         raise MergeVerificationError(
             f"{merged_dir}: merged weight {worst_key} is base + adapter update for only {worst:.2%} of its elements "
-            f"(need {min_fraction:.1%} within {steps} {dtype_name} rounding step(s)); the merge is wrong"
+            f"(need {min_fraction:.1%} within the merged dtype's rounding); the merge is wrong"
         )
-    differing = []
-    for key in base.index:
-        if key in adapted:
-            continue
-        a, b = base.get(key), merged.get(key)
-        if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
-            differing.append(key)
+    differing, flipped_untouched = _check_untouched(base, merged, set(fractions))
     if differing:
         raise MergeVerificationError(
             f"{merged_dir}: {len(differing)} tensor(s) that the adapter does not touch differ from the base model, "
@@ -580,9 +737,10 @@ def compare_weights(
         )
     return {
         "weights_checked": len(base.index),
-        "adapted_weights": len(adapted),
+        "adapted_weights": len(fractions),
         "adapted_within_step_min_fraction": worst,
         "adapted_changed_fraction": changed / total if total else 0.0,
+        "layout_transposed": flipped + flipped_untouched,
         "weights_seconds": round(time.time() - start, 2),
     }
 
@@ -607,9 +765,10 @@ def verify_merged(merged_dir: str | Path) -> dict[str, Any]:
 
     try:
         config = AutoConfig.from_pretrained(folder)
-        model = AutoModelForImageTextToText.from_pretrained(folder, torch_dtype="auto")
+        _, placement = _check_placement(folder) if torch.cuda.is_available() else (None, {})
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype="auto", **placement)
         with torch.no_grad():
-            ids = torch.tensor([[1, 2, 3, 4]])
+            ids = torch.tensor([[1, 2, 3, 4]], device=next(model.parameters()).device)
             logits = model(input_ids=ids).logits
     except Exception as exc:  # any load failure means the merge is unusable
         raise MergeError(f"{folder}: merged model does not load or run: {type(exc).__name__}: {exc}") from None
@@ -782,12 +941,11 @@ def merge_export(
         )
     out = Path(merged_out)
     out.mkdir(parents=True, exist_ok=True)
-    for path in tmp_out.iterdir():
+    for path in tmp_out.iterdir():  # moved, not copied: a second copy of tens of GB may not fit the disk
         dst = out / path.name
-        if path.is_dir():
-            shutil.copytree(path, dst, dirs_exist_ok=True)
-        else:
-            shutil.copyfile(path, dst)
+        if dst.is_dir():
+            shutil.rmtree(dst)
+        shutil.move(str(path), str(dst))
     base_ref = {
         "model_dir": str(base_model_dir),
         **{k: v for k, v in staged.items() if v not in (None, "")},
