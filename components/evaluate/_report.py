@@ -202,8 +202,8 @@ def _status(score: dict[str, Any]) -> str:
     return "valid JSON" if score.get("json_valid") else f"invalid: {score.get('error') or 'no JSON'}"
 
 
-def _drawn(sample: dict[str, Any], answer_key: str, task: str, rule: ResizeRule) -> dict[str, Any]:
-    """One model's side of a sample card: its answer drawn over the expected boxes, its score and text."""
+def _drawn(sample: dict[str, Any], answer_key: str, task: str, rule: ResizeRule, draw: bool = True) -> dict[str, Any]:
+    """One model's side of a sample card: its answer drawn over the expected boxes (`draw`), its score and text."""
     images = sample.get("images") or [None]
     size = sample.get("image_size") or _image_size(images[0])
     size = tuple(size) if size else None
@@ -222,7 +222,7 @@ def _drawn(sample: dict[str, Any], answer_key: str, task: str, rule: ResizeRule)
             gold, pred, problem = [], [], f"boxes not drawn: {exc}"
     color = REF_COLOR if answer_key == "reference" else PRED_COLOR
     return {
-        "uri": png_data_uri(draw_shapes(images[0], gold, pred, pred_color=color)),
+        "uri": png_data_uri(draw_shapes(images[0], gold, pred, pred_color=color)) if draw else "",
         "f1": sample_f1(score) if score else 0.0,
         "score": {k: score.get(k, 0) for k in ("tp", "fp", "fn")},
         "status": _status(score) if score else "not scored",
@@ -251,7 +251,7 @@ def _sample_view(sample: dict[str, Any], task: str, rule: ResizeRule) -> dict[st
         "images": names,
         "gold": sample["gold"][:1500],
         "tuned": _drawn(sample, "tuned", task, rule),
-        "reference": _drawn(sample, "reference", task, rule),
+        "reference": _drawn(sample, "reference", task, rule, draw=task != "key_value"),  # key_value: one image
         "fields": fields,
     }
 

@@ -84,6 +84,8 @@ def _histogram_svg(values: list[int], limit: int = 0) -> Any:
         ax.set_ylabel("rows")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.yaxis.get_major_locator().set_params(integer=True)
+        if lo == hi:  # one length: a bar in a readable range, not a zero-width axis
+            ax.set_xlim(lo - 10, hi + 10)
         if limit and limit <= hi * LIMIT_IN_RANGE:
             ax.axvline(limit, color=RED, linestyle="--", linewidth=1.2)
             ax.annotate(f"max_length {limit}", (limit, 1), xycoords=("data", "axes fraction"), xytext=(-4, -4),
@@ -92,8 +94,6 @@ def _histogram_svg(values: list[int], limit: int = 0) -> Any:
         elif limit:
             ax.annotate(f"max_length {limit} →\n(beyond the longest row, {hi})", (1, 1), xycoords="axes fraction",
                         xytext=(-2, -2), textcoords="offset points", ha="right", va="top", color=RED)  # fmt: skip
-        if lo == hi:
-            ax.set_xlim(lo - 10, hi + 10)
 
     return figure_svg(draw, (7.0, 2.6), "tokens")
 
