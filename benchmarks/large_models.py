@@ -12,6 +12,7 @@ seed-shaped data (1024x1024 synthetic drawings, JSON-list answers), validates it
   training again, which must resume from that checkpoint and finish.
 
     python -m benchmarks.large_models --model 8b --out /tmp/l8 --steps 12 --eval-samples 8
+    python -m benchmarks.large_models --model 30b-a3b --out /tmp/l30 --phase prepare   # build + validate only
     python -m benchmarks.large_models --model 30b-a3b --out /tmp/l30 --steps 10 --save-steps 3 --phase first
     python -m benchmarks.large_models --model 30b-a3b --out /tmp/l30 --steps 10 --save-steps 3 --phase resume
 
@@ -252,7 +253,7 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=0, help="0 = only at the end")
     parser.add_argument("--n-train", type=int, default=64)
     parser.add_argument("--eval-samples", type=int, default=8)
-    parser.add_argument("--phase", choices=("all", "first", "resume", "train-child"), default="all")
+    parser.add_argument("--phase", choices=("all", "prepare", "first", "resume", "train-child"), default="all")
     parser.add_argument("--tiny", action="store_true", help="tiny dimensions, float32 (CPU smoke run)")
     args = parser.parse_args()
     os.environ.setdefault("MAX_PIXELS", str(1024 * 1024))
@@ -269,6 +270,8 @@ def main() -> None:
         _emit(out, {"phase": "train-child", **row})
         return
     model = prepare(args.model, out, args.n_train, args.eval_samples, tiny=args.tiny)
+    if args.phase == "prepare":
+        return
     if args.phase == "first":
         first_phase_killed(args, out)
         return
