@@ -10,7 +10,8 @@ most one per 5 %. Each line has done / total, the percentage, the rate and the E
     evaluate: tuned model: 16 / 32 rows (50 %), 0.8 rows/s, ETA 20 s
 
 The clock and the line writer are injectable (tests pass a fake clock and a list).
-`update` may be called from several threads.
+`update` (n more done) and `set` (this much done in all: a measured size) may be called from
+several threads.
 """
 
 from __future__ import annotations
@@ -91,17 +92,25 @@ class Progress:
     def update(self, n: int = 1) -> None:
         """Counts n more units done; writes a line when both the share and the time since the last one allow."""
         with self._lock:
-            self.done += int(n)
-            if not self.enabled or self._finished:
-                return
-            now = self.clock()
-            if now - self._last_t < self.every_s:
-                return
-            if self.total and (self.done - self._last_done) < self.every_fraction * self.total:
-                return
-            if self.total and self.done >= self.total:
-                return  # the end line says it
-            self._write(now)
+            self._advance(self.done + int(n))
+
+    def set(self, done: int) -> None:
+        """Sets the units done in all (e.g. bytes measured on disk); never goes back."""
+        with self._lock:
+            self._advance(max(self.done, int(done)))
+
+    def _advance(self, done: int) -> None:
+        self.done = done
+        if not self.enabled or self._finished:
+            return
+        now = self.clock()
+        if now - self._last_t < self.every_s:
+            return
+        if self.total and (self.done - self._last_done) < self.every_fraction * self.total:
+            return
+        if self.total and self.done >= self.total:
+            return  # the end line says it
+        self._write(now)
 
     def finish(self) -> None:
         """Writes the end line (done, total time, mean rate) once; later calls do nothing."""

@@ -545,26 +545,61 @@ def _acquire(entry, owner: str, wait_s: float, stale_s: float, poll_s: float):
         time.sleep(poll_s)
 
 
-def _parallel(fn, items: list, workers: int, total_bytes: int, progress: bool, desc: str) -> list:
+def _parallel(
+    fn, items: list, workers: int, total_bytes: int, progress: bool, desc: str, measure=None, every_s: float = 2.0
+) -> list:
     """Runs fn(item) -> bytes on a thread pool; returns results in order.
 
     With `progress`, logs bytes done / total, the rate and the ETA, at most one line per 5 % or
-    30 s, whichever comes later (`components.common.progress`), as each file completes.
+    30 s, whichever comes later (`components.common.progress`): bytes of finished files, or, with
+    `measure` (a function returning the bytes written so far, partial files included), what it
+    measures every `every_s` seconds, so one large file shows its progress too.
     """
     bar = Progress(f"stage-model: {desc}", total_bytes, "bytes", enabled=progress and bool(items))
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(every_s):
+            try:
+                measured = measure()
+                bar.set(min(measured, total_bytes) if total_bytes else measured)
+            except OSError:  # a file renamed or removed while measured: the next look counts it
+                continue
+
+    watcher = threading.Thread(target=watch, daemon=True) if measure is not None and bar.enabled else None
     with bar, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(fn, item) for item in items]
         out = []
+        if watcher is not None:
+            watcher.start()
         try:
+            done = 0
             for fut in futures:
                 n = fut.result()
-                bar.update(n if isinstance(n, int) else 0)
+                done += n if isinstance(n, int) else 0
+                bar.set(done)
                 out.append(n)
         except BaseException:
             for fut in futures:  # the first failure stops the rest (a full disk: no more copies)
                 fut.cancel()
             raise
+        finally:
+            stop.set()
+            if watcher is not None:
+                watcher.join()
         return out
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of every file under a folder (partial downloads and copies included); 0 when it is missing."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 @dataclass
@@ -609,7 +644,8 @@ def _download(
             os.replace(path, workdir / rel)
         return (workdir / rel).stat().st_size
 
-    _parallel(fetch, files, workers, sum(listing.files[r] for r in files), progress, f"download {spec.uri}")
+    total = sum(listing.files[r] for r in files)
+    _parallel(fetch, files, workers, total, progress, f"download {spec.uri}", measure=lambda: _tree_bytes(workdir))
     for rel in files:
         size = (workdir / rel).stat().st_size
         if listing.files[rel] and size != listing.files[rel]:
@@ -840,9 +876,12 @@ def _publish(entry, prepared: _Prepared, manifest: dict[str, Any], workers: int,
                 f"{fix} or point model.cache elsewhere"
             ) from None
 
-    copied = sum(
-        _parallel(put, todo, workers, sum(prepared.infos[r]["size"] for r in todo), progress, f"copy to {entry.uri}")
-    )
+    total = sum(prepared.infos[r]["size"] for r in todo)
+    measure = None
+    if isinstance(entry, LocalEntry):  # partial copies are written beside their files: count them as they grow
+        before = _tree_bytes(entry.path)
+        measure = lambda: _tree_bytes(entry.path) - before  # noqa: E731
+    copied = sum(_parallel(put, todo, workers, total, progress, f"copy to {entry.uri}", measure=measure))
     if isinstance(entry, LocalEntry):
         check_model(entry.path, prepared.files)
     if not entry.write_manifest(manifest):
