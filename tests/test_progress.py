@@ -97,6 +97,18 @@ def test_finish_once_disabled_silent_and_error_exit_has_no_end_line():
     assert len(lines) == 1
 
 
+def test_set_takes_a_measured_total_and_never_goes_back():
+    p, clock, lines = make(1000, unit="bytes")
+    clock.t += 40
+    p.set(300)
+    assert p.done == 300 and lines[-1] == "evaluate: tuned model: 300 B / 1.0 kB (30 %), 8 B/s, ETA 1 min 33 s"
+    clock.t += 40
+    p.set(200)  # a partial file renamed away between two looks
+    assert p.done == 300 and len(lines) == 2
+    p.update(100)
+    assert p.done == 400
+
+
 def test_update_from_threads_counts_every_unit():
     p, _, _ = make(8000)
     threads = [threading.Thread(target=lambda: [p.update() for _ in range(1000)]) for _ in range(8)]
