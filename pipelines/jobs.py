@@ -133,7 +133,9 @@ def run_row(job: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
 
 def format_runs(jobs: list[dict[str, Any]], now: datetime | None = None) -> str:
     """The `jobs ls` table: newest first."""
-    rows = [run_row(j, now) for j in sorted(jobs, key=lambda j: j.get("create_time") or "", reverse=True)]
+    rows = [
+        run_row(j, now) for j in sorted(jobs, key=lambda j: _timestamp_key(j.get("create_time") or ""), reverse=True)
+    ]
     if not rows:
         return ""
     width = max(len(r["id"]) for r in rows)
@@ -402,7 +404,7 @@ def list_runs(cfg: Config, *, credentials: Any = None, api_endpoint: str | None 
         credentials=credentials,
     )
     found = [_as_dict(j._gca_resource) for j in jobs]
-    return sorted(found, key=lambda j: j.get("create_time") or "", reverse=True)
+    return sorted(found, key=lambda j: _timestamp_key(j.get("create_time") or ""), reverse=True)
 
 
 def get_run(
