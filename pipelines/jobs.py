@@ -584,6 +584,13 @@ def _storage_client(project: str, credentials: Any) -> Any:
     return storage.Client(project=project, credentials=credentials)
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
+
+
 def _same_file(path: Path, blob: Any) -> bool:
     if not path.is_file() or path.stat().st_size != (blob.size or 0):
         return False
@@ -663,21 +670,21 @@ def fetch_outputs(
             continue
         total = sum(b.size or 0 for b, _ in pairs)
         label = f"fetch {art['task']}/{art['output']}"
-        enabled = total >= progress_min_bytes
-        with Progress(label, total, "bytes", emit=lambda s: print(s, file=out), enabled=enabled) as bar:
+        bar = Progress(label, total, "bytes", emit=lambda s: print(s, file=out), enabled=total >= progress_min_bytes)
+        current = {"partial": Path()}  # the file being downloaded: a large one shows progress as its .part grows
+        with bar, bar.watching(lambda a=art, c=current: a["bytes"] + _size(c["partial"])):
             for blob, path in pairs:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if _same_file(path, blob):
                     art["skipped"] += 1
                 else:
-                    tmp = path.with_name(path.name + ".part")
-                    blob.download_to_filename(
-                        str(tmp), retry=gcs_retry(f"gs://{bucket_name}/{blob.name}"), checksum="crc32c"
-                    )
-                    tmp.replace(path)
+                    current["partial"] = partial = path.with_name(path.name + ".part")
+                    where = f"gs://{bucket_name}/{blob.name}"
+                    blob.download_to_filename(str(partial), retry=gcs_retry(where), checksum="crc32c")
+                    partial.replace(path)
                 art["files"] += 1
                 art["bytes"] += blob.size or 0
-                bar.update(blob.size or 0)
+                bar.set(art["bytes"])
     result = {
         "run": job.get("name", ""),
         "state": job.get("state", ""),

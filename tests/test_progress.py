@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from components.common.progress import Progress, format_bytes, format_seconds
+from components.common.progress import Progress, format_bytes, format_seconds, tree_bytes
 
 
 class Clock:
@@ -107,6 +108,36 @@ def test_set_takes_a_measured_total_and_never_goes_back():
     assert p.done == 300 and len(lines) == 2
     p.update(100)
     assert p.done == 400
+
+
+def test_watching_sets_what_the_measure_returns_while_the_block_runs(tmp_path):
+    p, _, _ = make(500, unit="bytes")
+    looks = []
+
+    def measure() -> int:
+        looks.append(1)
+        if len(looks) == 2:
+            raise FileNotFoundError("renamed while measured")  # skipped, the next look counts
+        return tree_bytes(tmp_path)
+
+    with p.watching(measure, every_s=0.01):
+        (tmp_path / "a.part").write_bytes(b"x" * 300)
+        deadline = time.monotonic() + 5
+        while p.done < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.done == 300
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "b").write_bytes(b"x" * 400)  # more than the total: capped
+        while p.done < 500 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.done == 500
+    after = len(looks)
+    time.sleep(0.05)
+    assert len(looks) == after  # the watcher stopped with the block
+    assert tree_bytes(tmp_path / "missing") == 0
+    silent, _, _ = make(10, enabled=False)
+    with silent.watching(lambda: 1 / 0):  # disabled: nothing is watched
+        pass
 
 
 def test_update_from_threads_counts_every_unit():

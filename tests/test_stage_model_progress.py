@@ -6,7 +6,7 @@ import functools
 import re
 import time
 
-from components.common.progress import Progress
+from components.common.progress import Progress, tree_bytes
 from components.stage_model import core
 from components.stage_model.core import stage_model
 from tests.test_stage_model import make_model
@@ -50,7 +50,7 @@ def test_one_large_file_shows_progress_while_it_is_written(tmp_path, monkeypatch
         (folder / (rel + ".incomplete")).rename(folder / rel)
         return 800
 
-    core._parallel(fetch, ["big"], 1, 800, True, "download x", measure=lambda: core._tree_bytes(folder), every_s=0.02)
+    core._parallel(fetch, ["big"], 1, 800, True, "download x", measure=lambda: tree_bytes(folder), every_s=0.02)
     done = [int(m.group(1)) for m in map(re.compile(r": (\d+) B / 800 B").search, lines) if m]
     assert done[0] == 0 and done[-1] == 800
     assert any(0 < n < 800 for n in done), lines  # seen while the one file was still being written

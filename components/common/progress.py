@@ -11,15 +11,19 @@ most one per 5 %. Each line has done / total, the percentage, the rate and the E
 
 The clock and the line writer are injectable (tests pass a fake clock and a list).
 `update` (n more done) and `set` (this much done in all: a measured size) may be called from
-several threads.
+several threads; `watching(measure)` calls `set(measure())` every few seconds from its own
+thread while a block runs (bytes on disk of a download in progress, partial files included).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 EVERY_FRACTION = 0.05
 EVERY_S = 30.0
@@ -42,6 +46,18 @@ def format_seconds(s: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def tree_bytes(folder: str | Path) -> int:
+    """Bytes of every file under a folder (partial files included): a `watching` measure; 0 when missing."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 def _stderr_line(line: str) -> None:
@@ -98,6 +114,34 @@ class Progress:
         """Sets the units done in all (e.g. bytes measured on disk); never goes back."""
         with self._lock:
             self._advance(max(self.done, int(done)))
+
+    @contextlib.contextmanager
+    def watching(self, measure: Callable[[], int] | None, every_s: float = 2.0) -> Iterator[None]:
+        """While the block runs, sets the units done to `measure()` every `every_s` seconds (capped at
+        the total when it is known); `measure` None or a disabled Progress: nothing is watched.
+
+        An OSError from `measure` (a file renamed while it was measured) skips that look.
+        """
+        if measure is None or not self.enabled:
+            yield
+            return
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(every_s):
+                try:
+                    value = measure()
+                except OSError:
+                    continue
+                self.set(min(value, self.total) if self.total else value)
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def _advance(self, done: int) -> None:
         self.done = done

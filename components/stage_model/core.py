@@ -66,7 +66,7 @@ from components.common.model_sources import (
     resolve_hf,
     resolve_ms,
 )
-from components.common.progress import Progress
+from components.common.progress import Progress, tree_bytes
 from components.stage_model import _gcs, _lock
 from components.stage_model._gcs import from_fuse_path, to_fuse_path  # noqa: F401 - public helpers
 
@@ -556,22 +556,9 @@ def _parallel(
     measures every `every_s` seconds, so one large file shows its progress too.
     """
     bar = Progress(f"stage-model: {desc}", total_bytes, "bytes", enabled=progress and bool(items))
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(every_s):
-            try:
-                measured = measure()
-                bar.set(min(measured, total_bytes) if total_bytes else measured)
-            except OSError:  # a file renamed or removed while measured: the next look counts it
-                continue
-
-    watcher = threading.Thread(target=watch, daemon=True) if measure is not None and bar.enabled else None
-    with bar, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with bar, bar.watching(measure, every_s), ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(fn, item) for item in items]
         out = []
-        if watcher is not None:
-            watcher.start()
         try:
             done = 0
             for fut in futures:
@@ -583,23 +570,7 @@ def _parallel(
             for fut in futures:  # the first failure stops the rest (a full disk: no more copies)
                 fut.cancel()
             raise
-        finally:
-            stop.set()
-            if watcher is not None:
-                watcher.join()
         return out
-
-
-def _tree_bytes(folder: Path) -> int:
-    """Bytes of every file under a folder (partial downloads and copies included); 0 when it is missing."""
-    total = 0
-    for root, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-    return total
 
 
 @dataclass
@@ -645,7 +616,7 @@ def _download(
         return (workdir / rel).stat().st_size
 
     total = sum(listing.files[r] for r in files)
-    _parallel(fetch, files, workers, total, progress, f"download {spec.uri}", measure=lambda: _tree_bytes(workdir))
+    _parallel(fetch, files, workers, total, progress, f"download {spec.uri}", measure=lambda: tree_bytes(workdir))
     for rel in files:
         size = (workdir / rel).stat().st_size
         if listing.files[rel] and size != listing.files[rel]:
@@ -879,8 +850,8 @@ def _publish(entry, prepared: _Prepared, manifest: dict[str, Any], workers: int,
     total = sum(prepared.infos[r]["size"] for r in todo)
     measure = None
     if isinstance(entry, LocalEntry):  # partial copies are written beside their files: count them as they grow
-        before = _tree_bytes(entry.path)
-        measure = lambda: _tree_bytes(entry.path) - before  # noqa: E731
+        before = tree_bytes(entry.path)
+        measure = lambda: tree_bytes(entry.path) - before  # noqa: E731
     copied = sum(_parallel(put, todo, workers, total, progress, f"copy to {entry.uri}", measure=measure))
     if isinstance(entry, LocalEntry):
         check_model(entry.path, prepared.files)
