@@ -55,6 +55,7 @@ import yaml
 
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
+from components.common.model_fit import GPU_MEMORY_GIB, ModelTooLarge, check_fits, known_model_bytes
 from components.common.reference import CHAMPION, reference_problem
 from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
@@ -821,6 +822,9 @@ def resolve_config_path(name: str | Path) -> Path:
     by_name = [p for p in shipped if p.stem == rel]
     if len(by_name) == 1:
         return by_name[0]
+    if by_name:
+        several = ", ".join(str(p.relative_to(CONFIG_DIR).with_suffix("")) for p in by_name)
+        raise ConfigError(f"{name}: several shipped configs have that name ({several}); give the folder too")
     names = ", ".join(sorted(by_rel))
     raise ConfigError(f"{name}: config file not found, and no shipped config has that name (shipped: {names})")
 
@@ -932,6 +936,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     _scan_values(raw, "", where)
     _check_ranges(cfg, where)
     _check_swift(cfg.swift, where)
+    _check_parameter_targets(cfg.swift, where)
     for key, value in (("pipeline.root", cfg.pipeline.root), ("model.cache", cfg.model.cache)):
         problem = local_dir_problem(value, writable=False)
         if problem:
@@ -1065,6 +1070,7 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         raise ConfigError(
             f"{where('resources.scheduling')}: {r.machine_type} runs only with scheduling spot or flex_start"
         )
+    _check_model_fits(cfg, where)
     if v.region_check:
         gpus = (
             ("resources.accelerator_type", r.accelerator_type),
@@ -1078,6 +1084,37 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         problem = cron_problem(s.cron)
         if problem:
             raise ConfigError(f"{where('schedule.cron')}: 'schedule.cron' {s.cron!r}: {problem}")
+
+
+def _check_model_fits(cfg: Config, where: typing.Callable[[str], str]) -> None:
+    """Refuses a released model whose bf16 weights do not fit the profile's GPUs even with ZeRO-3.
+
+    The size comes from the model's name (`components.common.model_fit.KNOWN_MODELS`); other
+    sources are checked by train-lora once staged, before `swift sft`.
+    """
+    r = cfg.resources
+    size = known_model_bytes(cfg.model.source)
+    gib = GPU_MEMORY_GIB.get(r.accelerator_type)
+    if not size or not gib or r.accelerator_count < 1:
+        return
+    what = f"{cfg.model.source} on {r.replica_count} x {r.accelerator_count} x {r.accelerator_type}"
+    try:
+        check_fits(size, int(gib * 1024**3), r.accelerator_count, r.replica_count, what)
+    except ModelTooLarge as exc:
+        raise ConfigError(f"{where('resources.machine_type')}: {exc}") from None
+
+
+def _check_parameter_targets(swift: Mapping[str, Any], where: typing.Callable[[str], str]) -> None:
+    """LoRA on parameters (`swift.target_parameters`, e.g. a MoE model's experts) needs lora_dropout 0."""
+    if not swift.get("target_parameters"):
+        return
+    dropout = swift.get("lora_dropout", 0.05)
+    if dropout != 0:
+        raise ConfigError(
+            f"{where('swift.target_parameters')}: 'swift.target_parameters' is set, and peft's LoRA on parameters "
+            f"(ParamWrapper) does not work with dropout, but swift.lora_dropout is {dropout!r} "
+            "(ms-swift's default is 0.05): set swift.lora_dropout: 0"
+        )
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,0 +1,213 @@
+"""Larger and mixture-of-experts models (issue 17) on a tiny Qwen3-VL-MoE, on the CPU.
+
+The tiny MoE (`pipelines.demo.tiny_moe`) has the 30B-A3B architecture's parts: a router and
+the experts as fused 3-D parameters. Adapters here are made with peft directly (what ms-swift
+does under `swift sft`) and merged with peft's merge_and_unload (what `swift export
+--merge_lora` does), so the checks run in seconds; one test runs the real `swift sft` +
+merge-export with LoRA on the experts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from components.common.model_fit import (
+    GIB,
+    ModelTooLarge,
+    check_fits,
+    fit,
+    known_model_bytes,
+    smallest_fitting_profile,
+)
+from components.merge_export.core import MergeVerificationError, compare_weights
+from pipelines.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+ATTENTION = r"^model\.language_model.*\.(q_proj|k_proj|v_proj|o_proj)$"
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory) -> Path:
+    from pipelines.demo.tiny_moe import build_tiny_moe_model
+
+    return build_tiny_moe_model(tmp_path_factory.mktemp("moe") / "base")
+
+
+def _adapter_and_merge(base: Path, out: Path, experts: bool) -> tuple[Path, Path]:
+    """A peft adapter (attention, and the experts when asked) with random B, and its merged model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=ATTENTION, target_parameters=EXPERTS if experts else None
+    )
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    peft_model.save_pretrained(out / "adapter")
+    peft_model.merge_and_unload().save_pretrained(out / "merged")
+    return out / "adapter", out / "merged"
+
+
+@pytest.fixture(scope="module")
+def expert_adapter(tiny_moe, tmp_path_factory) -> tuple[Path, Path]:
+    return _adapter_and_merge(tiny_moe, tmp_path_factory.mktemp("experts"), experts=True)
+
+
+@pytest.fixture(scope="module")
+def attention_adapter(tiny_moe, tmp_path_factory) -> tuple[Path, Path]:
+    return _adapter_and_merge(tiny_moe, tmp_path_factory.mktemp("attention"), experts=False)
+
+
+def _rewrite(src: Path, dst: Path, change) -> Path:
+    """Copies a model folder, applying change(name, tensor) -> tensor to every tensor of its safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for path in dst.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        save_file({k: change(k, v).contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    return dst
+
+
+def test_weights_check_covers_lora_on_expert_parameters(tiny_moe, expert_adapter):
+    adapter, merged = expert_adapter
+    keys = json.loads((adapter / "adapter_config.json").read_text())
+    assert sorted(keys["target_parameters"]) == sorted(EXPERTS)
+    facts = compare_weights(tiny_moe, adapter, merged)
+    # 2 layers x (4 attention projections + the 2 expert parameters)
+    assert facts["adapted_weights"] == 12
+    assert facts["adapted_within_step_min_fraction"] >= 0.999
+    assert facts["adapted_changed_fraction"] > 0.5
+    assert facts["layout_transposed"] == 0
+
+
+def test_dropped_expert_update_is_caught(tiny_moe, expert_adapter, tmp_path):
+    from safetensors import safe_open
+
+    adapter, merged = expert_adapter
+    key = "model.language_model.layers.1.mlp.experts.down_proj"
+    with safe_open(str(tiny_moe / "model.safetensors"), "pt") as f:
+        base_value = f.get_tensor(key)
+    broken = _rewrite(merged, tmp_path / "m", lambda k, v: base_value if k == key else v)
+    with pytest.raises(MergeVerificationError, match="experts"):
+        compare_weights(tiny_moe, adapter, broken)
+
+
+def test_update_on_the_wrong_expert_is_caught(tiny_moe, expert_adapter, tmp_path):
+    import torch
+
+    adapter, merged = expert_adapter
+    key = "model.language_model.layers.0.mlp.experts.gate_up_proj"
+    broken = _rewrite(merged, tmp_path / "m", lambda k, v: torch.roll(v, 1, dims=0) if k == key else v)
+    with pytest.raises(MergeVerificationError, match="gate_up_proj"):
+        compare_weights(tiny_moe, adapter, broken)
+
+
+def test_base_in_the_released_expert_layout_is_compared_transposed(
+    tiny_moe, expert_adapter, attention_adapter, tmp_path
+):
+    """Released Qwen3-VL-MoE checkpoints store experts (E, in, out); transformers 5 saves (E, out, in)."""
+    released = _rewrite(tiny_moe, tmp_path / "released", lambda k, v: v.transpose(1, 2) if ".experts." in k else v)
+    adapter, merged = expert_adapter
+    facts = compare_weights(released, adapter, merged)
+    assert facts["adapted_weights"] == 12 and facts["layout_transposed"] == 4
+    adapter, merged = attention_adapter  # experts untouched: still equal to the base, transposed
+    facts = compare_weights(released, adapter, merged)
+    assert facts["adapted_weights"] == 8 and facts["layout_transposed"] == 4
+
+
+def test_an_untouched_expert_that_changed_is_caught(tiny_moe, attention_adapter, tmp_path):
+    adapter, merged = attention_adapter
+    key = "model.language_model.layers.0.mlp.experts.down_proj"
+    broken = _rewrite(merged, tmp_path / "m", lambda k, v: v * 1.01 if k == key else v)
+    with pytest.raises(MergeVerificationError, match="does not touch differ.*experts.down_proj"):
+        compare_weights(tiny_moe, adapter, broken)
+
+
+# --- sizes and profiles ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "gb"),
+    [
+        ("hf://Qwen/Qwen3-VL-8B-Instruct", 17.54),
+        ("hf://Qwen/Qwen3-VL-30B-A3B-Instruct@0123abc", 62.2),
+        ("ms://Qwen/Qwen3-VL-235B-A22B-Thinking", 472.0),
+        ("gs://bucket/models/Qwen3-VL-2B-Instruct/", 4.26),
+        ("/models/my-own-model", 0.0),
+    ],
+)
+def test_known_model_sizes_from_the_name(source, gb):
+    assert known_model_bytes(source) / 1e9 == pytest.approx(gb)
+
+
+def test_moe_fits_one_h200_but_not_one_h100():
+    size = known_model_bytes("Qwen3-VL-30B-A3B-Instruct")
+    h200, h100 = int(139.8 * GIB), int(79.2 * GIB)
+    assert fit(size, h200, 2).one_gpu  # 2 x H200: replicated, ZeRO-2 (what train-lora picks)
+    eight_h100 = fit(size, h100, 8)
+    assert not eight_h100.one_gpu and eight_h100.zero3  # 8 x H100: sharded, ZeRO-3
+    with pytest.raises(ModelTooLarge) as err:
+        check_fits(size, h100, 1, 1, "30B-A3B on 1 x NVIDIA_H100_80GB")
+    text = str(err.value)
+    assert "57.9 GiB" in text and "1 GPU(s) of 79.2 GiB" in text
+    assert "smallest profile that fits: a2-ultragpu-2g (2 x NVIDIA_A100_80GB each, sharded, ZeRO-3)" in text
+
+
+def test_a_model_too_large_for_any_single_host_needs_replicas():
+    assert smallest_fitting_profile(int(1400e9)).startswith("a3-ultragpu-8g x 2 replicas (resources.replica_count: 2)")
+
+
+def _moe_config(tmp_path: Path, **overrides) -> Path:
+    src = (ROOT / "configs/qwen3_vl_30b_a3b/lora_h200_x8.yaml").read_text()
+    path = tmp_path / "cfg.yaml"
+    path.write_text(src)
+    return path
+
+
+def test_config_refuses_a_profile_the_model_does_not_fit(tmp_path):
+    path = _moe_config(tmp_path)
+    overrides = {
+        "resources.machine_type": "a3-highgpu-1g",
+        "resources.accelerator_type": "NVIDIA_H100_80GB",
+        "resources.accelerator_count": 1,
+    }
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    text = str(err.value)
+    assert "resources.machine_type" in text and "Qwen3-VL-30B-A3B-Instruct on 1 x 1 x NVIDIA_H100_80GB" in text
+    assert "even sharded with ZeRO-3" in text and "a2-ultragpu-2g" in text
+
+
+def test_config_refuses_lora_on_parameters_with_dropout(tmp_path):
+    path = _moe_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"swift.target_parameters.*swift.lora_dropout: 0"):
+        load_config(path, {"swift.target_parameters": EXPERTS})
+    cfg = load_config(path, {"swift.target_parameters": EXPERTS, "swift.lora_dropout": 0})
+    assert cfg.swift["target_parameters"] == EXPERTS
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs/qwen3_vl_30b_a3b").glob("*.yaml")))
+def test_shipped_moe_profiles_load(name):
+    cfg = load_config(ROOT / "configs/qwen3_vl_30b_a3b" / name)
+    assert cfg.model.source == "hf://Qwen/Qwen3-VL-30B-A3B-Instruct"
+    assert cfg.swift["target_modules"] == "all-linear"
+
+
+def test_a_config_name_shared_by_two_folders_names_both():
+    from pipelines.config import resolve_config_path
+
+    with pytest.raises(ConfigError, match=r"qwen3_vl_30b_a3b/lora_h100_x8, qwen3_vl_4b/lora_h100_x8.*folder"):
+        resolve_config_path("lora_h100_x8")
+    assert resolve_config_path("qwen3_vl_30b_a3b/lora_h100_x8").parent.name == "qwen3_vl_30b_a3b"
