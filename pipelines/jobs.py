@@ -338,9 +338,9 @@ def artifact_kind(task: str, output: str, schema: str) -> str | None:
     return None  # google.VertexModel and other resources that are not files
 
 
-def output_artifacts(job: dict[str, Any], kinds: tuple[str, ...] = DEFAULT_KINDS) -> list[dict[str, Any]]:
-    """The run's output artifacts of the given kinds, one per (task, output): task, output, kind, schema,
-    uri, metadata."""
+def output_artifacts(job: dict[str, Any], kinds: tuple[str | None, ...] = DEFAULT_KINDS) -> list[dict[str, Any]]:
+    """The run's output artifacts of the given kinds (None in `kinds`: also those fetch leaves out), one per
+    (task, output): task, output, kind, schema, uri, metadata."""
     found = []
     for task in pipeline_tasks(job):
         for output, listing in sorted((task.get("outputs") or {}).items()):
@@ -632,8 +632,9 @@ def fetch_outputs(
         progress_min_bytes: Smaller artifacts download without progress lines. Default 50 MB.
 
     Returns:
-        {"run", "state", "dest", "artifacts": [{task, output, kind, schema, uri, metadata, local,
-        files, bytes, skipped}]}; also written to DEST/run.json.
+        {"run", "state", "link", "dest", "artifacts": [{task, output, kind, schema, uri, metadata,
+        local, files, bytes, skipped}], "outputs": every output artifact of the run, fetched or not};
+        also written to DEST/run.json.
     """
     from components.common.progress import Progress
     from components.common.retry import gcs_retry
@@ -691,6 +692,8 @@ def fetch_outputs(
         "link": console_link(job.get("name", "")),
         "dest": str(root),
         "artifacts": artifacts,
+        # every output, fetched or not (the staged base model, the registered Vertex model, datasets)
+        "outputs": output_artifacts(job, (*KINDS, None)),
     }
     (root / "run.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
     return result

@@ -477,6 +477,9 @@ def test_fetch_downloads_outputs_into_task_folders_and_skips_what_is_there(
     assert json.loads((dest / "evaluate/metrics.json").read_text()) == {"tuned_f1": 0.8}
     summary = json.loads((dest / "run.json").read_text())
     assert summary["run"] == f"{JOBS}/run-1" and summary["state"] == "PIPELINE_STATE_SUCCEEDED"
+    outputs = {(a["task"], a["output"]): a["uri"] for a in summary["outputs"]}  # fetched or not
+    assert outputs[("stage-model", "model")] == f"gs://{gcs_bucket}/models/hf/Qwen/x/abc"
+    assert outputs[("validate-data", "train_dataset")].endswith("/validate-data/train_dataset")
     assert "fetch merge-export/merged_model: 3.0 kB / 3.0 kB (100 %)" in printed.getvalue()
     assert "adapter" not in printed.getvalue()  # under progress_min_bytes: no progress lines
 
