@@ -6,23 +6,28 @@ import functools
 import re
 import time
 
-from components.common.progress import Progress, tree_bytes
+from components.common.progress import Progress, format_bytes, tree_bytes
 from components.stage_model import core
 from components.stage_model.core import stage_model
 from tests.test_stage_model import make_model
 
 
-def test_copy_logs_bytes_done_of_total_then_nothing_on_a_cache_hit(tmp_path, capsys):
+def test_checksums_and_copy_log_bytes_done_of_total_then_no_copy_on_a_cache_hit(tmp_path, capsys):
     model = make_model(tmp_path / "src" / "tiny")
     total = sum(p.stat().st_size for p in model.iterdir())
     result = stage_model(str(model), str(tmp_path / "cache"), progress=True)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == f"stage-model: copy to {result.entry}: 0 B / {total} B (0 %)"
-    assert re.fullmatch(rf"stage-model: copy to .*: {total} B / {total} B \(100 %\), .*/s, done in \d+ s", lines[-1])
-    assert len(lines) == 2  # a small copy: the start and the end line, nothing between
+    # a small model: each step's first and last line, nothing between
+    assert len(lines) == 4
+    both = format_bytes(2 * total)  # sha256 and crc32c: every byte read twice
+    assert lines[0] == f"stage-model: checksums of {model.resolve()}: 0 B / {both} (0 %)"
+    assert lines[1].startswith(f"stage-model: checksums of {model.resolve()}: {both} / {both} (100 %)")
+    assert lines[2] == f"stage-model: copy to {result.entry}: 0 B / {total} B (0 %)"
+    assert re.fullmatch(rf"stage-model: copy to .*: {total} B / {total} B \(100 %\), .*/s, done in \d+ s", lines[3])
 
     stage_model(str(model), str(tmp_path / "cache"), progress=True)
-    assert capsys.readouterr().err == ""  # nothing copied, nothing logged
+    again = capsys.readouterr().err
+    assert "checksums of" in again and "copy to" not in again  # the content is read for its fingerprint, not copied
     stage_model(str(model), str(tmp_path / "other"))
     assert capsys.readouterr().err == ""  # progress off (the library default)
 

@@ -583,14 +583,21 @@ class _Prepared:
     meta: dict[str, Any]
 
 
-def _prepare_local(src: Path, files: list[str], workers: int) -> _Prepared:
+def _prepare_local(src: Path, files: list[str], workers: int, progress: bool = False) -> _Prepared:
+    """Checks the model and hashes its files (sha256 and crc32c: two reads of every byte, logged with `progress`)."""
     meta = check_model(src, files)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        shas = list(pool.map(lambda rel: sha256_file(src / rel), files))
-        crcs = list(pool.map(lambda rel: crc32c_file(src / rel), files))
-    infos = {
-        rel: {"size": (src / rel).stat().st_size, "sha256": s, "crc32c": c} for rel, s, c in zip(files, shas, crcs)
-    }
+    sizes = {rel: (src / rel).stat().st_size for rel in files}
+    bar = Progress(f"stage-model: checksums of {src}", 2 * sum(sizes.values()), "bytes", enabled=progress)
+
+    def hashed(fn, rel: str) -> str:
+        digest = fn(src / rel)
+        bar.update(sizes[rel])
+        return digest
+
+    with bar, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        shas = list(pool.map(lambda rel: hashed(sha256_file, rel), files))
+        crcs = list(pool.map(lambda rel: hashed(crc32c_file, rel), files))
+    infos = {rel: {"size": sizes[rel], "sha256": s, "crc32c": c} for rel, s, c in zip(files, shas, crcs)}
     return _Prepared(src, files, infos, meta)
 
 
@@ -623,7 +630,7 @@ def _download(
             raise StageError(
                 f"model source {spec.uri}: {rel} downloaded {size} bytes, expected {listing.files[rel]}; stage again"
             )
-    prepared = _prepare_local(workdir, files, workers)
+    prepared = _prepare_local(workdir, files, workers, progress)
     for rel, known in listing.expected.items():
         for kind, value in known.items():
             if rel in prepared.infos and prepared.infos[rel][kind] != value:
@@ -677,7 +684,7 @@ def _stage(
     """Stages a parsed source: resolve it, reuse a valid entry, else copy it in under the entry's lock."""
     _check_cache(cache)
     if spec.scheme == "local":
-        source = _resolve_local(spec, allow, ignore, workers)
+        source = _resolve_local(spec, allow, ignore, workers, progress)
     else:
         source = _resolve_remote(spec, allow, ignore, token_from)
     entry = _entry_for(cache, spec, source.revision)
@@ -710,7 +717,9 @@ def _check_cache(cache: str) -> None:
             return
 
 
-def _resolve_local(spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None, workers: int) -> _Resolved:
+def _resolve_local(
+    spec: SourceSpec, allow: list[str] | None, ignore: list[str] | None, workers: int, progress: bool = False
+) -> _Resolved:
     """Lists, checks and hashes a local model folder; its revision is the content fingerprint."""
     src = Path(spec.uri).expanduser()
     if not src.is_dir():
@@ -719,7 +728,7 @@ def _resolve_local(spec: SourceSpec, allow: list[str] | None, ignore: list[str] 
     files = list_files(src, allow, ignore)
     if not files:
         raise StageError(f"model source {src}: no files to stage (after allow/ignore patterns)")
-    prepared = _prepare_local(src, files, workers)
+    prepared = _prepare_local(src, files, workers, progress)
     hashes = {rel: info["sha256"] for rel, info in prepared.infos.items()}
     return _Resolved(str(src), files, local_revision(src, files, hashes), prepared=prepared)
 
@@ -939,8 +948,8 @@ def stage_model(
             'projects/P/secrets/S[/versions/V]'. Default None: $HF_TOKEN /
             $MODELSCOPE_API_TOKEN if set. Never the token itself.
         workers: Files copied in parallel. Default 8.
-        progress: Log bytes copied / total, rate and ETA on stderr, at most one line per 5 % or
-            30 s (whichever comes later). Default False.
+        progress: Log bytes downloaded / checksummed / copied of the total, the rate and the ETA
+            on stderr, at most one line per 5 % or 30 s (whichever comes later). Default False.
         lock_wait_s: Longest wait, in seconds, for another stager of the same entry
             before staging without the lock. Default 4 h.
         lock_stale_s: A lock not refreshed for this many seconds is taken over. Default 300.
