@@ -114,8 +114,10 @@ def api():
 
     with FakeServer() as fake:
         yield fake
+    # aiplatform.init is process-global: point later tests back at the defaults
     initializer.global_config._api_endpoint = None
     initializer.global_config._api_transport = None
+    initializer.global_config._credentials = None
 
 
 @pytest.fixture
