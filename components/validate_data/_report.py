@@ -71,7 +71,7 @@ def _histogram_svg(values: list[int], limit: int = 0) -> Any:
 
     The x axis spans the rows' lengths. max_length (`limit` > 0) is a dashed red line when it
     lies within LIMIT_IN_RANGE x the longest row (the axis is widened to it); further out it is
-    named by an arrow at the right edge, so a few short rows are not squeezed into one bar.
+    named above the plot's right edge, so a few short rows are not squeezed into one bar.
     """
     if not values:
         return None
@@ -91,9 +91,8 @@ def _histogram_svg(values: list[int], limit: int = 0) -> Any:
             ax.annotate(f"max_length {limit}", (limit, 1), xycoords=("data", "axes fraction"), xytext=(-4, -4),
                         textcoords="offset points", ha="right", va="top", color=RED)  # fmt: skip
             ax.set_xlim(right=limit + max(1, (limit - lo) * 0.03))
-        elif limit:
-            ax.annotate(f"max_length {limit} →\n(beyond the longest row, {hi})", (1, 1), xycoords="axes fraction",
-                        xytext=(-2, -2), textcoords="offset points", ha="right", va="top", color=RED)  # fmt: skip
+        elif limit:  # named above the plot, clear of the bars
+            ax.set_title(f"max_length {limit} → beyond the longest row ({hi})", loc="right", color=RED, fontsize=8)
 
     return figure_svg(draw, (7.0, 2.6), "tokens")
 
@@ -116,8 +115,9 @@ def _sizes_svg(sizes: list[tuple[int, int]]) -> Any:
         biggest = max(ns)
         ax.scatter(xs, ys, s=[20 + 180 * n / biggest for n in ns], color=BLUE, alpha=0.55, edgecolors="none")
         for (w, h), n in top[:8]:
-            ax.annotate(f"{w}×{h}: {n} image{'s' if n != 1 else ''}", (w, h), xytext=(6, 4),
-                        textcoords="offset points", fontsize=8, color=GREY)  # fmt: skip
+            right = w > 0.6 * max_w * 1.15  # a label on the right half goes left of its dot, inside the axes
+            ax.annotate(f"{w}×{h}: {n} image{'s' if n != 1 else ''}", (w, h), xytext=(-8 if right else 8, 4),
+                        textcoords="offset points", ha="right" if right else "left", fontsize=8, color=GREY)  # fmt: skip
         ax.set_xlim(0, max_w * 1.15)
         ax.set_ylim(0, max_h * 1.15)
         ax.set_xlabel("width (px)")

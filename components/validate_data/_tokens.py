@@ -59,7 +59,9 @@ def model_label(model_dir: Path) -> str:
         source = revision = ""
     if not source:
         return model_dir.name
-    return f"{source}@{revision[:12]}" if revision and revision not in source else source
+    prefix, _, digest = revision.rpartition("-")  # a commit hash, or "sha256-<hex>" for a local folder's content
+    short = f"{prefix}-{digest[:12]}" if prefix else digest[:12]
+    return f"{source}@{short}" if revision and revision not in source else source
 
 
 class TokenCounter:
