@@ -13,5 +13,7 @@ Components import from here, never from each other's `core` or `_private` module
 `dataset` (the validated dataset's token figures),
 `retry` (which failures are transient, bounded backoff: GCS reads, HTTP fetches, hub calls),
 `progress` (long steps' progress as rate-limited log lines: one per 5 % or 30 s, whichever comes later),
-`boxes` / `tasks` (box conventions, the task registry).
+`boxes` / `tasks` (box conventions, the task registry),
+`report` (the HTML reports' jinja2 templates, matplotlib figures as inline SVG, data: URIs),
+`provenance` (a clean row's origin: the user's file, line and image names).
 """
