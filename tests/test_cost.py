@@ -74,7 +74,7 @@ def test_other_gpus_models_and_shapes_are_scaled_and_said_so():
 def test_unknown_rows_give_per_hour_and_per_million_tokens_only():
     est = estimate(H100_SPOT, Workload(rows=0, mean_tokens=0, **TUNED))
     assert est.hours is est.cost_usd is est.gpu_hours is None
-    assert est.lines()[0].startswith("cost estimate: rows unknown before validate-data; $0.11 per 1M training tokens")
+    assert est.lines()[0].startswith("cost estimate: rows unknown before validate-data; $0.16 per 1M training tokens")
     rows_only = estimate(H100_SPOT, Workload(rows=500, mean_tokens=0, **TUNED))
     assert "500 rows, tokens per row unknown before validate-data" in rows_only.lines()[0]
 

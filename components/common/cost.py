@@ -27,37 +27,54 @@ from dataclasses import dataclass, field
 PRICE_TABLE_DATE = "2026-11-24"
 PRICE_REGION = "us-central1"
 PRICE_SOURCE = (
-    "approximate Vertex AI custom-training list prices (https://cloud.google.com/vertex-ai/pricing), "
-    "us-central1, machine + GPUs per hour, compiled on PRICE_TABLE_DATE from 2025's published figures "
-    "without network access: verify them and override with resources.price_usd_per_hour"
+    "Vertex AI custom-training prices (https://cloud.google.com/vertex-ai/pricing), us-central1, machine + GPUs "
+    "per hour, estimated as Compute Engine list prices x 1.15 (Vertex's markup: n1-standard-4 $0.21849885 on "
+    "Vertex vs $0.189999 on Compute Engine); Compute Engine figures from the Cloud Billing catalog, see the "
+    "notes above PRICES: verify them and override with resources.price_usd_per_hour"
 )
-SPOT_NOTE = "Spot column about 0.4 x on-demand (typical 2025 Spot discount; Spot prices change up to monthly)"
+SPOT_NOTE = (
+    "Spot column: Compute Engine Spot prices of 2026-07-30 (a3-ultragpu-8g: 2026-10-13) x 1.15; Spot prices "
+    "change up to monthly (a3-highgpu-1g: $4.45 in 2024-11, $6.33 in 2026-07, $6.57 without Local SSD in 2026-09, on Compute Engine)"
+)
 
 # machine type -> (on-demand, Spot), USD per hour for the whole machine. A3 machines with fewer
 # than 8 GPUs run only as Spot or FLEX_START: their on-demand figure is 1/8, 2/8, 4/8 of
 # a3-highgpu-8g's, for comparison and for FLEX_START (whose own, lower DWS prices are not here).
+# Checked 2026-11-24 against stored copies of public pages (no live network):
+# - Compute Engine, us-central1, Cloud Billing catalog as compiled in
+#   github.com/Cyclenerd/google-cloud-pricing-cost-calculator pricing.yml (generated 2026-07-30):
+#   on-demand a2-highgpu-1g 3.6734, a2-ultragpu-1g 5.0688, a3-highgpu-8g 88.49, g2-standard-4 0.7068
+#   (x 1.15 = the on-demand column within 0.4 %, kept); Spot a2-highgpu-1g 1.928, a2-ultragpu-1g 2.760,
+#   a3-highgpu-1g 6.326, a3-highgpu-8g 50.61, g2-standard-4 0.397 (x 1.15 = the Spot column).
+# - a3-ultragpu-8g (not in that file): huggingface.co/datasets/tanod/cloud-gpu-list-prices (Billing catalog,
+#   2026-10-13): 10.4365 on-demand, 6.2607 Spot per GPU without Local SSD; Spot column = 8 x 6.2607 x 1.15;
+#   on-demand 97.50 kept (8 x 10.4365 x 1.15 = 96.0 plus Local SSD).
+# - https://cloud.google.com/vertex-ai/pricing as transcribed on 2026-10-07 (github.com/api-evangelist/
+#   google-vertex-ai plans/google-vertex-ai-plans-pricing.yml): NVIDIA_H100_80GB training $9.79655057 per GPU,
+#   which looks like Compute Engine's own H100 price (derived, not stated): whether Vertex adds 15 % on A3 (or
+#   a separate management fee of another size) is not confirmed, so the A3 rows (x 1.15) remain estimates.
 PRICES: dict[str, tuple[float, float]] = {
-    "a2-highgpu-1g": (4.22, 1.69),
-    "a2-highgpu-2g": (8.44, 3.38),
-    "a2-highgpu-4g": (16.88, 6.75),
-    "a2-highgpu-8g": (33.76, 13.50),
-    "a2-ultragpu-1g": (5.83, 2.33),
-    "a2-ultragpu-2g": (11.66, 4.66),
-    "a2-ultragpu-4g": (23.32, 9.33),
-    "a2-ultragpu-8g": (46.64, 18.66),
-    "a3-highgpu-1g": (12.69, 5.08),
-    "a3-highgpu-2g": (25.38, 10.15),
-    "a3-highgpu-4g": (50.75, 20.30),
-    "a3-highgpu-8g": (101.50, 40.60),
-    "a3-ultragpu-8g": (97.50, 39.00),
-    "g2-standard-4": (0.81, 0.32),
-    "g2-standard-8": (0.98, 0.39),
-    "g2-standard-12": (1.15, 0.46),
-    "g2-standard-16": (1.32, 0.53),
-    "g2-standard-24": (2.30, 0.92),
-    "g2-standard-32": (1.99, 0.80),
-    "g2-standard-48": (4.61, 1.84),
-    "g2-standard-96": (9.22, 3.69),
+    "a2-highgpu-1g": (4.22, 2.22),
+    "a2-highgpu-2g": (8.44, 4.43),
+    "a2-highgpu-4g": (16.88, 8.87),
+    "a2-highgpu-8g": (33.76, 17.74),
+    "a2-ultragpu-1g": (5.83, 3.17),
+    "a2-ultragpu-2g": (11.66, 6.35),
+    "a2-ultragpu-4g": (23.32, 12.69),
+    "a2-ultragpu-8g": (46.64, 25.39),
+    "a3-highgpu-1g": (12.69, 7.28),
+    "a3-highgpu-2g": (25.38, 14.55),
+    "a3-highgpu-4g": (50.75, 29.10),
+    "a3-highgpu-8g": (101.50, 58.20),
+    "a3-ultragpu-8g": (97.50, 57.60),
+    "g2-standard-4": (0.81, 0.46),
+    "g2-standard-8": (0.98, 0.55),
+    "g2-standard-12": (1.15, 0.65),
+    "g2-standard-16": (1.32, 0.74),
+    "g2-standard-24": (2.30, 1.29),
+    "g2-standard-32": (1.99, 1.12),
+    "g2-standard-48": (4.61, 2.59),
+    "g2-standard-96": (9.22, 5.17),
 }
 
 # --- throughput ------------------------------------------------------------------------------
