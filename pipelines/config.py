@@ -1095,8 +1095,8 @@ def _check_model_fits(cfg: Config, where: typing.Callable[[str], str]) -> None:
     r = cfg.resources
     size = known_model_bytes(cfg.model.source)
     gib = GPU_MEMORY_GIB.get(r.accelerator_type)
-    if not size or not gib or r.accelerator_count < 1:
-        return
+    if not size or not gib or r.accelerator_count < 1 or "deepspeed" in cfg.swift:
+        return  # a DeepSpeed setting of the user's own (e.g. ZeRO-3 with CPU offload) is theirs to size
     what = f"{cfg.model.source} on {r.replica_count} x {r.accelerator_count} x {r.accelerator_type}"
     try:
         check_fits(size, int(gib * 1024**3), r.accelerator_count, r.replica_count, what)

@@ -211,3 +211,58 @@ def test_a_config_name_shared_by_two_folders_names_both():
     with pytest.raises(ConfigError, match=r"qwen3_vl_30b_a3b/lora_h100_x8, qwen3_vl_4b/lora_h100_x8.*folder"):
         resolve_config_path("lora_h100_x8")
     assert resolve_config_path("qwen3_vl_30b_a3b/lora_h100_x8").parent.name == "qwen3_vl_30b_a3b"
+
+
+# --- train-lora's checks before swift sft --------------------------------------------------
+
+
+def test_dense_module_names_on_a_moe_model_name_the_expert_parameters(tiny_moe):
+    from components.train_lora._input_checks import InputCheckError, check_target_modules
+
+    with pytest.raises(InputCheckError) as err:
+        check_target_modules({"target_modules": ["gate_proj", "up_proj", "down_proj"]}, tiny_moe)
+    text = str(err.value)
+    assert "['gate_proj', 'up_proj', 'down_proj'] match no module" in text
+    assert "q_proj" in text and "o_proj" in text  # the Linear candidates
+    assert "swift.target_parameters: [mlp.experts.down_proj, mlp.experts.gate_up_proj]" in text
+    check_target_modules({"target_modules": ["q_proj", "v_proj"]}, tiny_moe)  # real modules pass
+    check_target_modules({"target_parameters": EXPERTS, "target_modules": "all-linear"}, tiny_moe)
+
+
+def test_target_parameters_that_match_nothing_are_named(tiny_moe):
+    from components.train_lora._input_checks import InputCheckError, check_target_modules
+    from pipelines.demo.tiny_model import ensure_tiny_model
+
+    with pytest.raises(InputCheckError, match=r"\['mlp.experts.gate_proj'\] match no parameter.*gate_up_proj"):
+        check_target_modules({"target_parameters": ["mlp.experts.gate_proj"]}, tiny_moe)
+    with pytest.raises(InputCheckError, match="not a mixture-of-experts model"):
+        check_target_modules({"target_parameters": EXPERTS}, ensure_tiny_model())
+
+
+def test_strategy_for_the_moe_base_and_a_base_no_strategy_holds():
+    from components.train_lora._launch import ModelTooLargeError, choose_strategy
+
+    size = known_model_bytes("Qwen3-VL-30B-A3B-Instruct")
+    assert choose_strategy(size, 2, int(139.8 * GIB), {}).name == "zero2"  # 2 x H200
+    assert choose_strategy(size, 8, int(79.2 * GIB), {}).name == "zero3"  # 8 x H100
+    assert choose_strategy(size, 1, int(139.8 * GIB), {}).name == "single"  # 1 x H200
+    with pytest.raises(
+        ModelTooLargeError, match="even sharded with ZeRO-3.*smallest profile that fits: a2-ultragpu-2g"
+    ):
+        choose_strategy(size, 1, int(79.2 * GIB), {})
+    # a DeepSpeed setting of the user's own (e.g. ZeRO-3 with CPU offload) is not second-guessed
+    assert choose_strategy(size, 1, int(79.2 * GIB), {"deepspeed": "zero3_offload"}).name == "user"
+
+
+def test_planner_reads_the_moe_shape_and_its_full_size(tiny_moe):
+    from components.train_lora._launch import model_weight_bytes
+    from components.train_lora._plan import ModelShape
+
+    config = json.loads((tiny_moe / "config.json").read_text())
+    weights = model_weight_bytes(tiny_moe, "bfloat16")
+    shape = ModelShape.from_config(config, weights)
+    assert (shape.layers, shape.hidden, shape.vocab, shape.vision_hidden) == (2, 128, 151936, 32)
+    # every expert is resident (only 2 of 4 are active per token): the frozen size counts them all
+    stored = sum(p.stat().st_size for p in tiny_moe.glob("*.safetensors"))
+    assert weights == stored // 2  # float32 on disk, bfloat16 in training
+    assert shape.known

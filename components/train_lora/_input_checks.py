@@ -80,6 +80,8 @@ def module_names(model_dir: str | Path) -> set[str]:
     """Names of the modules that hold weights (tensor names without .weight / .bias), with their suffixes."""
     out: set[str] = set()
     for name in weight_names(model_dir):
+        if not name.endswith((".weight", ".bias")):
+            continue  # a bare parameter (a MoE block's fused experts), not a module's weight
         module = name.rsplit(".", 1)[0]
         parts = module.split(".")
         for i in range(len(parts)):
@@ -87,30 +89,74 @@ def module_names(model_dir: str | Path) -> set[str]:
     return out
 
 
+def parameter_names(model_dir: str | Path) -> set[str]:
+    """Tensors that are parameters of a module but no Linear weight (e.g. `mlp.experts.gate_up_proj`), with suffixes."""
+    out: set[str] = set()
+    for name in weight_names(model_dir):
+        if name.endswith((".weight", ".bias")):
+            continue
+        parts = name.split(".")
+        for i in range(len(parts) - 1):
+            out.add(".".join(parts[i:]))
+    return out
+
+
 _PLAIN = re.compile(r"[A-Za-z_][\w.]*")
+_NOT_LORA = ("norm", "embed", "lm_head", "bias")
+
+
+def _candidates(model_dir: str | Path) -> tuple[list[str], list[str]]:
+    """(Linear-like module names by their last part, expert-style parameters as `module.param`) of the model."""
+    linear = sorted(
+        {
+            m.rsplit(".", 1)[-1]
+            for m in module_names(model_dir)
+            if not m.rsplit(".", 1)[-1].isdigit() and not any(x in m.rsplit(".", 1)[-1] for x in _NOT_LORA)
+        }
+    )
+    params = sorted({".".join(n.split(".")[-3:]) for n in parameter_names(model_dir) if n.count(".") >= 2})
+    return linear, params
 
 
 def check_target_modules(swift_args: Mapping[str, Any], model_dir: str | Path) -> None:
-    """Raises InputCheckError when a plain swift.target_modules name matches no module of the model.
+    """Raises InputCheckError when a plain swift.target_modules / target_parameters name matches nothing.
 
     Special values (`all-linear`, `all-embedding`, ...) and regular expressions are left to
-    ms-swift; a model folder without readable safetensors skips the check.
+    ms-swift; a model folder without readable safetensors skips the check. A name that is a
+    parameter rather than a module (a mixture-of-experts model's fused experts) is named as
+    such, with the `target_parameters` setting that reaches it.
     """
-    raw = swift_args.get("target_modules")
-    if raw is None:
-        return
-    entries = raw if isinstance(raw, list) else [raw]
     known = module_names(model_dir)
     if not known:
         return
+    raw = swift_args.get("target_modules")
+    entries = raw if isinstance(raw, list) else [] if raw is None else [raw]
     missing = [
         e for e in entries if isinstance(e, str) and not e.startswith("all") and _PLAIN.fullmatch(e) and e not in known
     ]
+    linear, params = _candidates(model_dir)
     if missing:
-        leaves = sorted({m.rsplit(".", 1)[-1] for m in known if not m.rsplit(".", 1)[-1].isdigit()})
+        hint = (
+            f"; this is a mixture-of-experts model whose experts are fused parameters, not modules: LoRA reaches "
+            f"them with swift.target_parameters: [{', '.join(params)}] and swift.lora_dropout: 0"
+            if params
+            else ""
+        )
         raise InputCheckError(
             f"swift.target_modules {missing} match no module of the model; use all-linear or names such as "
-            f"{', '.join(leaves[:12])}"
+            f"{', '.join(linear[:12])}{hint}"
+        )
+    wanted = swift_args.get("target_parameters") or []
+    wanted = wanted if isinstance(wanted, list) else [wanted]
+    unmatched = [w for w in wanted if isinstance(w, str) and w not in parameter_names(model_dir) and w not in known]
+    if unmatched:
+        raise InputCheckError(
+            f"swift.target_parameters {unmatched} match no parameter of the model; "
+            + (
+                f"parameters LoRA can target: {', '.join(params[:12])}"
+                if params
+                else "the model has no such parameters (not a mixture-of-experts model): use swift.target_modules"
+            )
         )
 
 

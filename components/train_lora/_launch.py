@@ -22,6 +22,8 @@ memory for a larger batch. Hence:
 * the frozen base fits one GPU (weights ≤ FIT_FRACTION of its memory, the rest left for
   activations, LoRA state and the CUDA context): ZeRO-2 (DDP where deepspeed is missing);
 * only when it does not fit: ZeRO-3;
+* when it does not fit even sharded over every GPU of the job: ModelTooLargeError before
+  `swift sft`, with the size and the smallest profile that fits (`components.common.model_fit`);
 * a `deepspeed` key in the config's `swift` section is the user's choice and always wins.
 """
 
@@ -34,10 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common.model_fit import FIT_FRACTION, ModelTooLarge, check_fits
 from components.train_lora._errors import TrainError
 
-# Share of one GPU's memory the frozen base weights may take for "fits one GPU".
-FIT_FRACTION = 0.7
 # NCCL / torch.distributed timeout (seconds) set for distributed runs when the config does
 # not set swift.ddp_timeout (ms-swift's own default is 18,000,000 s: a hung peer would keep
 # every GPU of the job busy for months). Long enough for rank 0's dataset preprocessing.
@@ -52,6 +53,10 @@ class LaunchError(TrainError):
 
 class ClusterSpecError(LaunchError):
     """CLUSTER_SPEC is set but is not the JSON Vertex AI writes; the message says what is wrong."""
+
+
+class ModelTooLargeError(LaunchError):
+    """The frozen base does not fit the job's GPUs even sharded with ZeRO-3 (size and a profile that fits named)."""
 
 
 class GPUCountError(LaunchError):
@@ -285,6 +290,9 @@ def choose_strategy(
 
     Returns:
         The Strategy.
+
+    Raises:
+        ModelTooLargeError: No strategy fits (the base does not fit even sharded over every GPU).
     """
     if "deepspeed" in swift_args and swift_args["deepspeed"] in NO_DEEPSPEED:
         if gpu_count * nnodes <= 1:
@@ -292,6 +300,12 @@ def choose_strategy(
         return Strategy("ddp", None, "swift.deepspeed: none set in the config: plain DDP (user choice)")
     if "deepspeed" in swift_args:
         return Strategy("user", None, f"swift.deepspeed={swift_args['deepspeed']!r} set in the config (user choice)")
+    if gpu_memory_bytes > 0 and weight_bytes > 0:
+        try:
+            where = f"{max(gpu_count, 1)} GPU(s) per node x {max(nnodes, 1)} node(s)"
+            check_fits(weight_bytes, gpu_memory_bytes, gpu_count, nnodes, f"the base model on {where}")
+        except ModelTooLarge as exc:
+            raise ModelTooLargeError(str(exc)) from None
     if gpu_count * nnodes <= 1:
         return Strategy("single", None, "one GPU (or CPU): no data parallelism")
     fits = gpu_memory_bytes > 0 and weight_bytes <= FIT_FRACTION * gpu_memory_bytes
