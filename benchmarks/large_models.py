@@ -169,7 +169,6 @@ def train(model: Path, model_type: str, out: Path, steps: int, save_steps: int, 
 
 def merge_and_evaluate(model: Path, model_type: str, out: Path, eval_samples: int) -> None:
     """merge-export (weights + logits checks) and evaluate's batched generation on a few rows."""
-    from components.evaluate.core import load_eval_rows, swift_generate
     from components.merge_export.core import merge_export
 
     start = time.time()
@@ -188,12 +187,17 @@ def merge_and_evaluate(model: Path, model_type: str, out: Path, eval_samples: in
             **{k: merged.metadata.get(k) for k in keep},
         },
     )
+    evaluate(out / "merged", model_type, out, eval_samples)
+
+
+def evaluate(model: Path, model_type: str, out: Path, eval_samples: int) -> None:
+    """evaluate's batched generation (ms-swift TransformersEngine) on a few held-out rows."""
+    from components.evaluate.core import load_eval_rows, swift_generate
+
     rows = load_eval_rows(out / "eval", eval_samples)
     timings: dict[str, float] = {}
     with GpuMemory() as memory:
-        answers, generated = swift_generate(
-            str(out / "merged"), model_type, rows, len(rows), 64, timings, max_pixels=1048576
-        )
+        answers, generated = swift_generate(str(model), model_type, rows, len(rows), 64, timings, max_pixels=1048576)
     _emit(
         out,
         {
@@ -253,8 +257,11 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=0, help="0 = only at the end")
     parser.add_argument("--n-train", type=int, default=64)
     parser.add_argument("--eval-samples", type=int, default=8)
-    parser.add_argument("--phase", choices=("all", "prepare", "first", "resume", "train-child"), default="all")
+    parser.add_argument(
+        "--phase", choices=("all", "prepare", "first", "resume", "train-child", "train", "evaluate-base"), default="all"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny dimensions, float32 (CPU smoke run)")
+    parser.add_argument("--swift-json", default="", help="extra swift arguments as JSON, e.g. LoRA on the experts")
     args = parser.parse_args()
     os.environ.setdefault("MAX_PIXELS", str(1024 * 1024))
     from benchmarks.qwen3_vl_large import ARCHITECTURES
@@ -265,12 +272,16 @@ def main() -> None:
     save_steps = args.save_steps or args.steps
     if args.tiny:  # CPU: no bf16 kernels, no Liger, no checkpointing needed
         SWIFT.update(torch_dtype="float32", use_liger_kernel=False, dataloader_num_workers=0)
+    SWIFT.update(json.loads(args.swift_json) if args.swift_json else {})
     if args.phase == "train-child":
         row = train(out / "model", model_type, out, args.steps, save_steps, durable=True)
         _emit(out, {"phase": "train-child", **row})
         return
     model = prepare(args.model, out, args.n_train, args.eval_samples, tiny=args.tiny)
     if args.phase == "prepare":
+        return
+    if args.phase == "evaluate-base":  # the generation path at this size (the base model: same shapes)
+        evaluate(model, model_type, out, args.eval_samples)
         return
     if args.phase == "first":
         first_phase_killed(args, out)

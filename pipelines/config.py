@@ -55,7 +55,13 @@ import yaml
 
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
-from components.common.model_fit import GPU_MEMORY_GIB, ModelTooLarge, check_fits, known_model_bytes
+from components.common.model_fit import (
+    GPU_MEMORY_GIB,
+    LIGER_WITH_PARAMETERS,
+    ModelTooLarge,
+    check_fits,
+    known_model_bytes,
+)
 from components.common.reference import CHAMPION, reference_problem
 from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
@@ -1108,6 +1114,8 @@ def _check_parameter_targets(swift: Mapping[str, Any], where: typing.Callable[[s
     """LoRA on parameters (`swift.target_parameters`, e.g. a MoE model's experts) needs lora_dropout 0."""
     if not swift.get("target_parameters"):
         return
+    if swift.get("use_liger_kernel") is True:
+        raise ConfigError(f"{where('swift.target_parameters')}: {LIGER_WITH_PARAMETERS}")
     dropout = swift.get("lora_dropout", 0.05)
     if dropout != 0:
         raise ConfigError(

@@ -64,6 +64,15 @@ KNOWN_MODELS: dict[str, float] = {
 }
 
 
+# LoRA on parameters (peft's ParamWrapper) next to Liger's fused MoE kernels: refused by the config and train-lora.
+LIGER_WITH_PARAMETERS = (
+    "swift.target_parameters with swift.use_liger_kernel: true fails in the first step (Liger's fused experts read "
+    "attributes of the experts module that peft's ParamWrapper hides: \"'ParamWrapper' object has no attribute "
+    "'hidden_dim'\", seen on an H200 with ms-swift 4.6 and liger-kernel 0.8.5): set swift.use_liger_kernel: false, "
+    "or drop target_parameters (LoRA on attention only)"
+)
+
+
 class ModelTooLarge(ValueError):
     """The frozen base does not fit the GPUs even with ZeRO-3; the message names the size and a profile that fits."""
 

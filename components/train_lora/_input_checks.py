@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from components.common.model_fit import LIGER_WITH_PARAMETERS
 from components.train_lora._errors import TrainError
 
 
@@ -74,6 +75,54 @@ def weight_names(model_dir: str | Path) -> list[str]:
             continue
         names.extend(k for k in header if k != "__metadata__")
     return sorted(names)
+
+
+_DTYPE_BYTES = {
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F64": 8,
+    "I64": 8,
+    "I32": 4,
+    "I8": 1,
+    "U8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+
+
+def _headers(model_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """Tensor name -> {"dtype", "shape"} from the safetensors headers (no weights read)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+        except (OSError, ValueError, struct.error):
+            continue
+        out.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
+    return out
+
+
+def wrapped_parameter_bytes(swift_args: Mapping[str, Any], model_dir: str | Path) -> int:
+    """Bytes, in the training dtype, of the parameters `swift.target_parameters` wraps (0 when none)."""
+    wanted = swift_args.get("target_parameters") or []
+    wanted = [w for w in (wanted if isinstance(wanted, list) else [wanted]) if isinstance(w, str)]
+    if not wanted:
+        return 0
+    width = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}.get(
+        str(swift_args.get("torch_dtype", "")), 0
+    )
+    total = 0
+    for name, info in _headers(model_dir).items():
+        if name.endswith((".weight", ".bias")) or not any(name == w or name.endswith("." + w) for w in wanted):
+            continue
+        count = 1
+        for dim in info.get("shape", []):
+            count *= int(dim)
+        total += count * (width or _DTYPE_BYTES.get(str(info.get("dtype")), 2))
+    return total
 
 
 def module_names(model_dir: str | Path) -> set[str]:
@@ -148,6 +197,8 @@ def check_target_modules(swift_args: Mapping[str, Any], model_dir: str | Path) -
         )
     wanted = swift_args.get("target_parameters") or []
     wanted = wanted if isinstance(wanted, list) else [wanted]
+    if wanted and str(swift_args.get("use_liger_kernel", "")).lower() in ("true", "1"):
+        raise InputCheckError(LIGER_WITH_PARAMETERS)
     unmatched = [w for w in wanted if isinstance(w, str) and w not in parameter_names(model_dir) and w not in known]
     if unmatched:
         raise InputCheckError(

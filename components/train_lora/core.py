@@ -588,6 +588,7 @@ def _micro_batch_plan(
             gpu_bytes=gpu_bytes,
             world_size=world,
             zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
+            wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
