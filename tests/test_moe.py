@@ -316,3 +316,55 @@ def test_planner_on_the_recorded_30b_a3b_runs():
     plan = plan_micro_batch(with_experts, stats, gpu, samples_per_step=16, world_size=1, liger=False)
     assert plan.peak_bytes <= budget
     assert plan.micro_batch == 1 or plan.gradient_checkpointing
+
+
+@pytest.mark.pipeline
+def test_swift_trains_and_merges_lora_on_the_experts(tiny_moe, tmp_path):
+    """The real `swift sft` (LoRA on attention + experts) and merge-export (both checks) on the tiny MoE, CPU."""
+    from components.merge_export.core import merge_export
+    from components.train_lora.core import train_lora
+    from components.validate_data.core import validate_data
+    from pipelines.demo.drawings import generate_dataset
+
+    data = generate_dataset(tmp_path / "raw", n_train=4, n_eval=1, image_size=128, seed=0)
+    validate_data(
+        [data["train"]],
+        str(tmp_path / "train"),
+        str(tmp_path / "eval"),
+        str(tmp_path / "q.jsonl"),
+        eval_files=[data["eval"]],
+        model_dir=str(tiny_moe),
+        max_length=3000,
+    )
+    swift = {
+        "tuner_type": "lora",
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0,
+        "target_modules": "all-linear",
+        "target_parameters": EXPERTS,
+        "learning_rate": 1e-3,
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 2,
+        "save_steps": 2,
+        "torch_dtype": "float32",
+        "dataloader_num_workers": 0,
+        "report_to": "none",
+    }
+    trained = train_lora(
+        str(tiny_moe),
+        "qwen3_vl_moe",
+        str(tmp_path / "train"),
+        "",
+        swift,
+        str(tmp_path / "adapter"),
+        str(tmp_path / "w"),
+    )
+    assert trained.metrics["steps"] == 2
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert sorted(config["target_parameters"]) == sorted(EXPERTS) and "q_proj" in config["target_modules"]
+    merged = merge_export(str(tmp_path / "adapter"), str(tiny_moe), str(tmp_path / "merged"), str(tmp_path / "mw"))
+    assert merged.metadata["adapted_weights"] == 12  # 2 layers x (q, k, v, o + the 2 expert parameters)
+    assert merged.metadata["adapted_within_step_min_fraction"] >= 0.999
+    assert merged.metadata["logits_within_tolerance"]
