@@ -66,6 +66,34 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True},
     # the planner (swift.per_device_train_batch_size / gradient_checkpointing: auto, issue 14)
     "auto_liger": {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True},
+    # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
+    # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
+    # length grouping (ms-swift's group_by_length: batches of similar lengths, less padding)
+    "auto_liger_grouped": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "group_by_length": True,
+    },
+    "b4_nogc_liger_eager": {
+        "batch": 4,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "attn_impl": "eager",
+    },
+    "b4_nogc_liger_sdpa": {"batch": 4, "gradient_checkpointing": False, "use_liger_kernel": True, "attn_impl": "sdpa"},
+    "b4_nogc_liger_flex": {
+        "batch": 4,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "attn_impl": "flex_attention",
+    },
+    "b8_nogc_liger_flex": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "attn_impl": "flex_attention",
+    },
     # a 40 GB card (the seed's A100 40GB) stood in for by a memory cap on a larger GPU
     "auto_liger_40g": {
         "batch": "auto",
@@ -364,6 +392,8 @@ def run_profile(
 
 
 PROFILE_KEYS = (
+    "attn_impl",
+    "group_by_length",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "gradient_checkpointing",
@@ -398,7 +428,9 @@ def print_table(rows: list[dict[str, Any]], baseline: str = "seed") -> None:
         )
 
 
-def validated_data(out: Path, n_train: int, model_dir: Path, swift_args: dict[str, Any], image_size: int) -> Path:
+def validated_data(
+    out: Path, n_train: int, model_dir: Path, swift_args: dict[str, Any], image_size: int | list[int]
+) -> Path:
     """Generates the synthetic drawings once and validates them as the pipeline would.
 
     Args:
@@ -407,7 +439,8 @@ def validated_data(out: Path, n_train: int, model_dir: Path, swift_args: dict[st
         model_dir: The model folder (its tokenizer counts tokens).
         swift_args: The `swift sft` arguments: their max_length and max_pixels are checked
             against, as training applies them.
-        image_size: Side of the square drawings, px.
+        image_size: Side of the square drawings, px; a list = as many rows of each size
+            (mixed lengths: what length grouping is for).
 
     Returns:
         The clean training set's folder (reused when it exists).
@@ -416,13 +449,17 @@ def validated_data(out: Path, n_train: int, model_dir: Path, swift_args: dict[st
     from pipelines.demo.drawings import generate_dataset
 
     max_pixels = int(swift_args.get("max_pixels", 0) or 0)
-    train_dir = out / f"train-{n_train}-{image_size}px-mp{max_pixels}"
+    sizes = image_size if isinstance(image_size, list) else [image_size]
+    label = "+".join(map(str, sizes))
+    train_dir = out / f"train-{n_train}-{label}px-mp{max_pixels}"
     if not (train_dir / "data.jsonl").is_file():
-        data = generate_dataset(
-            out / f"raw-{n_train}-{image_size}px", n_train=n_train, n_eval=0, image_size=image_size, seed=0
-        )
+        files = []
+        for i, size in enumerate(sizes):
+            rows = n_train // len(sizes) + (1 if i < n_train % len(sizes) else 0)
+            data = generate_dataset(out / f"raw-{rows}-{size}px", n_train=rows, n_eval=0, image_size=size, seed=i)
+            files.append(data["train"])
         validate_data(
-            [data["train"]],
+            files,
             str(train_dir),
             str(out / "eval-unused"),
             str(out / "q.jsonl"),
@@ -447,6 +484,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256 px images")
     parser.add_argument("--image-size", type=int, default=0, help="side of the drawings, px (1024; --tiny 256)")
     parser.add_argument(
+        "--mixed-sizes", default="", help="comma-separated sides, as many rows of each (e.g. 384,1024): mixed lengths"
+    )
+    parser.add_argument(
         "--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
         help=f"ms-swift's max_pixels for training and the token count ({DEFAULT_MAX_PIXELS}; 0 = none)",
     )  # fmt: skip
@@ -468,7 +508,13 @@ def main() -> None:
     base = seed_swift_args(args.max_pixels)
     max_pixels = int(base.get("max_pixels", 0) or 0)  # what training gets, and so what the count uses
     train_dir = validated_data(
-        out, n_train, model_dir, base, image_size=args.image_size or (256 if args.tiny else 1024)
+        out,
+        n_train,
+        model_dir,
+        base,
+        image_size=[int(x) for x in args.mixed_sizes.split(",")]
+        if args.mixed_sizes
+        else args.image_size or (256 if args.tiny else 1024),
     )
     arch = ArchShape.from_config(json.loads((model_dir / "config.json").read_text()))
     stats, stats_summary = sample_stats(train_dir, model_dir, max_pixels=max_pixels)
