@@ -59,6 +59,7 @@ from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
 from components.common.dataset import token_stats, write_token_stats
 from components.common.files import sha256_file
+from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
 from components.common.tasks import TASK_NAMES, get_task
 from components.validate_data import _sources
@@ -665,8 +666,11 @@ def _inspect_images(
             return _inspect_image(src, refs[src], staging, timeout, decoder)
         except _Reject as rej:
             return rej
+        finally:
+            progress.update()
 
-    return dict(zip(distinct, pool.map(inspect, distinct)))
+    with Progress("validate-data: images", len(distinct), "images", enabled=len(distinct) > 0) as progress:
+        return dict(zip(distinct, pool.map(inspect, distinct)))
 
 
 @dataclass(frozen=True)
@@ -799,11 +803,13 @@ def _check_rows(
     """Runs the row checks in input order; returns (clean rows, rejected rows)."""
     seen: dict[str, str] = {}  # row key -> file:line of its first occurrence
     checked, rejected = [], []
-    for p in pending:
-        try:
-            checked.append(_check_row(p, inspected, counter=counter, max_length=max_length, seen=seen, boxes=boxes))
-        except _Reject as rej:
-            rejected.append(_Rejected(_issue(p.file, p.line, rej, p.raw, p.row), _thumbnails(p, inspected)))
+    with Progress("validate-data: rows (tokens, boxes)", len(pending), "rows", enabled=len(pending) > 0) as progress:
+        for p in pending:
+            try:
+                checked.append(_check_row(p, inspected, counter=counter, max_length=max_length, seen=seen, boxes=boxes))
+            except _Reject as rej:
+                rejected.append(_Rejected(_issue(p.file, p.line, rej, p.raw, p.row), _thumbnails(p, inspected)))
+            progress.update()
     return checked, rejected
 
 
