@@ -56,27 +56,6 @@ def check_max_length(swift_args: Mapping[str, Any], config: Mapping[str, Any]) -
         )
 
 
-def weight_names(model_dir: str | Path) -> list[str]:
-    """Tensor names of the model's safetensors files (read from the index or the file headers)."""
-    base = Path(model_dir)
-    index = base / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            return sorted(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
-        except (OSError, ValueError, KeyError):
-            pass
-    names: list[str] = []
-    for path in sorted(base.glob("*.safetensors")):
-        try:
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-        except (OSError, ValueError, struct.error):
-            continue
-        names.extend(k for k in header if k != "__metadata__")
-    return sorted(names)
-
-
 _DTYPE_BYTES = {
     "F32": 4,
     "F16": 2,
@@ -103,6 +82,18 @@ def _headers(model_dir: str | Path) -> dict[str, dict[str, Any]]:
             continue
         out.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
     return out
+
+
+def weight_names(model_dir: str | Path) -> list[str]:
+    """Tensor names of the model's safetensors files (read from the index or the file headers)."""
+    base = Path(model_dir)
+    index = base / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return sorted(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return sorted(_headers(base))
 
 
 def wrapped_parameter_bytes(swift_args: Mapping[str, Any], model_dir: str | Path) -> int:
