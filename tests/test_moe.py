@@ -368,3 +368,19 @@ def test_swift_trains_and_merges_lora_on_the_experts(tiny_moe, tmp_path):
     assert merged.metadata["adapted_weights"] == 12  # 2 layers x (q, k, v, o + the 2 expert parameters)
     assert merged.metadata["adapted_within_step_min_fraction"] >= 0.999
     assert merged.metadata["logits_within_tolerance"]
+
+
+def test_the_cost_estimate_of_a_moe_counts_active_parameters(tiny_moe):
+    from components.common.cost import Profile, Workload, estimate, is_moe_name
+    from components.train_lora.core import _active_billions
+
+    total = sum(p.stat().st_size for p in tiny_moe.glob("*.safetensors")) / 4 / 1e9  # float32 on disk
+    active, moe = _active_billions(str(tiny_moe))
+    assert moe and active < total  # 2 of 4 experts per token
+    assert is_moe_name("hf://Qwen/Qwen3-VL-30B-A3B-Instruct") and not is_moe_name("Qwen3-VL-8B-Instruct")
+    rows = Workload(rows=64, mean_tokens=1207, max_steps=12, micro_batch=8, checkpointing=False, liger=True)
+    h200 = Profile("", "NVIDIA_H200_141GB", 1)
+    moe_est = estimate(h200, Workload(**{**rows.__dict__, "model_b": 3.3, "moe": True}))
+    # measured on one H200: ~8,300 LM tokens/s (benchmarks/README.md, "Larger models")
+    assert 0.8 * 8300 < moe_est.tokens_per_s < 1.2 * 8300
+    assert any("mixture of experts" in a for a in moe_est.assumptions)

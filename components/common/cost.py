@@ -87,6 +87,10 @@ REF_TOKENS_PER_S = 12972
 REF_TOKENS = 1207
 REF_BATCH = 8
 REF_MODEL_B = 4.0  # billions of parameters as the model's name says (Qwen3-VL-4B: 4.44 B)
+# A mixture of experts per *active* parameter, against the 4B dense model: Qwen3-VL-30B-A3B
+# (3.3 B active) trained ~8,300 LM tokens/s on one H200 at 8 x 2 where the 4B does 12,155 on an
+# H100 (benchmarks/README.md, "Larger models"): routing, gathers and 128 small expert matmuls.
+MOE_FACTOR = 0.51
 # Speed model: time per sample ∝ T/PLAN_T_REF · (GC_SLOWDOWN with checkpointing) + MICRO_STEP_COST / B,
 # the planner's own (components/train_lora/_plan.py; a test keeps the numbers equal). It gives the
 # seed settings (batch 1, checkpointing) 2.41 samples/s (measured 2.40 in the same run) and
@@ -167,6 +171,8 @@ class Workload:
         liger: Liger kernels on. Default False.
         zero3: ZeRO-3 (frozen weights split over the GPUs). Default False.
         model_b: Billions of parameters (from the model's name); 0 = unknown (4B assumed). Default 0.
+            For a mixture of experts: the active ones (`moe`).
+        moe: A mixture-of-experts model (`MOE_FACTOR` applies). Default False.
         tokens_from: Where rows and tokens came from, for the printout. Default "".
     """
 
@@ -180,6 +186,7 @@ class Workload:
     liger: bool = False
     zero3: bool = False
     model_b: float = 0.0
+    moe: bool = False
     tokens_from: str = ""
 
 
@@ -242,6 +249,12 @@ def model_size_b(source: str) -> float:
         return float(active.group(1))
     sizes = re.findall(r"(?i)(?:^|[-_])(\d+(?:\.\d+)?)B(?:$|[-_])", name)
     return float(sizes[0]) if sizes else 0.0
+
+
+def is_moe_name(source: str) -> bool:
+    """Whether a model's name says it is a mixture of experts (`…-30B-A3B-…`: 3 B active)."""
+    name = source.rstrip("/").rsplit("/", 1)[-1]
+    return bool(re.search(r"(?i)(?:^|[-_])A\d+(?:\.\d+)?B(?:$|[-_])", name))
 
 
 def machine_price(profile: Profile) -> tuple[float, str]:
@@ -307,6 +320,9 @@ def gpu_tokens_per_s(workload: Workload, accelerator_type: str) -> tuple[float, 
         notes.append(f"{size:g}B model: x{REF_MODEL_B / size:.2f} (tokens/s scaled by parameter count from the 4B)")
     elif not workload.model_b:
         notes.append("model size not in its name: the 4B model's figures")
+    if workload.moe:
+        per_gpu *= MOE_FACTOR
+        notes.append(f"mixture of experts: x{MOE_FACTOR} per active parameter (measured, 30B-A3B on one H200)")
     return per_gpu, notes
 
 
@@ -400,6 +416,8 @@ def training_log_line(
     nodes: int,
     gpu_name: str,
     model_source: str = "",
+    model_b: float = 0.0,
+    moe: bool = False,
 ) -> str:
     """What train-lora logs once it knows its plan: the expected training time and GPU-hours.
 
@@ -412,6 +430,8 @@ def training_log_line(
         nodes: Nodes of the job.
         gpu_name: CUDA device name (`torch.cuda.get_device_name`); unknown kinds give no line.
         model_source: The base model's source, whose name gives its size. Default "".
+        model_b: Billions of (active) parameters when the name does not say (from the weights). Default 0.
+        moe: A mixture-of-experts model. Default False.
 
     Returns:
         One line without a price (the task does not know the machine's), or "" when it
@@ -432,7 +452,8 @@ def training_log_line(
         checkpointing=checkpointing,
         liger=bool(swift_args.get("use_liger_kernel", False)),
         zero3="zero3" in str(swift_args.get("deepspeed", "")),
-        model_b=model_size_b(model_source),
+        model_b=model_size_b(model_source) or model_b,
+        moe=moe or is_moe_name(model_source),
         tokens_from="token_stats.json",
     )
     est = estimate(Profile("", accelerator, gpus, nodes), workload)

@@ -500,7 +500,7 @@ def train_lora(
     )
     batch_plan = _micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env)
     if launch.plan.is_chief:
-        _log_expected_time(args, batch_plan, train_dir, launch, (base_model_ref or {}).get("source", ""))
+        _log_expected_time(args, batch_plan, train_dir, launch, (base_model_ref or {}).get("source", ""), model_dir)
     run = _train_until_it_fits(
         args, batch_plan, model_dir=model_dir, model_type=model_type, inputs=inputs, launch=launch, durable=durable,
         job_env=extra_env, checkpoint_dir=checkpoint_dir,
@@ -526,13 +526,35 @@ def train_lora(
     return result
 
 
+def _active_billions(model_dir: str) -> tuple[float, bool]:
+    """(Billions of parameters a token passes through, whether the model is a mixture of experts), from the
+    staged weights (bf16 = 2 bytes a parameter) and config: the cost estimate's size when the name has none."""
+    config = _input_checks.load_model_config(model_dir)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    total = _launch.model_weight_bytes(model_dir, "bfloat16") / 2
+    experts = text.get("num_experts") or text.get("num_local_experts")  # transformers 5 writes the latter
+    active = text.get("num_experts_per_tok")
+    if not (isinstance(experts, int) and isinstance(active, int) and experts > 0):
+        return total / 1e9, False
+    expert_params = (
+        _input_checks.wrapped_parameter_bytes(
+            {"target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], "torch_dtype": "bfloat16"},
+            model_dir,
+        )
+        / 2
+    )
+    return (total - expert_params * (1 - active / experts)) / 1e9, True
+
+
 def _log_expected_time(
-    args: dict[str, Any], plan: _plan.Plan | None, train_dir: str, launch: _Launch, model_source: str
+    args: dict[str, Any], plan: _plan.Plan | None, train_dir: str, launch: _Launch, model_source: str, model_dir: str
 ) -> None:
     """Logs the expected training time and GPU-hours (`components.common.cost`), when they can be estimated."""
     if not launch.gpu_count:
         return
     import torch
+
+    billions, moe = _active_billions(model_dir)
 
     micro = plan.micro_batch if plan else int(args.get("per_device_train_batch_size") or 1)
     line = cost.training_log_line(
@@ -544,6 +566,8 @@ def _log_expected_time(
         nodes=launch.plan.nnodes,
         gpu_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
         model_source=model_source,
+        model_b=round(billions, 1),
+        moe=moe,
     )
     if line:
         print(f"train-lora: {line}", flush=True)
