@@ -68,6 +68,14 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger": {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True},
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
+    # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn
+    # package: transformers 5 builds packed-sequence masks for sdpa from the position ids
+    "b8_nogc_liger_padfree": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "padding_free": True,
+    },
     # length grouping (ms-swift's group_by_length: batches of similar lengths, less padding)
     "auto_liger_grouped": {
         "batch": "auto",
@@ -393,6 +401,7 @@ def run_profile(
 
 PROFILE_KEYS = (
     "attn_impl",
+    "padding_free",
     "group_by_length",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",

@@ -943,6 +943,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     _check_ranges(cfg, where)
     _check_swift(cfg.swift, where)
     _check_parameter_targets(cfg.swift, where)
+    _check_packing(cfg.swift, where)
     for key, value in (("pipeline.root", cfg.pipeline.root), ("model.cache", cfg.model.cache)):
         problem = local_dir_problem(value, writable=False)
         if problem:
@@ -1108,6 +1109,21 @@ def _check_model_fits(cfg: Config, where: typing.Callable[[str], str]) -> None:
         check_fits(size, int(gib * 1024**3), r.accelerator_count, r.replica_count, what)
     except ModelTooLarge as exc:
         raise ConfigError(f"{where('resources.machine_type')}: {exc}") from None
+
+
+_FLASH_ATTN = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+
+def _check_packing(swift: Mapping[str, Any], where: typing.Callable[[str], str]) -> None:
+    """padding_free / packing need a flash-attention kernel: ms-swift 4.6 refuses them otherwise, inside the GPU job."""
+    for key in ("padding_free", "packing"):
+        if swift.get(key) is True and swift.get("attn_impl") not in _FLASH_ATTN:
+            raise ConfigError(
+                f"{where('swift.' + key)}: 'swift.{key}: true' needs a flash-attention kernel (ms-swift refuses it "
+                f"with attn_impl {swift.get('attn_impl', 'unset (sdpa)')!r}, after the job has started): set "
+                "swift.attn_impl: flash_attn (the training image builds flash-attn; the lent GPU machines have none, "
+                f"so it is not measured here) or drop swift.{key}"
+            )
 
 
 def _check_parameter_targets(swift: Mapping[str, Any], where: typing.Callable[[str], str]) -> None:

@@ -501,3 +501,12 @@ def test_cli_compile_refuses_an_unknown_swift_argument(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "'swift.not_a_flag' is not an argument of ms-swift" in result.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_padding_free_or_packing_without_flash_attention_is_refused_at_load(tmp_path):
+    """Seen on an H100: ms-swift 4.6 refuses padding_free with sdpa, after the job has started (benchmarks/README.md)."""
+    seed = Path(__file__).resolve().parent.parent / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
+    for key in ("padding_free", "packing"):
+        with pytest.raises(ConfigError, match=rf"swift.{key}: true' needs a flash-attention kernel.*attn_impl"):
+            load_config(seed, {f"swift.{key}": True})
+        assert load_config(seed, {f"swift.{key}": True, "swift.attn_impl": "flash_attn"}).swift[key] is True
