@@ -34,7 +34,7 @@ from components.common.cost import (
     planned_micro_batch,
 )
 from components.common.dataset import TOKEN_STATS_FILE
-from components.common.model_fit import known_model_bytes
+from components.common.model_fit import GIB, GPU_MEMORY_GIB, fit, known_model_bytes
 from pipelines.config import Config
 
 SAMPLE_ROWS = 200  # rows whose tokens are approximated when no token_stats.json is there
@@ -162,8 +162,9 @@ def config_estimate(cfg: Config, figures: tuple[int, float, str] | None = None) 
     auto = "auto" in (swift.get("per_device_train_batch_size"), swift.get("gradient_checkpointing"))
     size = model_size_b(cfg.model.source)
     deepspeed = str(swift.get("deepspeed", ""))
-    total_gb = known_model_bytes(cfg.model.source) / 1e9 or 2 * (size or 4.0)  # every expert is resident
-    zero3 = "zero3" in deepspeed or (gpus > 1 and total_gb > 0.7 * gpu_gib and deepspeed != "none")
+    total = known_model_bytes(cfg.model.source) or int(2e9 * (size or 4.0))  # every expert is resident
+    replicated = fit(total, int(GPU_MEMORY_GIB.get(r.accelerator_type, 0.0) * GIB), gpus).one_gpu  # train-lora's rule
+    zero3 = "zero3" in deepspeed or (gpus > 1 and not replicated and deepspeed != "none")
     accum = swift.get("gradient_accumulation_steps")
     per_batch = 1 if auto else batch  # with auto, the accumulation counts samples of batch 1 (the planner's rule)
     if not isinstance(accum, int) or isinstance(accum, bool):
