@@ -18,7 +18,13 @@ runs in bf16 (same scale, its own random stream), and the adapter's master weigh
 optimizer state stay float32. Without autocast nothing changes. VLM_LORA_PEFT_INPUT_CAST=1
 restores peft's behaviour.
 
-3. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+3. One autograd function per LoRA branch (`fused_lora.py`, next to this file): the same
+arithmetic as peft's plain LoRA (the same dropout kernel and masks on a GPU) with the
+scaling and the add in the second matmul and without a dropped-out copy of the input kept
+for every adapted layer. Anything else (DoRA, LoRA bias, ZeRO-3-partitioned adapters, …)
+stays on peft's forward. VLM_LORA_FUSED_LORA=0 restores peft's forward everywhere.
+
+4. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -26,7 +32,10 @@ training process may allocate at most that much of its GPU
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 
 def _install() -> bool:
@@ -98,6 +107,41 @@ def _install_memory_cap() -> float:
     return fraction
 
 
+def _load_fused_lora():
+    """fused_lora.py from beside this file (the plugin is loaded by path, not as a package)."""
+    name = "vlm_lora_fused_lora"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fused_lora.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _install_fused_lora() -> bool:
+    if os.environ.get("VLM_LORA_FUSED_LORA") == "0":
+        return False
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:
+        return False
+    original = Linear.forward
+    if getattr(original, "_vlm_lora_fused", False):
+        return True
+    fused_forward = _load_fused_lora().fused_forward
+
+    def forward(self, x, *args, **kwargs):
+        out = fused_forward(self, x, *args, **kwargs)
+        return original(self, x, *args, **kwargs) if out is None else out
+
+    forward._vlm_lora_fused = True
+    forward._vlm_lora_original = original
+    Linear.forward = forward
+    return True
+
+
 INSTALLED = _install()
 MEMORY_FRACTION = _install_memory_cap()
 AUTOCAST_INPUT = _install_autocast_input()
+FUSED_LORA = _install_fused_lora()

@@ -1,0 +1,240 @@
+"""The fused LoRA branch (components/train_lora/fused_lora.py) against peft's own forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from peft.tuners.lora.layer import Linear as LoraLinear
+
+from components.train_lora import fused_lora
+
+
+class Block(torch.nn.Module):
+    """q / k / v read one input (as in attention), o reads their sum."""
+
+    def __init__(self, d=24, d_out=40):
+        super().__init__()
+        self.q = torch.nn.Linear(d, d_out, bias=False)
+        self.k = torch.nn.Linear(d, d_out, bias=False)
+        self.v = torch.nn.Linear(d, d_out, bias=False)
+        self.o = torch.nn.Linear(d_out, d, bias=False)
+
+    def forward(self, x):
+        return self.o(torch.tanh(self.q(x) + self.k(x) * self.v(x)))
+
+
+def _models(dropout=0.0, **config):
+    torch.manual_seed(0)
+    base = Block()
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q", "k", "v", "o"], "lora_dropout": dropout, **config}
+    peft_model = get_peft_model(base, LoraConfig(**config))
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:  # non-zero B, else every gradient but B's is zero
+            torch.nn.init.normal_(param, std=0.2)
+    return peft_model, copy.deepcopy(peft_model)
+
+
+def _peft_forward():
+    """peft's own forward, also where the plugin has patched it in this process."""
+    return getattr(LoraLinear.forward, "_vlm_lora_original", LoraLinear.forward)
+
+
+def _run(model, x, fused: bool, seed=1):
+    original = LoraLinear.forward
+    peft_forward = _peft_forward()
+    LoraLinear.forward = peft_forward
+    if fused:
+
+        def forward(self, inp, *args, **kwargs):
+            out = fused_lora.fused_forward(self, inp, *args, **kwargs)
+            return peft_forward(self, inp, *args, **kwargs) if out is None else out
+
+        LoraLinear.forward = forward
+    try:
+        torch.manual_seed(seed)
+        x = x.clone().requires_grad_(True)
+        out = model(x)
+        out.square().sum().backward()
+    finally:
+        LoraLinear.forward = original
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), x.grad, grads
+
+
+def _close(a, b, **tol):
+    torch.testing.assert_close(a, b, **tol)
+
+
+def test_without_dropout_equals_peft_outputs_and_every_gradient():
+    peft_model, fused_model = _models()
+    x = torch.randn(3, 7, 24)
+    out_p, gx_p, g_p = _run(peft_model, x, fused=False)
+    out_f, gx_f, g_f = _run(fused_model, x, fused=True)
+    assert set(g_p) == set(g_f) and len(g_p) == 8  # A and B of q, k, v, o
+    _close(out_f, out_p, rtol=1e-5, atol=1e-6)
+    _close(gx_f, gx_p, rtol=1e-5, atol=1e-6)
+    for name in g_p:
+        assert g_f[name].dtype == torch.float32
+        _close(g_f[name], g_p[name], rtol=1e-5, atol=1e-6)
+
+
+def _reference_branch(x, base_w, a, b, scaling, p, seed):
+    """The plain autograd graph peft builds, with the dropout kernel the fused path uses."""
+    torch.manual_seed(seed)
+    dropped, _ = torch.native_dropout(x, p, True)
+    return x @ base_w.t() + (dropped @ a.t()) @ b.t() * scaling
+
+
+def test_with_dropout_equals_the_plain_graph_with_the_same_masks():
+    torch.manual_seed(3)
+    x = torch.randn(5, 6, 16, requires_grad=True)
+    base_w = torch.randn(12, 16)
+    a = torch.randn(4, 16, requires_grad=True)
+    b = torch.randn(12, 4, requires_grad=True)
+    ref = _reference_branch(x, base_w, a, b, 2.0, 0.3, seed=9)
+    ref.square().sum().backward()
+    ref_grads = [t.grad.clone() for t in (x, a, b)]
+    for t in (x, a, b):
+        t.grad = None
+    torch.manual_seed(9)
+    out = fused_lora.lora_delta(x, x @ base_w.t(), a, b, 2.0, 0.3)
+    out.square().sum().backward()
+    _close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip((x.grad, a.grad, b.grad), ref_grads):
+        _close(got, want, rtol=1e-5, atol=1e-5)
+    # the masks really dropped something, and the same elements in both runs
+    torch.manual_seed(9)
+    _, mask = torch.native_dropout(x.detach(), 0.3, True)
+    assert 0.5 < mask.float().mean() < 0.9
+
+
+def test_dropout_in_eval_mode_is_off_and_training_mode_drops():
+    peft_model, fused_model = _models(dropout=0.5)
+    x = torch.randn(2, 5, 24)
+    fused_model.eval()
+    peft_model.eval()
+    out_p, _, g_p = _run(peft_model, x, fused=False)
+    out_f, _, g_f = _run(fused_model, x, fused=True)
+    _close(out_f, out_p, rtol=1e-5, atol=1e-6)
+    fused_model.train()
+    out_t, _, _ = _run(fused_model, x, fused=True)
+    assert not torch.allclose(out_t, out_f)  # half the LoRA inputs dropped
+
+
+def _rel_err(got, want):
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def test_bf16_autocast_is_as_close_to_float32_as_peft():
+    peft_model, fused_model = _models()
+    exact_model = copy.deepcopy(peft_model)
+    x = torch.randn(4, 9, 24)
+    out_x, _, g_x = _run(exact_model, x, fused=False)  # float32 throughout: the truth
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_p, _, g_p = _run(peft_model, x, fused=False)
+        out_f, _, g_f = _run(fused_model, x, fused=True)
+    assert out_f.dtype == out_p.dtype == torch.bfloat16
+    assert _rel_err(out_f, out_x) <= 1.5 * _rel_err(out_p, out_x) + 1e-3
+    for name in g_x:
+        assert g_f[name].dtype == torch.float32  # master weights' gradients stay float32
+        assert _rel_err(g_f[name], g_x[name]) <= 1.5 * _rel_err(g_p[name], g_x[name]) + 1e-3, name
+        assert _rel_err(g_f[name], g_x[name]) < 0.03, name
+
+
+def _saved_bytes(model, x, fused: bool) -> int:
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    original = LoraLinear.forward
+    LoraLinear.forward = _peft_forward()
+    if fused:
+        LoraLinear.forward = lambda self, inp, *a, **k: fused_lora.fused_forward(self, inp, *a, **k)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x.clone().requires_grad_(True)).sum()
+    finally:
+        LoraLinear.forward = original
+    return sum(seen.values())
+
+
+def test_keeps_less_for_backward_when_layers_share_their_input():
+    peft_model, fused_model = _models(dropout=0.1)
+    x = torch.randn(8, 64, 24)
+    peft_bytes = _saved_bytes(peft_model, x, fused=False)
+    fused_bytes = _saved_bytes(fused_model, x, fused=True)
+    # peft keeps a dropped-out copy of the shared input per q / k / v; the fused path one input
+    assert fused_bytes < 0.8 * peft_bytes, (fused_bytes, peft_bytes)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"use_dora": True}, {"lora_bias": True}],
+    ids=["dora", "lora_bias"],
+)
+def test_other_lora_kinds_stay_on_peft(config):
+    peft_model, _ = _models(**config)
+    layer = peft_model.base_model.model.q
+    assert fused_lora.fused_forward(layer, torch.randn(2, 24)) is None
+
+
+def test_no_grad_several_adapters_and_zero3_stay_on_peft():
+    peft_model, _ = _models()
+    layer = peft_model.base_model.model.q
+    x = torch.randn(2, 24)
+    with torch.no_grad():
+        assert fused_lora.fused_forward(layer, x) is None
+    assert fused_lora.fused_forward(layer, x) is not None
+    layer.lora_A["default"].weight.ds_id = 7  # what DeepSpeed ZeRO-3 puts on partitioned parameters
+    assert fused_lora.fused_forward(layer, x) is None
+    del layer.lora_A["default"].weight.ds_id
+    hook = layer.lora_A["default"].register_forward_hook(lambda *a: None)
+    assert fused_lora.fused_forward(layer, x) is None
+    hook.remove()
+    peft_model.add_adapter("second", LoraConfig(r=2, target_modules=["q"]))
+    layer.set_adapter(["default", "second"])
+    assert fused_lora.fused_forward(layer, x) is None
+
+
+def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch):
+    from components.train_lora import swift_plugin
+
+    assert swift_plugin.FUSED_LORA
+    assert getattr(LoraLinear.forward, "_vlm_lora_fused", False)
+    assert _peft_forward() is not LoraLinear.forward
+    peft_model, _ = _models()
+    out = peft_model.base_model.model.q(torch.randn(2, 24, requires_grad=True))
+    assert type(out.grad_fn).__name__ == "_LoraDeltaBackward"
+    with torch.no_grad():  # inference: peft's own forward
+        assert peft_model.base_model.model.q(torch.randn(2, 24)).grad_fn is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast():
+    """On CUDA nn.Dropout runs the same native_dropout kernel: the same masks from the same seed."""
+    from components.train_lora import swift_plugin
+
+    assert swift_plugin.AUTOCAST_INPUT  # peft's dropout runs on the bf16 input, as in training
+    torch.manual_seed(0)
+    block = Block(d=256, d_out=512).cuda()
+    config = LoraConfig(r=8, lora_alpha=32, target_modules=["q", "k", "v", "o"], lora_dropout=0.1)
+    peft_model = get_peft_model(block, config)
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    fused_model = copy.deepcopy(peft_model)
+    exact_model = copy.deepcopy(peft_model)
+    x = torch.randn(4, 300, 256, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out_p, gx_p, g_p = _run(peft_model, x, fused=False)
+        out_f, gx_f, g_f = _run(fused_model, x, fused=True)
+    out_x, _, g_x = _run(exact_model, x, fused=False)  # float32, the same masks
+    assert _rel_err(out_f, out_x) <= 1.5 * _rel_err(out_p, out_x) + 1e-3
+    assert _rel_err(gx_f, gx_p) < 0.02
+    for name in g_x:
+        assert _rel_err(g_f[name], g_x[name]) <= 1.5 * _rel_err(g_p[name], g_x[name]) + 1e-3, name
