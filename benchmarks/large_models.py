@@ -225,6 +225,7 @@ def first_phase_killed(args: argparse.Namespace, out: Path) -> None:
     cmd = [sys.executable, "-m", "benchmarks.large_models", "--model", args.model, "--out", str(out)]
     cmd += ["--steps", str(args.steps), "--save-steps", str(args.save_steps), "--phase", "train-child"]
     cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--swift-json", args.swift_json] if args.swift_json else []
     log = open(out / "first.log", "w")
     start = time.time()
     child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -143,6 +143,19 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     },
+    # peft's own LoRA forward (the train-lora plugin's fused LoRA branch turned off)
+    "b8_nogc_liger_peftfwd": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_FUSED_LORA": "0"},
+    },
+    "auto_liger_peftfwd": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_FUSED_LORA": "0"},
+    },
     # peft's float32 input casts restored (the train-lora plugin skips them under autocast)
     "b8_nogc_liger_peftcast": {
         "batch": 8,
