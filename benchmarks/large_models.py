@@ -167,14 +167,24 @@ def train(model: Path, model_type: str, out: Path, steps: int, save_steps: int, 
     return _train_row(result, time.time() - start, memory, steps)
 
 
-def merge_and_evaluate(model: Path, model_type: str, out: Path, eval_samples: int) -> None:
-    """merge-export (weights + logits checks) and evaluate's batched generation on a few rows."""
+def merge_and_evaluate(
+    model: Path, model_type: str, out: Path, eval_samples: int, merged_dir: Path | None = None
+) -> None:
+    """merge-export (weights + logits checks) and evaluate's batched generation on a few rows.
+
+    merged_dir: where the merged copy (and merge-export's work folder beside it) goes; default
+    OUT/merged. At 30B the model and its merged copy do not fit one filesystem of the GPU
+    machine: the model is in /dev/shm, the merged copy on disk.
+    """
     from components.merge_export.core import merge_export
 
+    merged_dir = merged_dir or out / "merged"
     start = time.time()
     with GpuMemory() as memory:
-        merged = merge_export(str(out / "adapter"), str(model), str(out / "merged"), str(out / "merge-work"))
-    size = sum(p.stat().st_size for p in (out / "merged").glob("*.safetensors"))
+        merged = merge_export(
+            str(out / "adapter"), str(model), str(merged_dir), str(merged_dir.parent / (merged_dir.name + "-work"))
+        )
+    size = sum(p.stat().st_size for p in merged_dir.glob("*.safetensors"))
     keep = ("merge_seconds", "weights_seconds", "verify_seconds", "weights_checked", "adapted_weights")
     keep += ("adapted_within_step_min_fraction", "logits_max_abs_diff", "logits_tolerance", "merge_check_dtype")
     _emit(
@@ -187,7 +197,7 @@ def merge_and_evaluate(model: Path, model_type: str, out: Path, eval_samples: in
             **{k: merged.metadata.get(k) for k in keep},
         },
     )
-    evaluate(out / "merged", model_type, out, eval_samples)
+    evaluate(merged_dir, model_type, out, eval_samples)
 
 
 def evaluate(model: Path, model_type: str, out: Path, eval_samples: int) -> None:
@@ -259,8 +269,11 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=64)
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument(
-        "--phase", choices=("all", "prepare", "first", "resume", "train-child", "train", "evaluate-base"), default="all"
+        "--phase",
+        choices=("all", "prepare", "first", "resume", "train-child", "train", "merge", "evaluate-base"),
+        default="all",
     )
+    parser.add_argument("--merged-dir", default="", help="merged copy's folder (default OUT/merged)")
     parser.add_argument("--tiny", action="store_true", help="tiny dimensions, float32 (CPU smoke run)")
     parser.add_argument("--swift-json", default="", help="extra swift arguments as JSON, e.g. LoRA on the experts")
     args = parser.parse_args()
@@ -286,6 +299,11 @@ def main() -> None:
         return
     if args.phase == "first":
         first_phase_killed(args, out)
+        return
+    if args.phase == "merge":  # the adapter of an earlier train / resume phase in OUT/adapter
+        merge_and_evaluate(
+            model, model_type, out, args.eval_samples, Path(args.merged_dir) if args.merged_dir else None
+        )
         return
     durable = args.phase == "resume"
     row = train(model, model_type, out, args.steps, save_steps, durable=durable)

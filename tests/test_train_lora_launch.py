@@ -36,38 +36,6 @@ def test_single_node_cpu_and_one_gpu_run_without_torchrun():
         assert plan.env == {} and plan.is_chief and not plan.distributed and plan.nnodes == 1
 
 
-@pytest.mark.parametrize(
-    ("deepspeed", "gpus", "env"),
-    [
-        ("zero3", 1, {"NPROC_PER_NODE": "1"}),  # a user's ZeRO-3 (or offload) on one GPU: torchrun
-        ("zero3_offload", 1, {"NPROC_PER_NODE": "1"}),
-        ("none", 1, {}),
-        (None, 1, {}),
-        ("zero3", 0, {}),  # CPU: no DeepSpeed
-    ],
-)
-def test_one_gpu_with_deepspeed_is_started_through_torchrun(deepspeed, gpus, env):
-    plan = la.launch_plan({}, gpus)
-    args = {} if deepspeed is None else {"deepspeed": deepspeed}
-    assert la.single_process_deepspeed_env(args, plan, gpus) == env
-    multi = la.launch_plan({}, 2)  # already under torchrun: nothing added
-    assert la.single_process_deepspeed_env({"deepspeed": "zero3"}, multi, 2) == {}
-
-
-def test_final_swift_args_launch_a_one_gpu_zero3_run_through_torchrun(tmp_path, capsys):
-    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
-    launch = core._Launch(la.launch_plan({}, 1), 1, 80 * GIB)
-    args, strategy = core._final_swift_args(
-        {"deepspeed": "zero3"}, str(tmp_path), launch, ddp_timeout_s=None, environ={}, checkpoint_dir=None
-    )
-    assert args["deepspeed"] == "zero3" and strategy.name == "user"
-    assert launch.plan.env == {"NPROC_PER_NODE": "1"}
-    assert "through torchrun (NPROC_PER_NODE=1)" in capsys.readouterr().out
-    plain = core._Launch(la.launch_plan({}, 1), 1, 80 * GIB)
-    core._final_swift_args({}, str(tmp_path), plain, ddp_timeout_s=None, environ={}, checkpoint_dir=None)
-    assert plain.plan.env == {}  # the usual one-GPU run: no torchrun
-
-
 def test_single_node_multi_gpu_sets_only_nproc_per_node():
     plan = la.launch_plan({}, 8)
     assert plan.env == {"NPROC_PER_NODE": "8"} and plan.is_chief and plan.world_size == 8

@@ -225,26 +225,6 @@ def distributed_swift_args(
     return {"ddp_timeout": int(ddp_timeout_s or DEFAULT_DDP_TIMEOUT_S)}
 
 
-def single_process_deepspeed_env(swift_args: Mapping[str, Any], plan: LaunchPlan, gpu_count: int) -> dict[str, str]:
-    """torchrun's variables for a one-GPU run that uses DeepSpeed ({} when none are needed).
-
-    A single process normally runs `swift sft` without torchrun. DeepSpeed (a user's
-    `swift.deepspeed: zero3` or `zero3_offload` on one GPU, e.g. a larger model on a small
-    card) then finds no RANK / LOCAL_RANK / MASTER_ADDR and tries MPI discovery (mpi4py,
-    not installed) instead of starting; with NPROC_PER_NODE=1 ms-swift starts torchrun,
-    which sets them.
-
-    Args:
-        swift_args: The swift arguments of this run (after the strategy choice).
-        plan: The node's launch plan; a plan that already starts torchrun needs nothing.
-        gpu_count: GPUs on this node (0: CPU, DeepSpeed is not used there).
-    """
-    deepspeed = swift_args.get("deepspeed")
-    if plan.env or gpu_count < 1 or not deepspeed or str(deepspeed).lower() in NO_DEEPSPEED:
-        return {}
-    return {"NPROC_PER_NODE": "1"}
-
-
 @dataclass
 class Strategy:
     """The parallelism choice.

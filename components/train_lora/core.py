@@ -820,10 +820,6 @@ def _final_swift_args(
         args["deepspeed"] = strategy.deepspeed
     elif "deepspeed" in args and args["deepspeed"] in _launch.NO_DEEPSPEED:
         del args["deepspeed"]  # "none": plain DDP, no DeepSpeed config for swift
-    single = _launch.single_process_deepspeed_env(args, plan, launch.gpu_count)
-    if single:
-        plan.env = single
-        print("train-lora: one GPU with DeepSpeed: started through torchrun (NPROC_PER_NODE=1)", flush=True)
     args.update(_launch.distributed_swift_args(args, plan, ddp_timeout_s))
     args.update(tensorboard_args(args, os.environ if environ is None else environ))
     print(
