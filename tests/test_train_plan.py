@@ -36,6 +36,45 @@ def test_memory_model_reproduces_the_calibration_runs():
     )
 
 
+def test_the_lora_branch_figures_reproduce_the_fused_and_no_dropout_runs():
+    """One H100, 2026-11-25, batch 8 x 1221 tokens: peft 75.69, fused branch 68.29, dropout 0 58.30 GiB."""
+    from dataclasses import replace
+
+    from components.train_lora._plan import act_bytes_full
+
+    for dropout, fused, measured in (
+        (0.05, False, 75.69),
+        (0.05, True, 68.29),
+        (0.0, True, 58.30),
+        (0.0, False, 58.30),
+    ):
+        shape = replace(QWEN3_VL_4B, act_full=act_bytes_full(dropout, fused))
+        predicted = predict_peak(shape, 8, 1221, checkpointing=False, liger=True) / GIB
+        assert predicted == pytest.approx(measured, rel=0.02), (dropout, fused)
+
+
+def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
+    from components.train_lora._plan import plan_for_run
+
+    config = {"text_config": {"num_hidden_layers": 36, "hidden_size": 2560, "vocab_size": 151936}}
+    stats = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
+    args = {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True}
+
+    def peak(swift_args, **kw):
+        plan = plan_for_run(
+            swift_args, model_config=config, weight_bytes=8_880_000_000, token_stats=stats, gpu_bytes=H100, **kw
+        )
+        assert (plan.micro_batch, plan.gradient_checkpointing) == (8, False)
+        return round(plan.peak_bytes / GIB, 1)
+
+    assert peak(args, world_size=1) == pytest.approx(68.3, abs=0.3)  # the plugin's fused branch, ms-swift's dropout
+    assert peak(args, world_size=1, fused_lora=False) == pytest.approx(75.7, abs=0.3)  # VLM_LORA_FUSED_LORA=0
+    assert peak({**args, "lora_dropout": 0}, world_size=1) == pytest.approx(58.3, abs=0.3)
+    # ZeRO-3 keeps peft's branch (partitioned adapters): its figure, with the weights split over 2 GPUs
+    z3 = peak(args, world_size=2, zero3=True)
+    assert z3 == pytest.approx(75.7 - 8_880_000_000 / 2 / GIB, abs=0.4)
+
+
 def test_seed_rows_on_an_h100_get_the_tuned_profile():
     plan = plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
     assert (plan.micro_batch, plan.grad_accum, plan.gradient_checkpointing) == (8, 2, False)

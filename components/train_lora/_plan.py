@@ -20,6 +20,13 @@ batch 16 without Liger 2.7 GiB above with it (benchmarks/README.md, "Training th
 "Micro-batch planner"). The plan keeps `margin` of the memory free and sizes for the longest
 row: a batch is padded to its longest row, and the longest row's batch is the worst one.
 
+The per-token figure without checkpointing depends on LoRA's dropout and on who runs the
+LoRA branches (`act_bytes_full`): with dropout, peft keeps a dropped-out copy of the input and
+its mask for every adapted layer (76.6, the calibration above); the train-lora plugin's fused
+branch (`fused_lora.py`) keeps the shared input once and the masks (67.8: batch 8 peaked 68.3
+GiB, measured on one H100 on 2026-11-25); without dropout nothing but the input is kept either
+way (55.9: 58.3 GiB, same run). With checkpointing only one layer's branches are alive at a time.
+
 Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
 checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
 checkpointing 10.74 samples/s, batch 16 with it 8.80, batch 1 with it 2.40).
@@ -38,7 +45,10 @@ GIB = 1024**3
 SAMPLES_PER_STEP = 16  # the seed's samples per optimizer step (batch 1 x ms-swift's default accumulation 16)
 
 # Calibrated constants (see the module docstring).
-ACT_BYTES_FULL = 76.6  # bytes per token x layer x hidden without checkpointing
+ACT_BYTES_FULL = 76.6  # bytes per token x layer x hidden without checkpointing (peft's LoRA with dropout)
+ACT_BYTES_FULL_FUSED = 67.8  # the same with the plugin's fused LoRA branch (dropout masks, no copies)
+ACT_BYTES_FULL_NO_DROPOUT = 55.9  # lora_dropout 0: only the layers' inputs are kept
+SWIFT_LORA_DROPOUT = 0.05  # ms-swift's default lora_dropout
 ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpointing (each layer's bf16 input)
 FIXED_BYTES = int(3.2 * GIB)  # CUDA context, allocator reserve, LoRA weights + Adam state, buffers
 LOGIT_BYTES = 2.0  # bytes per token x vocabulary entry without Liger's fused loss
@@ -70,6 +80,8 @@ class ModelShape:
         wrapped_bytes: Parameters LoRA wraps directly (`swift.target_parameters`, e.g. a MoE
             model's fused experts) in the training dtype: peft's ParamWrapper materialises each
             one's update on every forward and keeps it for the backward pass. Default 0.
+        act_full: Activation bytes per token x layer x hidden without checkpointing
+            (`act_bytes_full`). Default ACT_BYTES_FULL, the largest.
     """
 
     layers: int
@@ -78,13 +90,16 @@ class ModelShape:
     vision_hidden: int
     weight_bytes: int
     wrapped_bytes: int = 0
+    act_full: float = ACT_BYTES_FULL
 
     @property
     def known(self) -> bool:
         return self.layers > 0 and self.hidden > 0
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weight_bytes: int, wrapped_bytes: int = 0) -> ModelShape:
+    def from_config(
+        cls, config: Mapping[str, Any], weight_bytes: int, wrapped_bytes: int = 0, act_full: float = ACT_BYTES_FULL
+    ) -> ModelShape:
         """Reads layers / hidden / vocabulary (text_config first) and the ViT's hidden size from a HF config."""
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
         vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
@@ -103,7 +118,21 @@ class ModelShape:
             vision_hidden=num(vision, "hidden_size", "embed_dim"),
             weight_bytes=int(weight_bytes),
             wrapped_bytes=int(wrapped_bytes),
+            act_full=float(act_full),
         )
+
+
+def act_bytes_full(lora_dropout: float, fused: bool) -> float:
+    """Activation bytes per token x layer x hidden without checkpointing (see the module docstring).
+
+    Args:
+        lora_dropout: The run's `swift.lora_dropout` (ms-swift's default 0.05 when unset).
+        fused: Whether the LoRA branches run through the plugin's fused function (not with
+            VLM_LORA_FUSED_LORA=0, nor under ZeRO-3, whose partitioned adapters stay on peft).
+    """
+    if float(lora_dropout) <= 0:
+        return ACT_BYTES_FULL_NO_DROPOUT
+    return ACT_BYTES_FULL_FUSED if fused else ACT_BYTES_FULL
 
 
 @dataclass(frozen=True)
@@ -187,9 +216,9 @@ def predict_peak(
     """Predicted peak bytes of one GPU for `batch` rows padded to `tokens` (the module's memory model)."""
     bt = batch * tokens
     if checkpointing:
-        act = bt * model.hidden * (ACT_BYTES_GC_LAYER * model.layers + ACT_BYTES_FULL)
+        act = bt * model.hidden * (ACT_BYTES_GC_LAYER * model.layers + model.act_full)
     else:
-        act = bt * model.hidden * model.layers * ACT_BYTES_FULL
+        act = bt * model.hidden * model.layers * model.act_full
     logits = 0 if liger else bt * model.vocab * LOGIT_BYTES
     wrapped = WRAPPED_FACTOR * model.wrapped_bytes
     return int(model.weight_bytes / max(shards, 1) + FIXED_BYTES + act + logits + wrapped)
@@ -368,11 +397,13 @@ def plan_for_run(
     world_size: int,
     zero3: bool = False,
     wrapped_bytes: int = 0,
+    fused_lora: bool = True,
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
     `wrapped_bytes`: the parameters `swift.target_parameters` wraps, in the training dtype
-    (`ModelShape.wrapped_bytes`). Default 0.
+    (`ModelShape.wrapped_bytes`). Default 0. `fused_lora`: whether the plugin's fused LoRA
+    branch runs (False with VLM_LORA_FUSED_LORA=0); under ZeRO-3 it never does. Default True.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -390,8 +421,10 @@ def plan_for_run(
     )
     batch = swift_args.get("per_device_train_batch_size")
     checkpointing = swift_args.get("gradient_checkpointing", AUTO)
+    dropout = swift_args.get("lora_dropout")
+    act_full = act_bytes_full(SWIFT_LORA_DROPOUT if dropout is None else float(dropout), fused_lora and not zero3)
     return plan_micro_batch(
-        ModelShape.from_config(model_config, weight_bytes, wrapped_bytes),
+        ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act_full),
         stats,
         gpu_bytes,
         samples_per_step=samples_per_step(swift_args, world_size),

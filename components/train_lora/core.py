@@ -613,6 +613,7 @@ def _micro_batch_plan(
             world_size=world,
             zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
             wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
+            fused_lora=(job_env.get("VLM_LORA_FUSED_LORA") or os.environ.get("VLM_LORA_FUSED_LORA", "")) != "0",
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
