@@ -241,3 +241,34 @@ def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast():
     for name in g_p:
         assert g_f[name].dtype == torch.float32
         assert _rel_err(g_f[name], g_p[name]) < 0.02 < _rel_err(g_o[name], g_p[name]), name
+
+
+def test_layer_compile_picks_the_language_models_decoder_layers_only():
+    from components.train_lora.swift_plugin import compile_decoder_layers
+
+    class TextDecoderLayer(torch.nn.Linear):
+        pass
+
+    class VisionDecoderLayer(torch.nn.Linear):
+        pass
+
+    model = torch.nn.Sequential(TextDecoderLayer(4, 4), TextDecoderLayer(4, 4), VisionDecoderLayer(4, 4))
+    assert compile_decoder_layers(model) == 2
+    assert model[0]._compiled_call_impl is not None and model[1]._compiled_call_impl is not None
+    assert model[2]._compiled_call_impl is None  # the frozen vision tower is left as it is
+
+
+def test_layer_compile_is_opt_in_and_keeps_the_trainer_signature_ms_swift_reads():
+    import subprocess
+    import sys
+
+    code = (
+        "import inspect\n"
+        "from components.train_lora import swift_plugin\n"
+        "from transformers import Trainer\n"
+        "print(swift_plugin.COMPILE_LAYERS, 'processing_class' in inspect.signature(Trainer.__init__).parameters)\n"
+    )
+    for flag, expected in (("1", "True True"), ("", "False True")):
+        env = {**__import__("os").environ, "VLM_LORA_COMPILE_LAYERS": flag}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip().splitlines()[-1] == expected

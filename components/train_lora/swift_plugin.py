@@ -24,7 +24,14 @@ scaling and the add in the second matmul and without a dropped-out copy of the i
 for every adapted layer. Anything else (DoRA, LoRA bias, ZeRO-3-partitioned adapters, …)
 stays on peft's forward. VLM_LORA_FUSED_LORA=0 restores peft's forward everywhere.
 
-4. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+4. Regional compilation, opt-in (VLM_LORA_COMPILE_LAYERS=1): `torch.compile` on each of the
+language model's decoder layers once the trainer holds the model (one region per layer, the
+same graph for all of them), so that inductor fuses the normalisation, rotary embedding, MLP
+and LoRA elementwise work; the vision tower, the LM head and its loss stay as they are. Liger's
+kernels inside the layers (RMSNorm, rotary) are not traceable: use it with Liger's fused loss
+only (`swift.liger_kernel_config: {rope: false, rms_norm: false}`).
+
+5. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -32,6 +39,7 @@ training process may allocate at most that much of its GPU
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -141,7 +149,44 @@ def _install_fused_lora() -> bool:
     return True
 
 
+def compile_decoder_layers(model) -> int:
+    """torch.compile (in place) every language-model decoder layer of `model`; returns how many."""
+    import torch
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    count = 0
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("DecoderLayer") and "Vision" not in name:
+            module.compile()
+            count += 1
+    return count
+
+
+def _install_layer_compile() -> bool:
+    if os.environ.get("VLM_LORA_COMPILE_LAYERS") != "1":
+        return False
+    try:
+        from transformers import Trainer
+    except ImportError:
+        return False
+    original = Trainer.__init__
+    if getattr(original, "_vlm_lora_compile", False):
+        return True
+
+    @functools.wraps(original)  # ms-swift reads the signature (tokenizer vs processing_class)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        count = compile_decoder_layers(self.model)
+        print(f"train-lora plugin: torch.compile on {count} decoder layers (VLM_LORA_COMPILE_LAYERS=1)", flush=True)
+
+    __init__._vlm_lora_compile = True
+    Trainer.__init__ = __init__
+    return True
+
+
 INSTALLED = _install()
 MEMORY_FRACTION = _install_memory_cap()
 AUTOCAST_INPUT = _install_autocast_input()
 FUSED_LORA = _install_fused_lora()
+COMPILE_LAYERS = _install_layer_compile()
