@@ -156,27 +156,24 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"VLM_LORA_FUSED_LORA": "0"},
     },
-    # regional torch.compile of the decoder layers (train-lora plugin, VLM_LORA_COMPILE_LAYERS=1) with
-    # Liger's fused loss only (its in-layer kernels cannot be traced); the fused LoRA branch on or off
+    # regional torch.compile of the decoder layers (train-lora plugin, VLM_LORA_COMPILE_LAYERS=1); the
+    # plugin keeps Liger to its fused loss (its in-layer kernels cannot be traced); fused LoRA branch on / off
     "b8_nogc_compile": {
         "batch": 8,
         "gradient_checkpointing": False,
         "use_liger_kernel": True,
-        "liger_kernel_config": {"rope": False, "rms_norm": False},
         "env": {"VLM_LORA_COMPILE_LAYERS": "1"},
     },
     "b8_nogc_compile_peftfwd": {
         "batch": 8,
         "gradient_checkpointing": False,
         "use_liger_kernel": True,
-        "liger_kernel_config": {"rope": False, "rms_norm": False},
         "env": {"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_FUSED_LORA": "0"},
     },
     "b8_nogc_compile_nodrop": {
         "batch": 8,
         "gradient_checkpointing": False,
         "use_liger_kernel": True,
-        "liger_kernel_config": {"rope": False, "rms_norm": False},
         "lora_dropout": 0.0,
         "env": {"VLM_LORA_COMPILE_LAYERS": "1"},
     },

@@ -272,3 +272,23 @@ def test_layer_compile_is_opt_in_and_keeps_the_trainer_signature_ms_swift_reads(
         env = {**__import__("os").environ, "VLM_LORA_COMPILE_LAYERS": flag}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_layer_compile_keeps_liger_to_its_fused_loss():
+    from transformers import TrainingArguments
+
+    from components.train_lora.swift_plugin import keep_liger_out_of_layers
+
+    args = TrainingArguments(output_dir="/tmp/unused", report_to="none")
+    keep_liger_out_of_layers(args)  # Liger off: nothing to do
+    assert not args.liger_kernel_config
+    args.use_liger_kernel = True
+    args.liger_kernel_config = {"fused_linear_cross_entropy": True}
+    keep_liger_out_of_layers(args)
+    assert args.liger_kernel_config == {
+        "fused_linear_cross_entropy": True,
+        "rope": False,
+        "rms_norm": False,
+        "swiglu": False,
+    }
+    keep_liger_out_of_layers(None)  # a trainer built without args

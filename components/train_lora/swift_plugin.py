@@ -28,8 +28,8 @@ stays on peft's forward. VLM_LORA_FUSED_LORA=0 restores peft's forward everywher
 language model's decoder layers once the trainer holds the model (one region per layer, the
 same graph for all of them), so that inductor fuses the normalisation, rotary embedding, MLP
 and LoRA elementwise work; the vision tower, the LM head and its loss stay as they are. Liger's
-kernels inside the layers (RMSNorm, rotary) are not traceable: use it with Liger's fused loss
-only (`swift.liger_kernel_config: {rope: false, rms_norm: false}`).
+kernels inside the layers (RMSNorm, rotary) are not traceable: with `use_liger_kernel` only its
+fused loss is applied then.
 
 5. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
@@ -163,6 +163,19 @@ def compile_decoder_layers(model) -> int:
     return count
 
 
+def keep_liger_out_of_layers(training_args) -> None:
+    """With Liger on, keeps only its fused loss: its RMSNorm / rotary kernels inside the layers cannot be traced.
+
+    transformers applies Liger when training starts, from `liger_kernel_config` (ms-swift's
+    command line cannot pass that dict), so it is set on the training arguments here.
+    """
+    if training_args is None or not getattr(training_args, "use_liger_kernel", False):
+        return
+    config = dict(getattr(training_args, "liger_kernel_config", None) or {})
+    config.update(rope=False, rms_norm=False, swiglu=False)
+    training_args.liger_kernel_config = config
+
+
 def _install_layer_compile() -> bool:
     if os.environ.get("VLM_LORA_COMPILE_LAYERS") != "1":
         return False
@@ -176,6 +189,7 @@ def _install_layer_compile() -> bool:
 
     @functools.wraps(original)  # ms-swift reads the signature (tokenizer vs processing_class)
     def __init__(self, *args, **kwargs):
+        keep_liger_out_of_layers(kwargs.get("args", args[1] if len(args) > 1 else None))
         original(self, *args, **kwargs)
         count = compile_decoder_layers(self.model)
         print(f"train-lora plugin: torch.compile on {count} decoder layers (VLM_LORA_COMPILE_LAYERS=1)", flush=True)
