@@ -25,6 +25,7 @@ L = label tokens, P = ViT patches (4 per image token for spatial merge 2).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -201,8 +202,9 @@ def steady_state(log_history: list[dict[str, Any]], skip_steps: int = 2) -> dict
         skip_steps: Steps treated as warm-up (first entry at or after it is the start).
 
     Returns:
-        seconds_per_step, steps, tokens_per_second (when tokens were logged); {} if the
-        log has fewer than two usable entries.
+        seconds_per_step (mean over the window), median_seconds_per_step (of its single
+        steps), steps, tokens_per_second (when tokens were logged); {} if the log has fewer
+        than two usable entries.
     """
     points = []
     for entry in log_history:
@@ -221,6 +223,10 @@ def steady_state(log_history: list[dict[str, Any]], skip_steps: int = 2) -> dict
     if s1 <= s0 or e1 <= e0:
         return {}
     out = {"seconds_per_step": (e1 - e0) / (s1 - s0), "steps": float(s1 - s0), "seconds": e1 - e0}
+    # the median of the single steps in the same window: a one-off stall (a recompilation when
+    # torch.compile meets a new padded length, a data-loader hiccup) moves the mean, not this
+    singles = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(points, points[1:]) if b[0] > a[0]]
+    out["median_seconds_per_step"] = statistics.median(singles)
     if k0 is not None and k1 is not None:
         out["tokens_per_second"] = (float(k1) - float(k0)) / (e1 - e0)
     return out

@@ -418,6 +418,7 @@ def run_profile(
         strategy=result.strategy,
         wall_s=round(time.time() - start, 1),
         seconds_per_step=round(steady.get("seconds_per_step", 0.0), 3),
+        median_seconds_per_step=round(steady.get("median_seconds_per_step", 0.0), 3),
         samples_per_second=round(sps, 3),
         tokens_per_second=round(steady.get("tokens_per_second", 0.0), 1),
         mfu=round(util["mfu"], 4),
@@ -457,7 +458,7 @@ PROFILE_KEYS = (
 def print_table(rows: list[dict[str, Any]], baseline: str = "seed") -> None:
     base = next((r for r in rows if r["profile"] == baseline and "error" not in r), None)
     print(
-        f"\n{'profile':28} {'gpus':>4} {'b x ga':>7} {'s/step':>7} {'samp/s':>7} {'tok/s':>8} {'MFU':>6} "
+        f"\n{'profile':28} {'gpus':>4} {'b x ga':>7} {'s/step':>7} {'median':>7} {'samp/s':>7} {'tok/s':>8} {'MFU':>6} "
         f"{'HFU':>6} {'peak GiB':>8} {'x seed':>6}"
     )
     for r in rows:
@@ -467,6 +468,7 @@ def print_table(rows: list[dict[str, Any]], baseline: str = "seed") -> None:
         ratio = r["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else 0.0
         print(
             f"{r['profile']:28} {r['gpus']:>4} {r['batch']:>3}x{r['grad_accum']:<3} {r['seconds_per_step']:>7.3f} "
+            f"{r.get('median_seconds_per_step', 0.0):>7.3f} "
             f"{r['samples_per_second']:>7.2f} {r['tokens_per_second']:>8.0f} {r['mfu']:>6.1%} {r['hfu']:>6.1%} "
             f"{(r['peak_memory_gib'] or 0):>8.2f} {ratio:>6.2f}"
         )

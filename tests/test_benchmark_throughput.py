@@ -81,6 +81,18 @@ def test_steady_state_skips_the_warm_up_steps():
     # entries logged twice (or out of order) count once, in step order
     assert steady_state(log[::-1] + log)["seconds_per_step"] == pytest.approx(0.5, abs=1e-4)
     assert losses_at(log, [1, 5, 99]) == {1: 1.0, 5: 1.0}
+
+
+def test_steady_state_median_is_not_moved_by_a_one_off_stall():
+    """As measured with torch.compile: step 5 recompiles for a new padded length (+17 s)."""
+    durations = {1: 40.0, 2: 1.4, 3: 1.4, 4: 1.4, 5: 18.7, 6: 1.35, 7: 1.37, 8: 1.37}
+    log, elapsed = [], 0.0
+    for step in range(1, 9):
+        elapsed += durations[step]
+        log.append({"loss": 1.0, "step": step, "train_speed(s/it)": round(elapsed / step, 6)})
+    s = steady_state(log, skip_steps=2)
+    assert s["seconds_per_step"] > 3.5  # the mean carries the stall
+    assert s["median_seconds_per_step"] == pytest.approx(1.4, abs=0.02)
     swift_shape = [{"loss": 2.5, "global_step/max_steps": "3/10", "train_speed(s/it)": 1.0}]
     assert losses_at(swift_shape, [3]) == {3: 2.5}
 
