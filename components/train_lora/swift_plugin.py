@@ -29,9 +29,10 @@ language model's decoder layers once the trainer holds the model (one region per
 same graph for all of them), so that inductor fuses the normalisation, rotary embedding, MLP
 and LoRA elementwise work; the vision tower, the LM head and its loss stay as they are. Liger's
 kernels inside the layers (RMSNorm, rotary) are not traceable: with `use_liger_kernel` only its
-fused loss is applied then. Measured on an H100 (benchmarks/README.md): the same losses and 15.5
-GiB less memory, but 2.7x slower per step than without it (peft's Python forward and the LoRA
-function inside the compiled layers), so no profile uses it.
+fused loss is applied then. Measured on an H100 (benchmarks/README.md): once compiled a step is 9 %
+faster and the peak 15.5 GiB lower, the losses the same; the first step compiles for 30-40 s and
+the first batch of another padded length recompiles once (10-19 s). Only short runs were
+measured, so no profile turns it on yet.
 
 5. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
