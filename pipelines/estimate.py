@@ -23,7 +23,6 @@ from typing import Any
 
 from components.common import boxes
 from components.common.cost import (
-    GPU_RATIO,
     CostError,
     Estimate,
     Profile,
@@ -155,7 +154,7 @@ def config_estimate(cfg: Config, figures: tuple[int, float, str] | None = None) 
     r, swift = cfg.resources, cfg.swift
     rows, mean, source = figures or data_figures(cfg)
     gpus = max(r.accelerator_count, 1) * max(r.replica_count, 1)
-    gpu_gib = GPU_RATIO.get(r.accelerator_type, (0, 0.0, ""))[1]
+    gpu_gib = GPU_MEMORY_GIB.get(r.accelerator_type, 0.0)
     batch, gc = planned_micro_batch(
         swift.get("per_device_train_batch_size", 1), swift.get("gradient_checkpointing", True), mean, gpu_gib
     )

@@ -112,14 +112,15 @@ SPREAD = 0.72
 ZERO3_FACTOR = 0.17
 MULTI_NODE_EFFICIENCY = 0.9  # not measured across real nodes: an estimate
 
-# Accelerator -> (LM tokens/s relative to one H100, GPU memory GiB, how the ratio was obtained).
-GPU_RATIO: dict[str, tuple[float, float, str]] = {
-    "NVIDIA_H100_80GB": (1.0, 79.2, "measured"),
-    "NVIDIA_H100_MEGA_80GB": (1.0, 79.2, "same GPU as the measured H100"),
-    "NVIDIA_H200_141GB": (0.95, 139.8, "measured on one H200: 11,780 tokens/s against the H100's 12,049-12,960"),
-    "NVIDIA_TESLA_A100": (0.40, 39.4, "estimate: bf16 matmul 250 vs 700 TFLOP/s (preflight), host-bound share"),
-    "NVIDIA_A100_80GB": (0.40, 79.2, "estimate: bf16 matmul 250 vs 700 TFLOP/s (preflight), host-bound share"),
-    "NVIDIA_L4": (0.12, 22.0, "estimate: bf16 matmul 85 vs 700 TFLOP/s (preflight)"),
+# Accelerator -> (LM tokens/s relative to one H100, how the ratio was obtained). A GPU's memory is
+# in components.common.model_fit.GPU_MEMORY_GIB (one table, also train-lora's fit rule's).
+GPU_RATIO: dict[str, tuple[float, str]] = {
+    "NVIDIA_H100_80GB": (1.0, "measured"),
+    "NVIDIA_H100_MEGA_80GB": (1.0, "same GPU as the measured H100"),
+    "NVIDIA_H200_141GB": (0.95, "measured on one H200: 11,780 tokens/s against the H100's 12,049-12,960"),
+    "NVIDIA_TESLA_A100": (0.40, "estimate: bf16 matmul 250 vs 700 TFLOP/s (preflight), host-bound share"),
+    "NVIDIA_A100_80GB": (0.40, "estimate: bf16 matmul 250 vs 700 TFLOP/s (preflight), host-bound share"),
+    "NVIDIA_L4": (0.12, "estimate: bf16 matmul 85 vs 700 TFLOP/s (preflight)"),
 }
 
 
@@ -291,7 +292,7 @@ def gpu_tokens_per_s(workload: Workload, accelerator_type: str) -> tuple[float, 
             f"no throughput figure for accelerator {accelerator_type or '(none)'!r} (known: {', '.join(GPU_RATIO)}); "
             "the time cannot be estimated"
         )
-    ratio, _, how = GPU_RATIO[accelerator_type]
+    ratio, how = GPU_RATIO[accelerator_type]
     tokens = workload.mean_tokens if workload.mean_tokens > 0 else REF_TOKENS
     b = max(workload.micro_batch, 1)
     ref = REF_TOKENS / PLAN_T_REF + MICRO_STEP_COST / REF_BATCH
