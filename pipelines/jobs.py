@@ -44,8 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import Config, ConfigError, load_config, parse_overrides
-from pipelines.vertex import PLACEHOLDER_MARKERS, VertexError, console_link, init_vertex, report_google_error
+from pipelines.config import Config, load_config, parse_overrides
+from pipelines.vertex import PLACEHOLDER_MARKERS, VertexError, command_errors, console_link, init_vertex
 
 ENDED = {"PIPELINE_STATE_SUCCEEDED", "PIPELINE_STATE_FAILED", "PIPELINE_STATE_CANCELLED"}
 LOGGING_ENDPOINT = "https://logging.googleapis.com"
@@ -759,7 +759,7 @@ def main(
         args.overrides.insert(0, run)
         args.run = None
     where = {"credentials": credentials, "api_endpoint": api_endpoint}
-    try:
+    with command_errors() as outcome:
         cfg = load_config(args.config, parse_overrides(args.overrides))
         if args.project:
             cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
@@ -797,12 +797,7 @@ def main(
                 note = f"{art['files']} files" + (f", {art['skipped']} already there" if art["skipped"] else "")
                 which = f"{art['task']}/{art['output']}".ljust(width)
                 print(f"  {which}  {art['kind']:<11} {note:<24} <- {art['uri']}")
-    except (ConfigError, VertexError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        return report_google_error(exc)
-    return 0
+    return outcome.code
 
 
 def _now() -> datetime:

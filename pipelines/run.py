@@ -44,13 +44,12 @@ from pipelines.config import (
     DEMO_DOCUMENTS_TRAIN,
     DEMO_MODEL,
     Config,
-    ConfigError,
     check_local_dirs,
     load_config,
     parse_overrides,
 )
 from pipelines.estimate import estimate_lines
-from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight, report_google_error
+from pipelines.vertex import command_errors, console_link, init_vertex, pipeline_job, preflight
 
 # The tasks that read the data snapshot, in order: all cache hits when the data did not change.
 TRAIN_TASKS = ("validate-data", "train-lora", "merge-export", "evaluate")
@@ -515,12 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.local:
         return _main_vertex(args)
-    try:
+    with command_errors(failures=(RunError,)) as outcome:
         cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG, parse_overrides(args.overrides))
         result = run_local(cfg, args.root, False if args.no_cache else None)
-    except (ConfigError, RunError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+    if outcome.code:
+        return outcome.code
     print(format_summary(result))
     return 0
 
@@ -529,22 +527,14 @@ def _main_vertex(args: argparse.Namespace) -> int:
     if not args.config:
         print("error: --config is required to submit to Vertex AI (or use --local)", file=sys.stderr)
         return 2
-    try:
+    with command_errors(failures=(RunError,)) as outcome:
         cfg = load_config(args.config, parse_overrides(args.overrides))
         if args.project:
             cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
         if args.root:
             cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=args.root))
         submit_vertex(cfg, wait=args.wait, enable_caching=False if args.no_cache else None)
-    except (ConfigError, VertexError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except RunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        return report_google_error(exc)
-    return 0
+    return outcome.code
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import dataclasses
 import sys
 from typing import Any
 
-from pipelines.config import Config, ConfigError, cron_problem, load_config, parse_overrides
-from pipelines.vertex import VertexError, console_link, init_vertex, pipeline_job, preflight, report_google_error
+from pipelines.config import Config, cron_problem, load_config, parse_overrides
+from pipelines.vertex import VertexError, command_errors, console_link, init_vertex, pipeline_job, preflight
 
 
 def schedule_cron(cron: str, time_zone: str) -> str:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", default=None, help="project ID (default: the config's vertex.project)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
-    try:
+    with command_errors() as outcome:
         cfg = load_config(args.config, parse_overrides(args.overrides))
         overrides = {
             k: v
@@ -175,12 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.name:
                 raise VertexError(f"{args.action} needs --name SCHEDULE (see `list`)")
             print(f"{args.action}: {change_schedule(cfg, args.action, args.name)}")
-    except (ConfigError, VertexError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        return report_google_error(exc)
-    return 0
+    return outcome.code
 
 
 if __name__ == "__main__":

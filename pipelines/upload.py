@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import Config, ConfigError, load_config, parse_overrides
-from pipelines.vertex import VertexError, report_google_error
+from pipelines.config import Config, load_config, parse_overrides
+from pipelines.vertex import VertexError, command_errors
 
 PROJECT_VERSION = "0.1.0"
 
@@ -78,14 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
-    try:
+    with command_errors() as outcome:
         cfg = load_config(args.config, parse_overrides(args.overrides))
         package, version = upload_template(cfg, args.repo, args.tag)
-    except (ConfigError, VertexError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # credentials / API errors: one line with the fix, not a traceback
-        return report_google_error(exc)
+    if outcome.code:
+        return outcome.code
     print(f"uploaded {package} version {version} (tags: {', '.join(args.tag or default_tags())})")
     return 0
 

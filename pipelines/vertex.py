@@ -135,6 +135,44 @@ def report_google_error(exc: BaseException) -> int:
     return 1
 
 
+class command_errors:  # noqa: N801 - used as a context manager, like contextlib's
+    """For a command's `main`: the errors a user can act on become one line and an exit code.
+
+        with command_errors(failures=(RunError,)) as outcome:
+            ...
+        return outcome.code
+
+    ConfigError / VertexError (the config or an argument): `error: ...`, code 2; `failures`
+    (the work itself failed, its message says why): code 1; credentials / Google API errors:
+    one line with the fix, code 1 (`report_google_error`). Anything else is not caught (a bug
+    keeps its traceback). `code` is 0 when the block finished.
+    """
+
+    def __init__(self, failures: tuple[type[BaseException], ...] = ()):
+        self.failures = failures
+        self.code = 0
+
+    def __enter__(self) -> command_errors:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        from pipelines.config import ConfigError
+
+        if exc is None or not isinstance(exc, Exception):
+            return False
+        if isinstance(exc, (ConfigError, VertexError)):
+            print(f"error: {exc}", file=sys.stderr)
+            self.code = 2
+        elif isinstance(exc, self.failures):
+            print(f"error: {exc}", file=sys.stderr)
+            self.code = 1
+        elif google_error_message(exc) is not None:
+            self.code = report_google_error(exc)
+        else:
+            return False
+        return True
+
+
 def google_error_message(exc: BaseException) -> str | None:
     """One line, with the fix, for a credentials or Google API error; None for any other exception.
 

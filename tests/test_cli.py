@@ -116,3 +116,33 @@ def test_the_package_installs_the_configs_and_the_command():
     assert "configs" in text.split("[tool.setuptools.packages.find]")[1].split("\n[")[0]
     base = text.split("dependencies = [")[1].split("]")[0]
     assert "torch" not in base and "ms-swift" not in base  # the light install
+
+
+def test_command_errors_give_one_line_and_the_exit_code(capsys):
+    """The one error tail of run / schedule / upload / jobs: user errors 2, failures 1, API errors 1."""
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from pipelines.config import ConfigError
+    from pipelines.run import RunError
+    from pipelines.vertex import VertexError, command_errors
+
+    cases = [
+        (ConfigError("cfg.yaml: swift.not_a_flag: unknown"), (), 2, "cfg.yaml: swift.not_a_flag"),
+        (VertexError("vertex.project is not set"), (), 2, "vertex.project is not set"),
+        (RunError("pipeline failed at task train-lora"), (RunError,), 1, "failed at task train-lora"),
+        (DefaultCredentialsError("File x was not found"), (), 1, "gcloud auth application-default login"),
+    ]
+    for exc, failures, code, text in cases:
+        with command_errors(failures=failures) as outcome:
+            raise exc
+        err = capsys.readouterr().err
+        assert outcome.code == code and err.startswith("error: ") and text in err and err.count("\n") == 1
+    with command_errors() as outcome:
+        pass
+    assert outcome.code == 0
+    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+        with command_errors(failures=(RunError,)):
+            raise ZeroDivisionError("a bug")
+    with pytest.raises(RunError):  # a failure the command does not expect is not swallowed
+        with command_errors():
+            raise RunError("x")
