@@ -201,6 +201,17 @@ def test_cluster_hosts_in_node_rank_order():
 # --- job environment ----------------------------------------------------------------------------
 
 
+def test_job_env_accepts_the_train_lora_plugins_own_switches():
+    """README: VLM_LORA_GPU_MEMORY_GIB (a memory cap) goes in the environment section; so do the LoRA-branch switches."""
+    env = {"VLM_LORA_GPU_MEMORY_GIB": 39.4, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_COMPILE_LAYERS": "1"}
+    check_job_env(env)  # no error
+    assert job_env_strings(env) == {
+        "VLM_LORA_GPU_MEMORY_GIB": "39.4",
+        "VLM_LORA_FUSED_LORA": "0",
+        "VLM_LORA_COMPILE_LAYERS": "1",
+    }
+
+
 def test_job_env_accepts_nccl_torch_and_cuda_settings():
     env = {
         "NCCL_DEBUG": "INFO",

@@ -1,4 +1,5 @@
-"""The training job's extra environment (`job_env`): NCCL, torch.distributed and CUDA settings.
+"""The training job's extra environment (`job_env`): NCCL, torch.distributed and CUDA settings,
+and the train-lora plugin's own switches (memory cap, fused LoRA branch, layer compilation).
 
 train-lora applies it to its preflight and to `swift sft` on every node. `check_job_env`
 is pure and cheap (no torch), so the configuration loader can call it too, e.g. for
@@ -42,6 +43,11 @@ JOB_ENV_NAMES = frozenset(
         "OMP_NUM_THREADS",
         "TOKENIZERS_PARALLELISM",
         "LOGLEVEL",
+        # the train-lora plugin's own settings (components/train_lora/swift_plugin.py)
+        "VLM_LORA_GPU_MEMORY_GIB",
+        "VLM_LORA_FUSED_LORA",
+        "VLM_LORA_COMPILE_LAYERS",
+        "VLM_LORA_PEFT_INPUT_CAST",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
