@@ -178,3 +178,22 @@ def test_flops_are_counted_at_the_max_pixels_training_gets(tmp_path, monkeypatch
     monkeypatch.setenv("MAX_PIXELS", "1048576")  # would resize behind the count's back
     with pytest.raises(SystemExit, match="MAX_PIXELS set in the environment.*--max-pixels"):
         check_resize_env()
+
+
+def test_unsloth_peer_turns_ms_swift_rows_into_its_conversations():
+    from benchmarks.unsloth_peer import to_conversation
+
+    messages = [
+        {"role": "user", "content": "<image>Detect the holes of <image> these drawings."},
+        {"role": "assistant", "content": '```json\n[{"label": "hole", "bbox": [1, 2, 3, 4]}]\n```'},
+    ]
+    conv = to_conversation(messages, ["IMG1", "IMG2"])
+    assert conv[0]["content"] == [
+        {"type": "image", "image": "IMG1"},
+        {"type": "text", "text": "Detect the holes of "},
+        {"type": "image", "image": "IMG2"},
+        {"type": "text", "text": " these drawings."},
+    ]
+    assert conv[1] == {"role": "assistant", "content": [{"type": "text", "text": messages[1]["content"]}]}
+    with pytest.raises(ValueError, match="without an <image> marker"):
+        to_conversation(messages[1:], ["IMG"])
