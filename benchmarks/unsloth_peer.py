@@ -53,6 +53,8 @@ def to_conversation(messages: list[dict[str, Any]], images: list[Any]) -> list[d
         content: list[dict[str, Any]] = []
         for i, text in enumerate(parts):
             if i > 0:
+                if not pending:
+                    raise ValueError(f"more {IMAGE_MARK} markers than images ({len(images)})")
                 content.append({"type": "image", "image": pending.pop(0)})
             if text:
                 content.append({"type": "text", "text": text})

@@ -197,3 +197,5 @@ def test_unsloth_peer_turns_ms_swift_rows_into_its_conversations():
     assert conv[1] == {"role": "assistant", "content": [{"type": "text", "text": messages[1]["content"]}]}
     with pytest.raises(ValueError, match="without an <image> marker"):
         to_conversation(messages[1:], ["IMG"])
+    with pytest.raises(ValueError, match="more <image> markers than images"):
+        to_conversation(messages[:1], ["IMG1"])
