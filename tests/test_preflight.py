@@ -212,6 +212,21 @@ def test_job_env_accepts_the_train_lora_plugins_own_switches():
     }
 
 
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"VLM_LORA_COMPILE_LAYERS": "yes"}, r"job_env\.VLM_LORA_COMPILE_LAYERS: 'yes' is not a value it takes: use 1"),
+        ({"VLM_LORA_FUSED_LORA": 2}, r"VLM_LORA_FUSED_LORA: 2 is not a value it takes"),
+        ({"VLM_LORA_GPU_MEMORY_GIB": "40GB"}, r"VLM_LORA_GPU_MEMORY_GIB: '40GB' is not a memory size"),
+        ({"VLM_LORA_GPU_MEMORY_GIB": 0}, r"is not a memory size: use GiB per GPU"),
+    ],
+)
+def test_job_env_refuses_values_the_plugin_does_not_take(env, match):
+    with pytest.raises(JobEnvError, match=match):
+        check_job_env(env)
+    check_job_env({"VLM_LORA_COMPILE_LAYERS": True, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_GPU_MEMORY_GIB": 22})
+
+
 def test_job_env_accepts_nccl_torch_and_cuda_settings():
     env = {
         "NCCL_DEBUG": "INFO",

@@ -118,6 +118,29 @@ def _name_problem(name: str) -> str:
     )
 
 
+# The train-lora plugin's switches: the values each takes (read in components/train_lora/swift_plugin.py).
+_PLUGIN_SWITCHES = {
+    "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
+    "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
+    "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
+}
+
+
+def _switch_problem(name: str, value: Any) -> str:
+    """Why a value of one of the plugin's own settings is refused ("" when it is fine or not one of them)."""
+    text = job_env_strings({name: value})[name].strip()
+    if name in _PLUGIN_SWITCHES and text not in ("0", "1"):
+        return f"{value!r} is not a value it takes: use {_PLUGIN_SWITCHES[name]}"
+    if name == "VLM_LORA_GPU_MEMORY_GIB":
+        try:
+            gib = float(text)
+        except ValueError:
+            gib = 0.0
+        if not gib > 0:
+            return f"{value!r} is not a memory size: use GiB per GPU as a positive number, e.g. 39.4 for a 40 GB card"
+    return ""
+
+
 def check_job_env(env: Mapping[str, Any], where: str = "job_env") -> None:
     """Checks the extra environment variables of the training job (preflight and `swift sft`).
 
@@ -127,8 +150,10 @@ def check_job_env(env: Mapping[str, Any], where: str = "job_env") -> None:
 
     Raises:
         JobEnvError: A name outside the allow-list (the message names the closest allowed
-            names), a reserved name, a name or value that looks like a secret, or a value
-            that is not a string, number or boolean.
+            names), a reserved name, a name or value that looks like a secret, a value
+            that is not a string, number or boolean, or a value the train-lora plugin's
+            own settings do not take (a switch other than 0 / 1, a memory cap that is not
+            a positive number of GiB).
     """
     if not isinstance(env, Mapping):
         raise JobEnvError(f"{where}: expected a mapping of NAME: value, got {type(env).__name__}")
@@ -138,6 +163,9 @@ def check_job_env(env: Mapping[str, Any], where: str = "job_env") -> None:
             raise JobEnvError(f"{where}.{name}: {problem}")
         if isinstance(value, dict | list | tuple) or value is None:
             raise JobEnvError(f"{where}.{name}: the value must be a string, number or boolean, got {value!r}")
+        switch = _switch_problem(str(name), value)
+        if switch:
+            raise JobEnvError(f"{where}.{name}: {switch}")
         if isinstance(value, str) and _looks_like_secret(value):
             raise JobEnvError(
                 f"{where}.{name}: the value looks like a secret (a long token-like string); secrets never go into "
