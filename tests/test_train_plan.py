@@ -70,6 +70,9 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
     assert peak(args, world_size=1) == pytest.approx(68.3, abs=0.3)  # the plugin's fused branch, ms-swift's dropout
     assert peak(args, world_size=1, fused_lora=False) == pytest.approx(75.7, abs=0.3)  # VLM_LORA_FUSED_LORA=0
     assert peak({**args, "lora_dropout": 0}, world_size=1) == pytest.approx(58.3, abs=0.3)
+    # DoRA and LoRA bias stay on peft's forward (fused_lora.py): peft's figure
+    assert peak({**args, "use_dora": True}, world_size=1) == pytest.approx(75.7, abs=0.3)
+    assert peak({**args, "lora_bias": "all"}, world_size=1) == pytest.approx(75.7, abs=0.3)
     # ZeRO-3 keeps peft's branch (partitioned adapters): its figure, with the weights split over 2 GPUs
     z3 = peak(args, world_size=2, zero3=True)
     assert z3 == pytest.approx(75.7 - 8_880_000_000 / 2 / GIB, abs=0.4)

@@ -403,7 +403,8 @@ def plan_for_run(
 
     `wrapped_bytes`: the parameters `swift.target_parameters` wraps, in the training dtype
     (`ModelShape.wrapped_bytes`). Default 0. `fused_lora`: whether the plugin's fused LoRA
-    branch runs (False with VLM_LORA_FUSED_LORA=0); under ZeRO-3 it never does. Default True.
+    branch may run (False with VLM_LORA_FUSED_LORA=0); it never does under ZeRO-3, with DoRA
+    (`swift.use_dora`) or with LoRA bias (`swift.lora_bias`). Default True.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -422,7 +423,10 @@ def plan_for_run(
     batch = swift_args.get("per_device_train_batch_size")
     checkpointing = swift_args.get("gradient_checkpointing", AUTO)
     dropout = swift_args.get("lora_dropout")
-    act_full = act_bytes_full(SWIFT_LORA_DROPOUT if dropout is None else float(dropout), fused_lora and not zero3)
+    # the fused branch takes plain LoRA only (fused_lora.py): DoRA and LoRA bias stay on peft, as under ZeRO-3
+    plain = not swift_args.get("use_dora") and str(swift_args.get("lora_bias") or "none") == "none"
+    fused = fused_lora and plain and not zero3
+    act_full = act_bytes_full(SWIFT_LORA_DROPOUT if dropout is None else float(dropout), fused)
     return plan_micro_batch(
         ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act_full),
         stats,
