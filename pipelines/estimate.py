@@ -162,7 +162,7 @@ def config_estimate(cfg: Config, figures: tuple[int, float, str] | None = None) 
     size = model_size_b(cfg.model.source)
     deepspeed = str(swift.get("deepspeed", ""))
     total = known_model_bytes(cfg.model.source) or int(2e9 * (size or 4.0))  # every expert is resident
-    replicated = fit(total, int(GPU_MEMORY_GIB.get(r.accelerator_type, 0.0) * GIB), gpus).one_gpu  # train-lora's rule
+    replicated = fit(total, int(gpu_gib * GIB), gpus).one_gpu  # train-lora's rule
     zero3 = "zero3" in deepspeed or (gpus > 1 and not replicated and deepspeed != "none")
     accum = swift.get("gradient_accumulation_steps")
     per_batch = 1 if auto else batch  # with auto, the accumulation counts samples of batch 1 (the planner's rule)

@@ -123,18 +123,6 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def report_google_error(exc: BaseException) -> int:
-    """For a command's `main`: prints a credentials / Google API error as one line, returns exit code 1.
-
-    Any other exception is raised again (a bug keeps its traceback).
-    """
-    message = google_error_message(exc)
-    if message is None:
-        raise exc
-    print(f"error: {message}", file=sys.stderr)
-    return 1
-
-
 class command_errors:  # noqa: N801 - used as a context manager, like contextlib's
     """For a command's `main`: the errors a user can act on become one line and an exit code.
 
@@ -144,7 +132,7 @@ class command_errors:  # noqa: N801 - used as a context manager, like contextlib
 
     ConfigError / VertexError (the config or an argument): `error: ...`, code 2; `failures`
     (the work itself failed, its message says why): code 1; credentials / Google API errors:
-    one line with the fix, code 1 (`report_google_error`). Anything else is not caught (a bug
+    one line with the fix (`google_error_message`), code 1. Anything else is not caught (a bug
     keeps its traceback). `code` is 0 when the block finished.
     """
 
@@ -161,15 +149,15 @@ class command_errors:  # noqa: N801 - used as a context manager, like contextlib
         if exc is None or not isinstance(exc, Exception):
             return False
         if isinstance(exc, (ConfigError, VertexError)):
-            print(f"error: {exc}", file=sys.stderr)
-            self.code = 2
+            message, self.code = str(exc), 2
         elif isinstance(exc, self.failures):
-            print(f"error: {exc}", file=sys.stderr)
-            self.code = 1
-        elif google_error_message(exc) is not None:
-            self.code = report_google_error(exc)
+            message, self.code = str(exc), 1
         else:
-            return False
+            message = google_error_message(exc)
+            if message is None:
+                return False
+            self.code = 1
+        print(f"error: {message}", file=sys.stderr)
         return True
 
 

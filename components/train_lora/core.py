@@ -588,6 +588,11 @@ class _Run:
         return {**self.plan.metrics(), "oom_replans": self.replans}
 
 
+def _job_setting(job_env: dict[str, str], name: str) -> str:
+    """A train-lora plugin setting as the training job will see it: the environment section, else this process's."""
+    return str(job_env.get(name) or os.environ.get(name, ""))
+
+
 def _micro_batch_plan(
     args: dict[str, Any], model_dir: str, train_dir: str, launch: _Launch, strategy: str, job_env: dict[str, str]
 ) -> _plan.Plan | None:
@@ -602,7 +607,7 @@ def _micro_batch_plan(
             1, per_gpu, checkpointing is True, 0, 0, ("no GPU: micro-batch 1 (the planner sizes for GPU memory)",)
         )
     else:
-        cap = job_env.get("VLM_LORA_GPU_MEMORY_GIB") or os.environ.get("VLM_LORA_GPU_MEMORY_GIB", "")
+        cap = _job_setting(job_env, "VLM_LORA_GPU_MEMORY_GIB")
         gpu_bytes = min(launch.gpu_memory, int(float(cap) * _plan.GIB)) if cap else launch.gpu_memory
         plan = _plan.plan_for_run(
             args,
@@ -613,7 +618,7 @@ def _micro_batch_plan(
             world_size=world,
             zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
             wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
-            fused_lora=(job_env.get("VLM_LORA_FUSED_LORA") or os.environ.get("VLM_LORA_FUSED_LORA", "")) != "0",
+            fused_lora=_job_setting(job_env, "VLM_LORA_FUSED_LORA") != "0",
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
