@@ -177,18 +177,19 @@ PROFILES: dict[str, dict[str, Any]] = {
         "lora_dropout": 0.0,
         "env": {"VLM_LORA_COMPILE_LAYERS": "1"},
     },
-    # peft's float32 input casts restored (the train-lora plugin skips them under autocast)
+    # peft's float32 input casts restored (the train-lora plugin skips them under autocast); on peft's
+    # own forward, since the fused LoRA branch never makes those casts
     "b8_nogc_liger_peftcast": {
         "batch": 8,
         "gradient_checkpointing": False,
         "use_liger_kernel": True,
-        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"},
+        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"},
     },
     "b16_gc_liger_peftcast": {
         "batch": 16,
         "vit_gradient_checkpointing": False,
         "use_liger_kernel": True,
-        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1"},
+        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"},
     },
     "b8_nogc_liger_ddp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "deepspeed": "none"},
     # the seed and the best H100 profile under torch.profiler (a window of micro-steps)
