@@ -6,7 +6,12 @@ VLM_LORA_PROFILE_START for VLM_LORA_PROFILE_STEPS micro-steps it runs torch.prof
 (CPU + CUDA), then writes VLM_LORA_PROFILE_OUT (JSON): the window's wall time (data loading
 and optimizer steps between micro-steps included), GPU kernel time by category (GEMM,
 attention, Triton/Liger, elementwise/reduction, copies, NCCL, other), the GPU-idle share,
-and the 30 kernels that take the most time.
+and the 30 kernels that take the most time; and the window's time by region, from CUDA events
+on the training stream: the vision tower's forward, the model's forward with its loss, the LM
+head + loss (Liger's fused loss, which computes its gradient in the forward), the backward pass
+(a micro-step less its forward) and what runs between micro-steps (optimizer, data, host);
+`vision_output_requires_grad` says whether autograd would run the backward through the frozen
+vision tower.
 """
 
 from __future__ import annotations
@@ -64,11 +69,88 @@ def summarize(prof, wall_s: float) -> dict:
     }
 
 
+class Regions:
+    """Elapsed GPU time of named code regions, from CUDA events recorded around them while active."""
+
+    def __init__(self, torch_module):
+        self.torch = torch_module
+        self.active = False
+        self.pairs: dict[str, list] = {}
+        self.notes: dict[str, object] = {}
+
+    def start(self, name: str):
+        if not self.active or not self.torch.cuda.is_available():
+            return None
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return name, event
+
+    def stop(self, token) -> None:
+        if token is None:
+            return
+        name, begin = token
+        end = self.torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pairs.setdefault(name, []).append((begin, end))
+
+    def wrap(self, fn, name: str):
+        def wrapped(*args, **kwargs):
+            token = self.start(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.stop(token)
+
+        wrapped.__wrapped__ = fn
+        return wrapped
+
+    def seconds(self) -> dict[str, float]:
+        return {name: sum(b.elapsed_time(e) for b, e in pairs) / 1e3 for name, pairs in self.pairs.items()}
+
+
+def region_summary(regions: dict[str, float], wall_s: float) -> dict:
+    """Region times and the derived backward / between-step shares."""
+    out = dict(regions)
+    if "training_step" in regions and "forward_and_loss" in regions:
+        out["backward"] = regions["training_step"] - regions["forward_and_loss"]
+    if "training_step" in regions:
+        out["between_micro_steps"] = max(0.0, wall_s - regions["training_step"])
+    return {"seconds": out, "fraction_of_wall": {k: v / wall_s for k, v in out.items()} if wall_s else {}}
+
+
+def _hook_vision(model, regions: Regions) -> None:
+    for module in model.modules():
+        if type(module).__name__.endswith("VisionModel"):
+            tokens: list = []
+
+            def pre(_module, _args):
+                tokens.append(regions.start("vision_forward"))
+
+            def post(_module, _args, output):
+                regions.stop(tokens.pop() if tokens else None)
+                first = output[0] if isinstance(output, (tuple, list)) else getattr(output, "last_hidden_state", output)
+                if hasattr(first, "requires_grad"):
+                    regions.notes["vision_output_requires_grad"] = bool(first.requires_grad)
+
+            module.register_forward_pre_hook(pre)
+            module.register_forward_hook(post)
+            return
+
+
 def _install() -> None:
     import torch
     from transformers import Trainer
 
     original = Trainer.training_step
+    regions = Regions(torch)
+    try:
+        from liger_kernel.transformers.model import loss_utils
+    except ImportError:
+        pass
+    else:  # the train-lora plugin may wrap it too: it is looked up at call time, so this is outermost
+        loss_utils.fixed_fused_linear_cross_entropy = regions.wrap(
+            loss_utils.fixed_fused_linear_cross_entropy, "lm_head_and_loss"
+        )
     state: dict = {"n": 0}
     cuda = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -80,19 +162,29 @@ def _install() -> None:
     def training_step(self, *args, **kwargs):
         n = state["n"]
         state["n"] += 1
+        if n == 0:  # ms-swift's trainer overrides compute_loss: wrap the instance's
+            _hook_vision(self.model, regions)
+            self.compute_loss = regions.wrap(self.compute_loss, "forward_and_loss")
         if n == START:
             sync()
             prof = torch.profiler.profile(activities=activities)
             prof.__enter__()
+            regions.active = True
             state.update(prof=prof, t0=time.perf_counter())
+        token = regions.start("training_step")
         out = original(self, *args, **kwargs)
+        regions.stop(token)
         if n == START + STEPS - 1 and "prof" in state:
             sync()
             wall = time.perf_counter() - state["t0"]
+            regions.active = False
             state["prof"].__exit__(None, None, None)
             if self.is_world_process_zero():
+                summary = summarize(state["prof"], wall)
+                summary["regions"] = region_summary(regions.seconds(), wall)
+                summary.update(regions.notes)
                 with open(OUT, "w", encoding="utf-8") as f:
-                    json.dump(summarize(state["prof"], wall), f, indent=1)
+                    json.dump(summary, f, indent=1)
         return out
 
     Trainer.training_step = training_step

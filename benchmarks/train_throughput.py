@@ -191,6 +191,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"},
     },
+    # Liger's fused loss over every position (the train-lora plugin hands it the labelled rows only)
+    "b8_nogc_liger_allrows": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_LABEL_ROWS_LOSS": "0"},
+    },
     "b8_nogc_liger_ddp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "deepspeed": "none"},
     # the seed and the best H100 profile under torch.profiler (a window of micro-steps)
     "seed_prof": {

@@ -122,6 +122,16 @@ def test_profile_kernel_categories():
     assert category("_triton_rope") == "triton_other"
 
 
+def test_profile_regions_split_a_micro_step():
+    from benchmarks.profile_plugin import region_summary
+
+    out = region_summary({"training_step": 3.0, "forward_and_loss": 1.2, "vision_forward": 0.3}, wall_s=4.0)
+    assert out["seconds"]["backward"] == pytest.approx(1.8)
+    assert out["seconds"]["between_micro_steps"] == pytest.approx(1.0)
+    assert out["fraction_of_wall"]["vision_forward"] == pytest.approx(0.075)
+    assert region_summary({}, 0.0) == {"seconds": {}, "fraction_of_wall": {}}
+
+
 def test_flops_are_counted_at_the_max_pixels_training_gets(tmp_path, monkeypatch):
     """The benchmark gives training ms-swift's max_pixels and counts tokens from the same, through ms-swift."""
     import json

@@ -48,6 +48,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_FUSED_LORA",
         "VLM_LORA_COMPILE_LAYERS",
         "VLM_LORA_PEFT_INPUT_CAST",
+        "VLM_LORA_LABEL_ROWS_LOSS",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -123,6 +124,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
     "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
     "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
+    "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
 }
 
 

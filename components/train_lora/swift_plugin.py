@@ -34,7 +34,13 @@ faster and the peak 15.5 GiB lower, the losses the same; the first step compiles
 the first batch of another padded length recompiles once (10-19 s). Only short runs were
 measured, so no profile turns it on yet.
 
-5. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+5. The LM head and its loss on the label positions only (`label_rows.py`, next to this file),
+with Liger's fused loss (`use_liger_kernel`): Liger multiplies every position by the
+vocabulary matrix, the prompt's and the image's too, whose loss is ignored; the plugin hands
+it the labelled rows only. Same loss and gradients (the mean over the labelled rows either
+way). VLM_LORA_LABEL_ROWS_LOSS=0 turns it off.
+
+6. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -118,12 +124,12 @@ def _install_memory_cap() -> float:
     return fraction
 
 
-def _load_fused_lora():
-    """fused_lora.py from beside this file (the plugin is loaded by path, not as a package)."""
-    name = "vlm_lora_fused_lora"
+def _load_sibling(stem: str):
+    """`<stem>.py` from beside this file (the plugin is loaded by path, not as a package)."""
+    name = f"vlm_lora_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fused_lora.py"))
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -140,7 +146,7 @@ def _install_fused_lora() -> bool:
     original = Linear.forward
     if getattr(original, "_vlm_lora_fused", False):
         return True
-    fused_forward = _load_fused_lora().fused_forward
+    fused_forward = _load_sibling("fused_lora").fused_forward
 
     def forward(self, x, *args, **kwargs):
         out = fused_forward(self, x, *args, **kwargs)
@@ -149,6 +155,20 @@ def _install_fused_lora() -> bool:
     forward._vlm_lora_fused = True
     forward._vlm_lora_original = original
     Linear.forward = forward
+    return True
+
+
+def _install_label_rows_loss() -> bool:
+    if os.environ.get("VLM_LORA_LABEL_ROWS_LOSS") == "0":
+        return False
+    try:
+        from liger_kernel.transformers.model import loss_utils
+    except ImportError:  # no Liger (CPU installs): transformers' own loss runs
+        return False
+    original = loss_utils.fixed_fused_linear_cross_entropy
+    if getattr(original, "_vlm_lora_label_rows", False):
+        return True
+    loss_utils.fixed_fused_linear_cross_entropy = _load_sibling("label_rows").label_rows_only(original)
     return True
 
 
@@ -207,3 +227,4 @@ MEMORY_FRACTION = _install_memory_cap()
 AUTOCAST_INPUT = _install_autocast_input()
 FUSED_LORA = _install_fused_lora()
 COMPILE_LAYERS = _install_layer_compile()
+LABEL_ROWS_LOSS = _install_label_rows_loss()

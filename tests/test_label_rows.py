@@ -1,0 +1,202 @@
+"""The LM head and its loss on labelled positions only (components/train_lora/label_rows.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from components.train_lora.label_rows import label_rows, label_rows_only
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass
+class Output:  # the shape of Liger's CrossEntropyOutput
+    loss: torch.Tensor
+    z_loss: torch.Tensor | None = None
+    token_accuracy: torch.Tensor | None = None
+    predicted_tokens: torch.Tensor | None = None
+
+
+def reference_flce(
+    hidden,
+    weight,
+    target,
+    num_items_in_batch=None,
+    ignore_index=-100,
+    final_logit_softcapping=None,
+    return_token_accuracy=False,
+    return_predicted_tokens=False,
+    seen=None,
+):
+    """What Liger's fixed_fused_linear_cross_entropy computes, in plain torch (every row's logits)."""
+    if seen is not None:
+        seen.append(hidden.shape[0])
+    logits = hidden @ weight.t()
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    if num_items_in_batch is not None:
+        loss = loss / num_items_in_batch
+    if not (return_token_accuracy or return_predicted_tokens):
+        return loss
+    valid = target != ignore_index
+    predicted = logits.argmax(-1)
+    accuracy = (predicted[valid] == target[valid]).double().mean()
+    return Output(loss=loss, token_accuracy=accuracy, predicted_tokens=torch.where(valid, predicted, -1))
+
+
+def _batch(rows=60, hidden=16, vocab=50, labelled=(5, 9, 10, 33, 59), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, hidden, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(vocab, hidden, generator=gen, dtype=torch.float64)
+    t = torch.full((rows,), -100, dtype=torch.long)
+    t[list(labelled)] = torch.randint(0, vocab, (len(labelled),), generator=gen)
+    return h, w, t
+
+
+@pytest.mark.parametrize("num_items", [None, 7])
+def test_same_loss_and_gradient_from_the_labelled_rows_only(num_items):
+    h, w, t = _batch()
+    full = reference_flce(h, w, t, num_items)
+    (grad_full,) = torch.autograd.grad(full, h)
+
+    seen: list[int] = []
+    wrapped = label_rows_only(lambda *a, **k: reference_flce(*a, **k, seen=seen))
+    kept = wrapped(h, w, t, num_items)
+    (grad_kept,) = torch.autograd.grad(kept, h)
+
+    assert seen == [5]  # the head saw the 5 labelled rows of 60
+    assert kept.item() == pytest.approx(full.item(), rel=1e-12)
+    assert torch.allclose(grad_kept, grad_full, rtol=1e-12, atol=1e-15)
+    assert grad_kept[t == -100].abs().max().item() == 0.0
+    assert grad_kept[t != -100].abs().min().item() > 0.0
+
+
+def test_per_token_outputs_are_put_back_at_their_positions():
+    h, w, t = _batch()
+    full = reference_flce(h, w, t, return_token_accuracy=True, return_predicted_tokens=True)
+    kept = label_rows_only(reference_flce)(h, w, t, return_token_accuracy=True, return_predicted_tokens=True)
+    assert kept.predicted_tokens.shape == (60,)
+    assert torch.equal(kept.predicted_tokens, full.predicted_tokens)
+    assert (kept.predicted_tokens[t == -100] == -1).all()
+    assert kept.token_accuracy.item() == pytest.approx(full.token_accuracy.item())
+
+
+@pytest.mark.parametrize("labelled", [(), tuple(range(60))])
+def test_no_or_every_row_labelled_goes_through_unchanged(labelled):
+    h, w, t = _batch(labelled=labelled)
+    seen: list[int] = []
+    label_rows_only(lambda *a, **k: reference_flce(*a, **k, seen=seen))(h, w, t)
+    assert seen == [60]
+    assert label_rows(t, -100) is None
+
+
+def test_another_ignore_index_and_positional_arguments_are_honoured():
+    h, w, t = _batch()
+    t = torch.where(t == -100, torch.tensor(-1), t)
+    seen: list[int] = []
+    wrapped = label_rows_only(lambda *a, **k: reference_flce(*a, **k, seen=seen))
+    loss = wrapped(h, w, t, None, -1, None)
+    assert seen == [5]
+    assert loss.item() == pytest.approx(reference_flce(h, w, t, None, -1).item(), rel=1e-12)
+
+
+def test_unexpected_shapes_go_through_unchanged():
+    h, w, t = _batch()
+    seen: list[int] = []
+    wrapped = label_rows_only(lambda *a, **k: seen.append(a[0].shape) or 0)
+    wrapped(h.view(3, 20, 16), w, t)
+    assert seen == [(3, 20, 16)]
+
+
+FAKE_LIGER = {
+    "liger_kernel/__init__.py": "",
+    "liger_kernel/transformers/__init__.py": "",
+    "liger_kernel/transformers/model/__init__.py": "",
+    # the same call structure as Liger 0.8.5: LigerForCausalLMLoss shifts and flattens, then looks
+    # fixed_fused_linear_cross_entropy up in its own module's globals
+    "liger_kernel/transformers/model/loss_utils.py": """
+        import torch
+        import torch.nn.functional as F
+
+        SEEN = []
+
+        def fixed_fused_linear_cross_entropy(hidden_states, lm_head_weight, target, num_items_in_batch=None,
+                                             ignore_index=-100, final_logit_softcapping=None, **kwargs):
+            SEEN.append(hidden_states.shape[0])
+            return F.cross_entropy(hidden_states @ lm_head_weight.t(), target, ignore_index=ignore_index)
+
+        def LigerForCausalLMLoss(hidden_states, lm_head_weight, labels, hidden_size, num_items_in_batch=None,
+                                 ignore_index=-100, shift_labels=None, final_logit_softcapping=None, **kwargs):
+            if shift_labels is None:
+                labels = F.pad(labels, (0, 1), value=ignore_index)
+                shift_labels = labels[..., 1:].contiguous()
+            return fixed_fused_linear_cross_entropy(hidden_states.view(-1, hidden_size), lm_head_weight,
+                                                    shift_labels.view(-1), num_items_in_batch, ignore_index,
+                                                    final_logit_softcapping)
+    """,
+}
+
+
+@pytest.mark.parametrize("switch, rows_seen", [("", 3), ("0", 16)])
+def test_the_plugin_hands_liger_the_labelled_rows_unless_turned_off(tmp_path, switch, rows_seen):
+    for name, text in FAKE_LIGER.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    code = textwrap.dedent(
+        """
+        import torch
+        from components.train_lora import swift_plugin
+        from liger_kernel.transformers.model import loss_utils
+        hidden = torch.randn(2, 8, 4, requires_grad=True)
+        labels = torch.full((2, 8), -100)
+        labels[0, 5:7] = 1
+        labels[1, 7] = 2  # the last position has no next token: 3 labelled rows after the shift
+        loss = loss_utils.LigerForCausalLMLoss(hidden, torch.randn(5, 4), labels, hidden_size=4)
+        loss.backward()
+        print(swift_plugin.LABEL_ROWS_LOSS, loss_utils.SEEN[-1], bool(torch.isfinite(loss)))
+        """
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "VLM_LORA_LABEL_ROWS_LOSS": switch,
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == [str(switch != "0"), str(rows_seen), "True"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_liger_loss_and_gradient_are_the_same_on_the_labelled_rows_gpu():
+    pytest.importorskip("liger_kernel")
+    from liger_kernel.transformers.model import loss_utils
+
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 1200, 2560, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(151936, 2560, device="cuda", dtype=torch.bfloat16) * 0.02
+    labels = torch.full((4, 1200), -100, device="cuda")
+    labels[:, 1080:1194] = torch.randint(0, 151936, (4, 114), device="cuda")
+    original = loss_utils.fixed_fused_linear_cross_entropy
+    original = getattr(original, "__wrapped__", original)
+    results = []
+    for fn in (original, label_rows_only(original)):
+        loss_utils.fixed_fused_linear_cross_entropy = fn
+        try:
+            loss = loss_utils.LigerForCausalLMLoss(hidden, weight, labels, hidden_size=2560)
+            (grad,) = torch.autograd.grad(loss, hidden)
+        finally:
+            loss_utils.fixed_fused_linear_cross_entropy = original
+        results.append((loss.float().item(), grad.float()))
+    (loss_full, grad_full), (loss_kept, grad_kept) = results
+    assert loss_kept == pytest.approx(loss_full, rel=1e-5)
+    assert (grad_kept - grad_full).abs().max().item() <= 1e-3 * grad_full.abs().max().item()
