@@ -119,22 +119,22 @@ def region_summary(regions: dict[str, float], wall_s: float) -> dict:
 
 
 def _hook_vision(model, regions: Regions) -> None:
-    for module in model.modules():
-        if type(module).__name__.endswith("VisionModel"):
-            tokens: list = []
+    vision = next((m for m in model.modules() if type(m).__name__.endswith("VisionModel")), None)
+    if vision is None:
+        return
+    tokens: list = []
 
-            def pre(_module, _args):
-                tokens.append(regions.start("vision_forward"))
+    def pre(_module, _args):
+        tokens.append(regions.start("vision_forward"))
 
-            def post(_module, _args, output):
-                regions.stop(tokens.pop() if tokens else None)
-                first = output[0] if isinstance(output, (tuple, list)) else getattr(output, "last_hidden_state", output)
-                if hasattr(first, "requires_grad"):
-                    regions.notes["vision_output_requires_grad"] = bool(first.requires_grad)
+    def post(_module, _args, output):
+        regions.stop(tokens.pop() if tokens else None)
+        first = output[0] if isinstance(output, (tuple, list)) else getattr(output, "last_hidden_state", output)
+        if hasattr(first, "requires_grad"):
+            regions.notes["vision_output_requires_grad"] = bool(first.requires_grad)
 
-            module.register_forward_pre_hook(pre)
-            module.register_forward_hook(post)
-            return
+    vision.register_forward_pre_hook(pre)
+    vision.register_forward_hook(post)
 
 
 def _install() -> None:
