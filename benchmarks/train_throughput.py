@@ -191,6 +191,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"},
     },
+    # transformers' padding mask kept for right-padded batches (the train-lora plugin uses the causal flag)
+    "b8_nogc_liger_padmask": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_RIGHT_PAD_CAUSAL": "0"},
+    },
     # Liger's fused loss over every position (the train-lora plugin hands it the labelled rows only)
     "b8_nogc_liger_allrows": {
         "batch": 8,
@@ -205,13 +212,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "external_plugins": ["PROFILE_PLUGIN"],
         "env": {"VLM_LORA_PROFILE_START": "20", "VLM_LORA_PROFILE_STEPS": "8"},
     },
-    "b8_nogc_liger_prof": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "external_plugins": ["PROFILE_PLUGIN"],
-        "env": {"VLM_LORA_PROFILE_START": "4", "VLM_LORA_PROFILE_STEPS": "4"},
-    },
     "b8_nogc_liger_compile": {
         "batch": 8,
         "gradient_checkpointing": False,
@@ -225,6 +225,25 @@ PROFILES: dict[str, dict[str, Any]] = {
         "lora_dropout": 0.0,
     },
 }
+
+
+PROFILED_SUFFIX = "_prof"
+PROFILE_WINDOW = {"VLM_LORA_PROFILE_START": "4", "VLM_LORA_PROFILE_STEPS": "4"}
+
+
+def profile_settings(name: str) -> dict[str, Any]:
+    """A profile's settings; `<profile>_prof` is that profile under torch.profiler (micro-steps 4-7)."""
+    if name in PROFILES:
+        return PROFILES[name]
+    base = name[: -len(PROFILED_SUFFIX)] if name.endswith(PROFILED_SUFFIX) else ""
+    if base not in PROFILES:
+        raise SystemExit(
+            f"unknown profile {name!r}; known: {', '.join(PROFILES)} (and any of them + {PROFILED_SUFFIX!r})"
+        )
+    settings = dict(PROFILES[base])
+    settings["external_plugins"] = [*settings.get("external_plugins", []), "PROFILE_PLUGIN"]
+    settings["env"] = {**settings.get("env", {}), **PROFILE_WINDOW}
+    return settings
 
 
 DEFAULT_MAX_PIXELS = 1024 * 1024
@@ -380,7 +399,7 @@ def run_profile(
         "samples_per_step": samples_per_step,
         "settings": {k: v for k, v in args.items() if k in PROFILE_KEYS},
     }
-    env = dict(PROFILES.get(name, {}).get("env", {}))
+    env = dict(profile_settings(name).get("env", {}))
     if "external_plugins" in args:
         args["external_plugins"] = [PROFILE_PLUGIN if p == "PROFILE_PLUGIN" else p for p in args["external_plugins"]]
         env["VLM_LORA_PROFILE_OUT"] = str(out / f"{name}.profile.json")
@@ -593,10 +612,9 @@ def main() -> None:
     print("HEADER " + json.dumps(header, default=str), flush=True)
     rows = []
     for name in [p.strip() for p in args.profiles.split(",") if p.strip()]:
-        if name not in PROFILES:
-            raise SystemExit(f"unknown profile {name!r}; known: {', '.join(PROFILES)}")
+        settings = profile_settings(name)
         steps = args.seed_steps if (args.seed_steps and name.startswith("seed")) else args.steps
-        swift_args = profile_args(name, PROFILES[name], args.samples_per_step, max(gpus, 1), steps, base)
+        swift_args = profile_args(name, settings, args.samples_per_step, max(gpus, 1), steps, base)
         row = run_profile(
             name, swift_args, model_dir, train_dir, out, max(gpus, 1), arch, stats, peak, args.samples_per_step
         )

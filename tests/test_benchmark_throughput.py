@@ -122,6 +122,22 @@ def test_profile_kernel_categories():
     assert category("_triton_rope") == "triton_other"
 
 
+def test_any_profile_can_run_under_the_profiler():
+    from benchmarks.train_throughput import PROFILES, profile_settings
+
+    prof = profile_settings("b8_nogc_liger_allrows_prof")
+    assert prof["external_plugins"] == ["PROFILE_PLUGIN"]
+    assert prof["env"] == {
+        "VLM_LORA_LABEL_ROWS_LOSS": "0",
+        "VLM_LORA_PROFILE_START": "4",
+        "VLM_LORA_PROFILE_STEPS": "4",
+    }
+    assert profile_settings("seed_prof") is PROFILES["seed_prof"]  # its own window
+    assert "external_plugins" not in PROFILES["b8_nogc_liger_allrows"]  # the base profile is left as it is
+    with pytest.raises(SystemExit, match="unknown profile 'nope_prof'"):
+        profile_settings("nope_prof")
+
+
 def test_profile_regions_split_a_micro_step():
     from benchmarks.profile_plugin import region_summary
 

@@ -49,6 +49,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_COMPILE_LAYERS",
         "VLM_LORA_PEFT_INPUT_CAST",
         "VLM_LORA_LABEL_ROWS_LOSS",
+        "VLM_LORA_RIGHT_PAD_CAUSAL",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -125,6 +126,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
     "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
     "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
+    "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
 }
 
 

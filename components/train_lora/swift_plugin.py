@@ -40,7 +40,13 @@ vocabulary matrix, the prompt's and the image's too, whose loss is ignored; the 
 it the labelled rows only. Same loss and gradients (the mean over the labelled rows either
 way). VLM_LORA_LABEL_ROWS_LOSS=0 turns it off.
 
-6. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+6. Causal attention without a mask for right-padded training batches (`right_padding.py`,
+next to this file): ms-swift pads on the right, so the padding lies in every real token's
+future and the causal flag alone hides it; transformers otherwise builds a padding mask, which
+keeps sdpa off its causal kernels and expands the grouped k / v heads. Same loss and gradients.
+VLM_LORA_RIGHT_PAD_CAUSAL=0 turns it off.
+
+7. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -172,6 +178,22 @@ def _install_label_rows_loss() -> bool:
     return True
 
 
+def _install_right_padding_causal() -> bool:
+    if os.environ.get("VLM_LORA_RIGHT_PAD_CAUSAL") == "0":
+        return False
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    original = getattr(masking_utils, "_ignore_causal_mask_sdpa", None)
+    if original is None:
+        return False
+    if getattr(original, "_vlm_lora_right_padding", False):
+        return True
+    masking_utils._ignore_causal_mask_sdpa = _load_sibling("right_padding").right_padded_causal_skip(original)
+    return True
+
+
 def compile_decoder_layers(model) -> int:
     """torch.compile (in place) every language-model decoder layer of `model`; returns how many."""
     import torch
@@ -228,3 +250,4 @@ AUTOCAST_INPUT = _install_autocast_input()
 FUSED_LORA = _install_fused_lora()
 COMPILE_LAYERS = _install_layer_compile()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
+RIGHT_PAD_CAUSAL = _install_right_padding_causal()
