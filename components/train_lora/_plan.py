@@ -22,10 +22,15 @@ row: a batch is padded to its longest row, and the longest row's batch is the wo
 
 The per-token figure without checkpointing depends on LoRA's dropout and on who runs the
 LoRA branches (`act_bytes_full`): with dropout, peft keeps a dropped-out copy of the input and
-its mask for every adapted layer (76.6, the calibration above); the train-lora plugin's fused
-branch (`fused_lora.py`) keeps the shared input once and the masks (67.8: batch 8 peaked 68.3
-GiB, measured on one H100 on 2026-11-25); without dropout nothing but the input is kept either
-way (55.9: 58.3 GiB, same run). With checkpointing only one layer's branches are alive at a time.
+its mask for every adapted layer (70.2); the train-lora plugin's fused branch (`fused_lora.py`)
+keeps the shared input once and the masks (61.4); without dropout nothing but the input is kept
+either way (49.5). With checkpointing only one layer's branches are alive at a time. Those are
+the figures with sdpa's causal flag (the plugin's `right_padding.py`, measured on one H100 on
+2026-11-25: batch 8 peaked 62.93 GiB fused, 52.93 without dropout). With a padding mask (the
+plugin's switch off, or eager attention) transformers expands the grouped k / v heads to every
+query head and sdpa keeps those copies: `kv_copy_bytes` more (4 · heads · head_dim / hidden:
+6.4 for the 4B, which is what the same runs measured with the mask: 68.29 GiB fused, 75.69 peft,
+58.30 without dropout).
 
 Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
 checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
@@ -45,9 +50,9 @@ GIB = 1024**3
 SAMPLES_PER_STEP = 16  # the seed's samples per optimizer step (batch 1 x ms-swift's default accumulation 16)
 
 # Calibrated constants (see the module docstring).
-ACT_BYTES_FULL = 76.6  # bytes per token x layer x hidden without checkpointing (peft's LoRA with dropout)
-ACT_BYTES_FULL_FUSED = 67.8  # the same with the plugin's fused LoRA branch (dropout masks, no copies)
-ACT_BYTES_FULL_NO_DROPOUT = 55.9  # lora_dropout 0: only the layers' inputs are kept
+ACT_BYTES_FULL = 70.2  # bytes per token x layer x hidden without checkpointing (peft's LoRA with dropout)
+ACT_BYTES_FULL_FUSED = 61.4  # the same with the plugin's fused LoRA branch (dropout masks, no copies)
+ACT_BYTES_FULL_NO_DROPOUT = 49.5  # lora_dropout 0: only the layers' inputs are kept
 SWIFT_LORA_DROPOUT = 0.05  # ms-swift's default lora_dropout
 ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpointing (each layer's bf16 input)
 FIXED_BYTES = int(3.2 * GIB)  # CUDA context, allocator reserve, LoRA weights + Adam state, buffers
@@ -120,6 +125,20 @@ class ModelShape:
             wrapped_bytes=int(wrapped_bytes),
             act_full=float(act_full),
         )
+
+
+def kv_copy_bytes(model_config: Mapping[str, Any]) -> float:
+    """Bytes per token x layer x hidden of the k / v copies sdpa keeps when transformers expands grouped heads.
+
+    transformers expands k and v to every query head (`repeat_kv`) when sdpa gets a padding mask;
+    0 when the model has as many k / v heads as query heads or the config does not say.
+    """
+    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
+    heads, kv_heads, hidden = (text.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size"))
+    if not all(isinstance(v, int) and v > 0 for v in (heads, kv_heads, hidden)) or kv_heads >= heads:
+        return 0.0
+    head_dim = text.get("head_dim") if isinstance(text.get("head_dim"), int) else hidden // heads
+    return 4.0 * heads * head_dim / hidden  # k and v, bf16
 
 
 def act_bytes_full(lora_dropout: float, fused: bool) -> float:
@@ -398,13 +417,16 @@ def plan_for_run(
     zero3: bool = False,
     wrapped_bytes: int = 0,
     fused_lora: bool = True,
+    padding_mask: bool = False,
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
     `wrapped_bytes`: the parameters `swift.target_parameters` wraps, in the training dtype
     (`ModelShape.wrapped_bytes`). Default 0. `fused_lora`: whether the plugin's fused LoRA
     branch may run (False with VLM_LORA_FUSED_LORA=0); it never does under ZeRO-3, with DoRA
-    (`swift.use_dora`) or with LoRA bias (`swift.lora_bias`). Default True.
+    (`swift.use_dora`) or with LoRA bias (`swift.lora_bias`). Default True. `padding_mask`:
+    whether attention gets transformers' padding mask (VLM_LORA_RIGHT_PAD_CAUSAL=0 with sdpa, or
+    eager attention), which adds `kv_copy_bytes`. Default False.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -427,6 +449,8 @@ def plan_for_run(
     plain = not swift_args.get("use_dora") and str(swift_args.get("lora_bias") or "none") == "none"
     fused = fused_lora and plain and not zero3
     act_full = act_bytes_full(SWIFT_LORA_DROPOUT if dropout is None else float(dropout), fused)
+    if padding_mask:
+        act_full += kv_copy_bytes(model_config)
     return plan_micro_batch(
         ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act_full),
         stats,

@@ -619,10 +619,17 @@ def _micro_batch_plan(
             zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
             wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
             fused_lora=_job_setting(job_env, "VLM_LORA_FUSED_LORA") != "0",
+            padding_mask=_padding_mask_attention(args, job_env),
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
     return plan
+
+
+def _padding_mask_attention(args: dict[str, Any], job_env: dict[str, str]) -> bool:
+    """Whether attention gets a padding mask (the plugin's right-padding causal flag off with sdpa, or eager)."""
+    attn = str(args.get("attn_impl") or "sdpa")
+    return attn == "eager" or (attn == "sdpa" and _job_setting(job_env, "VLM_LORA_RIGHT_PAD_CAUSAL") == "0")
 
 
 def _train_until_it_fits(
