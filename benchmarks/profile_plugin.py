@@ -11,7 +11,9 @@ on the training stream: the vision tower's forward, the model's forward with its
 head + loss (Liger's fused loss, which computes its gradient in the forward), the backward pass
 (a micro-step less its forward) and what runs between micro-steps (optimizer, data, host);
 `vision_output_requires_grad` says whether autograd would run the backward through the frozen
-vision tower.
+vision tower. The micro-step before the window runs with torch's sync debug mode: `host_syncs`
+lists the source lines that made the host wait for the GPU (`.item()`, `.tolist()`, `nonzero`,
+copies to the CPU) and how often, each a point where the GPU may run dry.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
+from collections import Counter
 
 OUT = os.environ.get("VLM_LORA_PROFILE_OUT", "")
 START = int(os.environ.get("VLM_LORA_PROFILE_START", "4"))
@@ -118,6 +122,26 @@ def region_summary(regions: dict[str, float], wall_s: float) -> dict:
     return {"seconds": out, "fraction_of_wall": {k: v / wall_s for k, v in out.items()} if wall_s else {}}
 
 
+def host_sync_lines(caught: list) -> dict[str, int]:
+    """Source lines of the warnings torch's sync debug mode raised, most frequent first."""
+    counts = Counter(
+        f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(getattr(w, "message", "")).lower()
+    )
+    return dict(counts.most_common(40))
+
+
+def _with_sync_debug(torch_module, fn, *args, **kwargs):
+    """Runs fn with torch's CUDA sync debug mode on; returns (result, {line: count})."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch_module.cuda.set_sync_debug_mode(1)
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            torch_module.cuda.set_sync_debug_mode(0)
+    return out, host_sync_lines(caught)
+
+
 def _hook_vision(model, regions: Regions) -> None:
     vision = next((m for m in model.modules() if type(m).__name__.endswith("VisionModel")), None)
     if vision is None:
@@ -172,7 +196,10 @@ def _install() -> None:
             regions.active = True
             state.update(prof=prof, t0=time.perf_counter())
         token = regions.start("training_step")
-        out = original(self, *args, **kwargs)
+        if n == START - 1 and cuda:
+            out, regions.notes["host_syncs"] = _with_sync_debug(torch, original, self, *args, **kwargs)
+        else:
+            out = original(self, *args, **kwargs)
         regions.stop(token)
         if n == START + STEPS - 1 and "prof" in state:
             sync()

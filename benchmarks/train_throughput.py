@@ -164,6 +164,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"VLM_LORA_COMPILE_LAYERS": "1"},
     },
+    # the vision tower's blocks compiled (VLM_LORA_COMPILE_VISION=1), the language model as it is (Liger's kernels)
+    "b8_nogc_liger_cvis": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_COMPILE_VISION": "1"},
+    },
     "b8_nogc_compile_peftfwd": {
         "batch": 8,
         "gradient_checkpointing": False,

@@ -138,6 +138,21 @@ def test_any_profile_can_run_under_the_profiler():
         profile_settings("nope_prof")
 
 
+def test_host_sync_lines_are_counted_by_source_line():
+    import warnings
+
+    from benchmarks.profile_plugin import host_sync_lines
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    lines = host_sync_lines(caught)
+    assert list(lines.values()) == [3]
+    assert next(iter(lines)).startswith(__file__)
+
+
 def test_profile_regions_split_a_micro_step():
     from benchmarks.profile_plugin import region_summary
 

@@ -257,6 +257,13 @@ def test_layer_compile_picks_the_language_models_decoder_layers_only():
     assert model[0]._compiled_call_impl is not None and model[1]._compiled_call_impl is not None
     assert model[2]._compiled_call_impl is None  # the frozen vision tower is left as it is
 
+    class VisionBlock(torch.nn.Linear):
+        pass
+
+    towers = torch.nn.Sequential(TextDecoderLayer(4, 4), VisionBlock(4, 4))
+    assert compile_decoder_layers(towers, language=False, vision=True) == 1
+    assert towers[0]._compiled_call_impl is None and towers[1]._compiled_call_impl is not None
+
 
 def test_layer_compile_is_opt_in_and_keeps_the_trainer_signature_ms_swift_reads():
     import subprocess

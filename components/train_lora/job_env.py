@@ -47,6 +47,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_GPU_MEMORY_GIB",
         "VLM_LORA_FUSED_LORA",
         "VLM_LORA_COMPILE_LAYERS",
+        "VLM_LORA_COMPILE_VISION",
         "VLM_LORA_PEFT_INPUT_CAST",
         "VLM_LORA_LABEL_ROWS_LOSS",
         "VLM_LORA_RIGHT_PAD_CAUSAL",
@@ -124,6 +125,7 @@ def _name_problem(name: str) -> str:
 _PLUGIN_SWITCHES = {
     "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
     "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
+    "VLM_LORA_COMPILE_VISION": "1 (compile each vision block) or 0 (the default)",
     "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
     "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
     "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",

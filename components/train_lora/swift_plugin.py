@@ -32,7 +32,8 @@ kernels inside the layers (RMSNorm, rotary) are not traceable: with `use_liger_k
 fused loss is applied then. Measured on an H100 (benchmarks/README.md): once compiled a step is 9 %
 faster and the peak 15.5 GiB lower, the losses the same; the first step compiles for 30-40 s and
 the first batch of another padded length recompiles once (10-19 s). Only short runs were
-measured, so no profile turns it on yet.
+measured, so no profile turns it on yet. VLM_LORA_COMPILE_VISION=1 compiles the vision tower's
+blocks the same way (forward only: the tower is frozen).
 
 5. The LM head and its loss on the label positions only (`label_rows.py`, next to this file),
 with Liger's fused loss (`use_liger_kernel`): Liger multiplies every position by the
@@ -194,15 +195,18 @@ def _install_right_padding_causal() -> bool:
     return True
 
 
-def compile_decoder_layers(model) -> int:
-    """torch.compile (in place) every language-model decoder layer of `model`; returns how many."""
+def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:
+    """torch.compile (in place) the language model's decoder layers and/or the vision tower's blocks; how many."""
     import torch
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     count = 0
     for module in model.modules():
         name = type(module).__name__
-        if name.endswith("DecoderLayer") and "Vision" not in name:
+        is_vision = "Vision" in name
+        if (language and name.endswith("DecoderLayer") and not is_vision) or (
+            vision and is_vision and name.endswith(("VisionBlock", "VisionLayer"))
+        ):
             module.compile()
             count += 1
     return count
@@ -222,7 +226,9 @@ def keep_liger_out_of_layers(training_args) -> None:
 
 
 def _install_layer_compile() -> bool:
-    if os.environ.get("VLM_LORA_COMPILE_LAYERS") != "1":
+    language = os.environ.get("VLM_LORA_COMPILE_LAYERS") == "1"
+    vision = os.environ.get("VLM_LORA_COMPILE_VISION") == "1"
+    if not (language or vision):
         return False
     try:
         from transformers import Trainer
@@ -234,10 +240,12 @@ def _install_layer_compile() -> bool:
 
     @functools.wraps(original)  # ms-swift reads the signature (tokenizer vs processing_class)
     def __init__(self, *args, **kwargs):
-        keep_liger_out_of_layers(kwargs.get("args", args[1] if len(args) > 1 else None))
+        if language:
+            keep_liger_out_of_layers(kwargs.get("args", args[1] if len(args) > 1 else None))
         original(self, *args, **kwargs)
-        count = compile_decoder_layers(self.model)
-        print(f"train-lora plugin: torch.compile on {count} decoder layers (VLM_LORA_COMPILE_LAYERS=1)", flush=True)
+        count = compile_decoder_layers(self.model, language=language, vision=vision)
+        what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
+        print(f"train-lora plugin: torch.compile on {count} {what}", flush=True)
 
     __init__._vlm_lora_compile = True
     Trainer.__init__ = __init__
