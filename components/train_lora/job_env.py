@@ -51,6 +51,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_PEFT_INPUT_CAST",
         "VLM_LORA_LABEL_ROWS_LOSS",
         "VLM_LORA_RIGHT_PAD_CAUSAL",
+        "VLM_LORA_HOST_VISION_SEQLENS",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -129,6 +130,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
     "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
     "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
+    "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
 }
 
 

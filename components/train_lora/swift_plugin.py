@@ -47,7 +47,12 @@ future and the causal flag alone hides it; transformers otherwise builds a paddi
 keeps sdpa off its causal kernels and expands the grouped k / v heads. Same loss and gradients.
 VLM_LORA_RIGHT_PAD_CAUSAL=0 turns it off.
 
-7. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+7. The vision tower's sequence boundaries on the host (`vision_seqlens.py`, next to this file):
+without flash-attn each vision block reads them with `.tolist()`, 72 waits for the GPU per forward
+of the 4B; computed from a host copy of the image grid they cost one. Same values.
+VLM_LORA_HOST_VISION_SEQLENS=0 turns it off.
+
+8. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -195,6 +200,17 @@ def _install_right_padding_causal() -> bool:
     return True
 
 
+def _install_host_vision_seqlens() -> int:
+    if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0":
+        return 0
+    try:
+        from transformers import vision_utils
+    except ImportError:
+        return 0
+    loaded = [m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.") and m is not None]
+    return _load_sibling("vision_seqlens").install([vision_utils, *loaded])
+
+
 def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:
     """torch.compile (in place) the language model's decoder layers and/or the vision tower's blocks; how many."""
     import torch
@@ -259,3 +275,4 @@ FUSED_LORA = _install_fused_lora()
 COMPILE_LAYERS = _install_layer_compile()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
+HOST_VISION_SEQLENS = _install_host_vision_seqlens()
