@@ -211,6 +211,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"VLM_LORA_RIGHT_PAD_CAUSAL": "0"},
     },
+    # PyTorch's SiLU and multiply in the MLPs (the train-lora plugin gives them Liger's fused kernel)
+    "b8_nogc_liger_noswiglu": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_LIGER_SWIGLU": "0"},
+    },
     # Liger's fused loss over every position (the train-lora plugin hands it the labelled rows only)
     "b8_nogc_liger_allrows": {
         "batch": 8,

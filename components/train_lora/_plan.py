@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.train_lora._errors import TrainError
+from components.train_lora.swiglu import silu_mul_bytes
 
 AUTO = "auto"
 GIB = 1024**3
@@ -418,6 +419,7 @@ def plan_for_run(
     wrapped_bytes: int = 0,
     fused_lora: bool = True,
     padding_mask: bool = False,
+    fused_silu_mul: bool = False,
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
@@ -426,7 +428,9 @@ def plan_for_run(
     branch may run (False with VLM_LORA_FUSED_LORA=0); it never does under ZeRO-3, with DoRA
     (`swift.use_dora`) or with LoRA bias (`swift.lora_bias`). Default True. `padding_mask`:
     whether attention gets transformers' padding mask (VLM_LORA_RIGHT_PAD_CAUSAL=0 with sdpa, or
-    eager attention), which adds `kv_copy_bytes`. Default False.
+    eager attention), which adds `kv_copy_bytes`. Default False. `fused_silu_mul`: whether the
+    plugin gives the MLPs Liger's fused SiLU-multiply (`swiglu.py`), which keeps no SiLU output:
+    `silu_mul_bytes` less. Default False.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -451,6 +455,8 @@ def plan_for_run(
     act_full = act_bytes_full(SWIFT_LORA_DROPOUT if dropout is None else float(dropout), fused)
     if padding_mask:
         act_full += kv_copy_bytes(model_config)
+    if fused_silu_mul:
+        act_full -= silu_mul_bytes(model_config)
     return plan_micro_batch(
         ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act_full),
         stats,

@@ -608,10 +608,11 @@ def _micro_batch_plan(
         )
     else:
         cap = _job_setting(job_env, "VLM_LORA_GPU_MEMORY_GIB")
+        model_config = _input_checks.load_model_config(model_dir)
         gpu_bytes = min(launch.gpu_memory, int(float(cap) * _plan.GIB)) if cap else launch.gpu_memory
         plan = _plan.plan_for_run(
             args,
-            model_config=_input_checks.load_model_config(model_dir),
+            model_config=model_config,
             weight_bytes=_launch.model_weight_bytes(model_dir, args.get("torch_dtype")),
             token_stats=read_token_stats(train_dir),
             gpu_bytes=gpu_bytes,
@@ -620,6 +621,7 @@ def _micro_batch_plan(
             wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
             fused_lora=_job_setting(job_env, "VLM_LORA_FUSED_LORA") != "0",
             padding_mask=_padding_mask_attention(args, job_env),
+            fused_silu_mul=_fused_silu_mul(args, job_env, model_config),
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
@@ -630,6 +632,17 @@ def _padding_mask_attention(args: dict[str, Any], job_env: dict[str, str]) -> bo
     """Whether attention gets a padding mask (the plugin's right-padding causal flag off with sdpa, or eager)."""
     attn = str(args.get("attn_impl") or "sdpa")
     return attn == "eager" or (attn == "sdpa" and _job_setting(job_env, "VLM_LORA_RIGHT_PAD_CAUSAL") == "0")
+
+
+def _fused_silu_mul(args: dict[str, Any], job_env: dict[str, str], model_config: dict[str, Any]) -> bool:
+    """Whether the plugin will give the MLPs Liger's fused SiLU-multiply (swift_plugin.py, swiglu.py)."""
+    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
+    return (
+        bool(args.get("use_liger_kernel"))
+        and model_config.get("model_type", text.get("model_type")) in ("qwen3_vl", "qwen3_vl_text")
+        and _job_setting(job_env, "VLM_LORA_LIGER_SWIGLU") != "0"
+        and _job_setting(job_env, "VLM_LORA_COMPILE_LAYERS") != "1"
+    )
 
 
 def _train_until_it_fits(

@@ -52,6 +52,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_LABEL_ROWS_LOSS",
         "VLM_LORA_RIGHT_PAD_CAUSAL",
         "VLM_LORA_HOST_VISION_SEQLENS",
+        "VLM_LORA_LIGER_SWIGLU",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -131,6 +132,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
     "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
     "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
+    "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
 }
 
 

@@ -52,7 +52,12 @@ without flash-attn each vision block reads them with `.tolist()`, 72 waits for t
 of the 4B; computed from a host copy of the image grid they cost one. Same values.
 VLM_LORA_HOST_VISION_SEQLENS=0 turns it off.
 
-8. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+8. Liger's fused SiLU-multiply in Qwen3-VL's MLPs (`swiglu.py`, next to this file), with
+`use_liger_kernel` (Liger has no SwiGLU patch for Qwen3-VL): one kernel instead of three each way
+and no SiLU output kept per layer. VLM_LORA_LIGER_SWIGLU=0 turns it off; not with compiled layers
+(inductor fuses them there).
+
+9. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -241,38 +246,61 @@ def keep_liger_out_of_layers(training_args) -> None:
     training_args.liger_kernel_config = config
 
 
-def _install_layer_compile() -> bool:
+def _liger_silu_mul():
+    """Liger's fused SiLU-multiply as f(gate, up), or None without Liger."""
+    try:
+        from liger_kernel.ops import LigerSiLUMulFunction
+    except ImportError:
+        return None
+    return lambda gate, up: LigerSiLUMulFunction.apply(gate, up)
+
+
+def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
+    """Liger on, its SwiGLU not turned off in `liger_kernel_config`, the layers not compiled, the switch not 0."""
+    if training_args is None or not getattr(training_args, "use_liger_kernel", False) or compile_language:
+        return False
+    if os.environ.get("VLM_LORA_LIGER_SWIGLU") == "0":
+        return False
+    return (getattr(training_args, "liger_kernel_config", None) or {}).get("swiglu", True) is not False
+
+
+def _install_trainer_init() -> tuple[bool, bool]:
+    """Wraps Trainer.__init__ for what needs the model: compilation (opt-in) and Liger's SiLU-multiply."""
     language = os.environ.get("VLM_LORA_COMPILE_LAYERS") == "1"
     vision = os.environ.get("VLM_LORA_COMPILE_VISION") == "1"
-    if not (language or vision):
-        return False
     try:
         from transformers import Trainer
     except ImportError:
-        return False
+        return False, False
     original = Trainer.__init__
-    if getattr(original, "_vlm_lora_compile", False):
-        return True
+    if getattr(original, "_vlm_lora_init", False):
+        return language or vision, True
 
     @functools.wraps(original)  # ms-swift reads the signature (tokenizer vs processing_class)
     def __init__(self, *args, **kwargs):
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         if language:
-            keep_liger_out_of_layers(kwargs.get("args", args[1] if len(args) > 1 else None))
+            keep_liger_out_of_layers(training_args)
         original(self, *args, **kwargs)
-        count = compile_decoder_layers(self.model, language=language, vision=vision)
-        what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
-        print(f"train-lora plugin: torch.compile on {count} {what}", flush=True)
+        if language or vision:
+            count = compile_decoder_layers(self.model, language=language, vision=vision)
+            what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
+            print(f"train-lora plugin: torch.compile on {count} {what}", flush=True)
+        silu_mul = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
+        if silu_mul is not None:
+            count = _load_sibling("swiglu").fuse_silu_mul(self.model, silu_mul)
+            print(f"train-lora plugin: Liger's fused SiLU-multiply in {count} MLPs", flush=True)
 
-    __init__._vlm_lora_compile = True
+    __init__._vlm_lora_init = True
     Trainer.__init__ = __init__
-    return True
+    return language or vision, True
 
 
 INSTALLED = _install()
 MEMORY_FRACTION = _install_memory_cap()
 AUTOCAST_INPUT = _install_autocast_input()
 FUSED_LORA = _install_fused_lora()
-COMPILE_LAYERS = _install_layer_compile()
+COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
 HOST_VISION_SEQLENS = _install_host_vision_seqlens()
