@@ -177,6 +177,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "env": {"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"},
     },
+    "b8_nogc_compile_cvis_nodrop": {
+        "batch": 8,
+        "gradient_checkpointing": False,
+        "use_liger_kernel": True,
+        "lora_dropout": 0.0,
+        "env": {"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"},
+    },
     "b8_nogc_compile_peftfwd": {
         "batch": 8,
         "gradient_checkpointing": False,
