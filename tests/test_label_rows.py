@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from components.train_lora.label_rows import label_rows, label_rows_only
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.plugin_run import ROOT, last_line
 
 
 @dataclasses.dataclass
@@ -166,14 +162,8 @@ def test_the_plugin_hands_liger_the_labelled_rows_unless_turned_off(tmp_path, sw
         print(swift_plugin.LABEL_ROWS_LOSS, loss_utils.SEEN[-1], bool(torch.isfinite(loss)))
         """
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
-        "VLM_LORA_LABEL_ROWS_LOSS": switch,
-    }
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-3:] == [str(switch != "0"), str(rows_seen), "True"]
+    line = last_line(code, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), VLM_LORA_LABEL_ROWS_LOSS=switch)
+    assert line.split() == [str(switch != "0"), str(rows_seen), "True"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -219,12 +219,26 @@ def test_job_env_accepts_the_train_lora_plugins_own_switches():
         ({"VLM_LORA_FUSED_LORA": 2}, r"VLM_LORA_FUSED_LORA: 2 is not a value it takes"),
         ({"VLM_LORA_GPU_MEMORY_GIB": "40GB"}, r"VLM_LORA_GPU_MEMORY_GIB: '40GB' is not a memory size"),
         ({"VLM_LORA_GPU_MEMORY_GIB": 0}, r"is not a memory size: use GiB per GPU"),
+        ({"VLM_LORA_RIGHT_PAD_CAUSAL": "off"}, r"VLM_LORA_RIGHT_PAD_CAUSAL: 'off' is not a value it takes: use 0"),
+        ({"VLM_LORA_LIGER_SWIGLU": 3}, r"VLM_LORA_LIGER_SWIGLU: 3 is not a value it takes"),
+        ({"VLM_LORA_LABEL_ROWS_LOSS": "no"}, r"VLM_LORA_LABEL_ROWS_LOSS: 'no' is not a value it takes"),
+        ({"VLM_LORA_HOST_VISION_SEQLENS": "2"}, r"VLM_LORA_HOST_VISION_SEQLENS: '2' is not a value it takes"),
+        ({"VLM_LORA_COMPILE_VISION": "y"}, r"VLM_LORA_COMPILE_VISION: 'y' is not a value it takes"),
     ],
 )
 def test_job_env_refuses_values_the_plugin_does_not_take(env, match):
     with pytest.raises(JobEnvError, match=match):
         check_job_env(env)
     check_job_env({"VLM_LORA_COMPILE_LAYERS": True, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_GPU_MEMORY_GIB": 22})
+    check_job_env(
+        {
+            "VLM_LORA_RIGHT_PAD_CAUSAL": "0",
+            "VLM_LORA_LIGER_SWIGLU": 0,
+            "VLM_LORA_LABEL_ROWS_LOSS": "1",
+            "VLM_LORA_HOST_VISION_SEQLENS": 0,
+            "VLM_LORA_COMPILE_VISION": "1",
+        }
+    )
 
 
 def test_job_env_accepts_nccl_torch_and_cuda_settings():

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import masking_utils
 
 from components.train_lora.right_padding import right_aligned, right_padded_causal_skip
+from tests.plugin_run import last_line
 
-ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL = getattr(masking_utils._ignore_causal_mask_sdpa, "__wrapped__", masking_utils._ignore_causal_mask_sdpa)
 
 
@@ -135,7 +131,4 @@ def test_the_plugin_installs_it_unless_turned_off():
         "getattr(masking_utils._ignore_causal_mask_sdpa, '_vlm_lora_right_padding', False))\n"
     )
     for switch, expected in (("", "True True"), ("0", "False False")):
-        env = {**os.environ, "VLM_LORA_RIGHT_PAD_CAUSAL": switch}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.strip().splitlines()[-1] == expected
+        assert last_line(code, VLM_LORA_RIGHT_PAD_CAUSAL=switch) == expected

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from components.train_lora.swiglu import fuse_silu_mul, silu_mul_bytes
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.plugin_run import last_line
 
 
 def _text_model(layers=2):
@@ -159,9 +154,7 @@ def test_the_plugin_wraps_the_trainer_and_keeps_its_signature():
         "from transformers import Trainer\n"
         "print(swift_plugin.TRAINER_INIT, 'processing_class' in inspect.signature(Trainer.__init__).parameters)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True True"
+    assert last_line(code) == "True True"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from components.train_lora.vision_seqlens import host_seqlens, install
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.plugin_run import last_line
 
 
 def _recorder():
@@ -58,10 +53,7 @@ def test_the_plugin_wraps_modeling_files_loaded_before_and_after_it():
         " getattr(after.get_vision_attention_seqlens, '_vlm_lora_host_seqlens', False))\n"
     )
     for switch, expected in (("", "True True True"), ("0", "False False False")):
-        env = {**os.environ, "VLM_LORA_HOST_VISION_SEQLENS": switch}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.strip().splitlines()[-1] == expected
+        assert last_line(code, VLM_LORA_HOST_VISION_SEQLENS=switch) == expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
