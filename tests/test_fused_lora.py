@@ -265,22 +265,6 @@ def test_layer_compile_picks_the_language_models_decoder_layers_only():
     assert towers[0]._compiled_call_impl is None and towers[1]._compiled_call_impl is not None
 
 
-def test_layer_compile_is_opt_in_and_keeps_the_trainer_signature_ms_swift_reads():
-    import subprocess
-    import sys
-
-    code = (
-        "import inspect\n"
-        "from components.train_lora import swift_plugin\n"
-        "from transformers import Trainer\n"
-        "print(swift_plugin.COMPILE_LAYERS, 'processing_class' in inspect.signature(Trainer.__init__).parameters)\n"
-    )
-    for flag, expected in (("1", "True True"), ("", "False True")):
-        env = {**__import__("os").environ, "VLM_LORA_COMPILE_LAYERS": flag}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.strip().splitlines()[-1] == expected
-
-
 def test_layer_compile_keeps_liger_to_its_fused_loss():
     from transformers import TrainingArguments
 

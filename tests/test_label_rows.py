@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from components.train_lora.label_rows import label_rows, label_rows_only
-from tests.plugin_run import ROOT, last_line
 
 
 @dataclasses.dataclass
@@ -111,59 +108,6 @@ def test_unexpected_shapes_go_through_unchanged():
     wrapped = label_rows_only(lambda *a, **k: seen.append(a[0].shape) or 0)
     wrapped(h.view(3, 20, 16), w, t)
     assert seen == [(3, 20, 16)]
-
-
-FAKE_LIGER = {
-    "liger_kernel/__init__.py": "",
-    "liger_kernel/transformers/__init__.py": "",
-    "liger_kernel/transformers/model/__init__.py": "",
-    # the same call structure as Liger 0.8.5: LigerForCausalLMLoss shifts and flattens, then looks
-    # fixed_fused_linear_cross_entropy up in its own module's globals
-    "liger_kernel/transformers/model/loss_utils.py": """
-        import torch
-        import torch.nn.functional as F
-
-        SEEN = []
-
-        def fixed_fused_linear_cross_entropy(hidden_states, lm_head_weight, target, num_items_in_batch=None,
-                                             ignore_index=-100, final_logit_softcapping=None, **kwargs):
-            SEEN.append(hidden_states.shape[0])
-            return F.cross_entropy(hidden_states @ lm_head_weight.t(), target, ignore_index=ignore_index)
-
-        def LigerForCausalLMLoss(hidden_states, lm_head_weight, labels, hidden_size, num_items_in_batch=None,
-                                 ignore_index=-100, shift_labels=None, final_logit_softcapping=None, **kwargs):
-            if shift_labels is None:
-                labels = F.pad(labels, (0, 1), value=ignore_index)
-                shift_labels = labels[..., 1:].contiguous()
-            return fixed_fused_linear_cross_entropy(hidden_states.view(-1, hidden_size), lm_head_weight,
-                                                    shift_labels.view(-1), num_items_in_batch, ignore_index,
-                                                    final_logit_softcapping)
-    """,
-}
-
-
-@pytest.mark.parametrize("switch, rows_seen", [("", 3), ("0", 16)])
-def test_the_plugin_hands_liger_the_labelled_rows_unless_turned_off(tmp_path, switch, rows_seen):
-    for name, text in FAKE_LIGER.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    code = textwrap.dedent(
-        """
-        import torch
-        from components.train_lora import swift_plugin
-        from liger_kernel.transformers.model import loss_utils
-        hidden = torch.randn(2, 8, 4, requires_grad=True)
-        labels = torch.full((2, 8), -100)
-        labels[0, 5:7] = 1
-        labels[1, 7] = 2  # the last position has no next token: 3 labelled rows after the shift
-        loss = loss_utils.LigerForCausalLMLoss(hidden, torch.randn(5, 4), labels, hidden_size=4)
-        loss.backward()
-        print(swift_plugin.LABEL_ROWS_LOSS, loss_utils.SEEN[-1], bool(torch.isfinite(loss)))
-        """
-    )
-    line = last_line(code, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), VLM_LORA_LABEL_ROWS_LOSS=switch)
-    assert line.split() == [str(switch != "0"), str(rows_seen), "True"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

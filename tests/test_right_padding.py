@@ -9,7 +9,6 @@ import torch
 from transformers import masking_utils
 
 from components.train_lora.right_padding import right_aligned, right_padded_causal_skip
-from tests.plugin_run import last_line
 
 ORIGINAL = getattr(masking_utils._ignore_causal_mask_sdpa, "__wrapped__", masking_utils._ignore_causal_mask_sdpa)
 
@@ -121,14 +120,3 @@ def test_only_right_padded_training_batches_skip_the_mask(monkeypatch):
     assert _mask(right, q_length=1) is not None  # decoding one token against padded keys
     with torch.no_grad():
         assert _mask(right) is not None  # inference keeps transformers' own mask
-
-
-def test_the_plugin_installs_it_unless_turned_off():
-    code = (
-        "from components.train_lora import swift_plugin\n"
-        "from transformers import masking_utils\n"
-        "print(swift_plugin.RIGHT_PAD_CAUSAL, "
-        "getattr(masking_utils._ignore_causal_mask_sdpa, '_vlm_lora_right_padding', False))\n"
-    )
-    for switch, expected in (("", "True True"), ("0", "False False")):
-        assert last_line(code, VLM_LORA_RIGHT_PAD_CAUSAL=switch) == expected

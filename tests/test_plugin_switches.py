@@ -1,0 +1,94 @@
+"""The train-lora plugin (components/train_lora/swift_plugin.py) installs each of its patches when
+imported by `swift sft`, and each switch in the job environment turns its own off. Two fresh
+interpreters (the plugin patches libraries at import): every switch at its default, then every one
+flipped."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from tests.plugin_run import ROOT, last_line
+
+# The same call structure as Liger 0.8.5: LigerForCausalLMLoss shifts and flattens, then looks
+# fixed_fused_linear_cross_entropy up in its own module's globals (Liger's kernels need a GPU).
+FAKE_LIGER = {
+    "liger_kernel/__init__.py": "",
+    "liger_kernel/transformers/__init__.py": "",
+    "liger_kernel/transformers/model/__init__.py": "",
+    "liger_kernel/transformers/model/loss_utils.py": """
+        import torch
+        import torch.nn.functional as F
+
+        SEEN = []
+
+        def fixed_fused_linear_cross_entropy(hidden_states, lm_head_weight, target, num_items_in_batch=None,
+                                             ignore_index=-100, final_logit_softcapping=None, **kwargs):
+            SEEN.append(hidden_states.shape[0])
+            return F.cross_entropy(hidden_states @ lm_head_weight.t(), target, ignore_index=ignore_index)
+
+        def LigerForCausalLMLoss(hidden_states, lm_head_weight, labels, hidden_size, num_items_in_batch=None,
+                                 ignore_index=-100, shift_labels=None, final_logit_softcapping=None, **kwargs):
+            if shift_labels is None:
+                labels = F.pad(labels, (0, 1), value=ignore_index)
+                shift_labels = labels[..., 1:].contiguous()
+            return fixed_fused_linear_cross_entropy(hidden_states.view(-1, hidden_size), lm_head_weight,
+                                                    shift_labels.view(-1), num_items_in_batch, ignore_index,
+                                                    final_logit_softcapping)
+    """,
+}
+
+CODE = """
+import inspect
+import torch
+import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl  # loaded first, without the function: untouched
+from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as before
+from components.train_lora import swift_plugin as plugin
+from transformers.models.qwen3_vl import modeling_qwen3_vl as after
+from transformers import Trainer, masking_utils
+from liger_kernel.transformers.model import loss_utils
+
+hidden = torch.randn(2, 8, 4, requires_grad=True)
+labels = torch.full((2, 8), -100)
+labels[0, 5:7] = 1
+labels[1, 7] = 2  # the last position has no next token: 3 labelled rows after the shift
+loss = loss_utils.LigerForCausalLMLoss(hidden, torch.randn(5, 4), labels, hidden_size=4)
+loss.backward()
+flag = lambda f, name: bool(getattr(f, name, False))
+print(
+    plugin.LABEL_ROWS_LOSS, loss_utils.SEEN[-1], bool(torch.isfinite(loss)),
+    plugin.RIGHT_PAD_CAUSAL, flag(masking_utils._ignore_causal_mask_sdpa, "_vlm_lora_right_padding"),
+    plugin.HOST_VISION_SEQLENS > 0,
+    flag(before.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
+    flag(after.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
+    plugin.FUSED_LORA, plugin.COMPILE_LAYERS, plugin.TRAINER_INIT,
+    "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
+)
+"""
+
+SWITCHES_OFF = {
+    "VLM_LORA_LABEL_ROWS_LOSS": "0",
+    "VLM_LORA_RIGHT_PAD_CAUSAL": "0",
+    "VLM_LORA_HOST_VISION_SEQLENS": "0",
+    "VLM_LORA_FUSED_LORA": "0",
+    "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
+}
+
+
+@pytest.mark.parametrize(
+    ("flipped", "expected"),
+    [
+        (False, "True 3 True True True True True True True False True True"),
+        (True, "False 16 True False False False False False False True True True"),
+    ],
+)
+def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, expected):
+    for name, text in FAKE_LIGER.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    env = {k: (v if flipped else "") for k, v in SWITCHES_OFF.items()}
+    line = last_line(textwrap.dedent(CODE), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **env)
+    assert line == expected
