@@ -32,6 +32,17 @@ def test_host_grids_and_flash_attention_go_through_unchanged():
     assert seen[-1] is grid
 
 
+def test_a_device_grid_is_copied_to_the_host_only_for_sdpa_and_eager():
+    from components.train_lora.vision_seqlens import wants_host_copy
+
+    on_device = torch.empty(2, 3, dtype=torch.long, device="meta")  # stands for a GPU tensor
+    assert wants_host_copy(on_device, SimpleNamespace(_attn_implementation="sdpa"))
+    assert wants_host_copy(on_device, SimpleNamespace(_attn_implementation="eager"))
+    assert not wants_host_copy(on_device, SimpleNamespace(_attn_implementation="flash_attention_2"))
+    assert not wants_host_copy(torch.ones(2, 3, dtype=torch.long), SimpleNamespace(_attn_implementation="sdpa"))
+    assert not wants_host_copy([[1, 2, 2]], SimpleNamespace(_attn_implementation="sdpa"))
+
+
 def test_install_wraps_each_module_once():
     fn, _ = _recorder()
     modules = [SimpleNamespace(get_vision_attention_seqlens=fn), SimpleNamespace(other=1)]

@@ -33,7 +33,7 @@ from components.common.swift import (
     swift_executable,
     to_cli,
 )
-from components.train_lora import _checkpoints, _input_checks, _launch, _plan
+from components.train_lora import _checkpoints, _input_checks, _launch, _plan, swiglu
 from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
@@ -636,10 +636,9 @@ def _padding_mask_attention(args: dict[str, Any], job_env: dict[str, str]) -> bo
 
 def _fused_silu_mul(args: dict[str, Any], job_env: dict[str, str], model_config: dict[str, Any]) -> bool:
     """Whether the plugin will give the MLPs Liger's fused SiLU-multiply (swift_plugin.py, swiglu.py)."""
-    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
     return (
         bool(args.get("use_liger_kernel"))
-        and model_config.get("model_type", text.get("model_type")) in ("qwen3_vl", "qwen3_vl_text")
+        and swiglu.covers(model_config)
         and _job_setting(job_env, "VLM_LORA_LIGER_SWIGLU") != "0"
         and _job_setting(job_env, "VLM_LORA_COMPILE_LAYERS") != "1"
     )

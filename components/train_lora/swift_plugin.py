@@ -175,6 +175,16 @@ def _install_fused_lora() -> bool:
     return True
 
 
+def _wrap_once(owner, name: str, wrap, marker: str) -> bool:
+    """Replaces `owner.<name>` by `wrap(original)` unless already wrapped (`marker` set); False if absent."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return False
+    if not getattr(original, marker, False):
+        setattr(owner, name, wrap(original))
+    return True
+
+
 def _install_label_rows_loss() -> bool:
     if os.environ.get("VLM_LORA_LABEL_ROWS_LOSS") == "0":
         return False
@@ -182,11 +192,8 @@ def _install_label_rows_loss() -> bool:
         from liger_kernel.transformers.model import loss_utils
     except ImportError:  # no Liger (CPU installs): transformers' own loss runs
         return False
-    original = loss_utils.fixed_fused_linear_cross_entropy
-    if getattr(original, "_vlm_lora_label_rows", False):
-        return True
-    loss_utils.fixed_fused_linear_cross_entropy = _load_sibling("label_rows").label_rows_only(original)
-    return True
+    wrap = _load_sibling("label_rows").label_rows_only
+    return _wrap_once(loss_utils, "fixed_fused_linear_cross_entropy", wrap, "_vlm_lora_label_rows")
 
 
 def _install_right_padding_causal() -> bool:
@@ -196,13 +203,8 @@ def _install_right_padding_causal() -> bool:
         from transformers import masking_utils
     except ImportError:
         return False
-    original = getattr(masking_utils, "_ignore_causal_mask_sdpa", None)
-    if original is None:
-        return False
-    if getattr(original, "_vlm_lora_right_padding", False):
-        return True
-    masking_utils._ignore_causal_mask_sdpa = _load_sibling("right_padding").right_padded_causal_skip(original)
-    return True
+    wrap = _load_sibling("right_padding").right_padded_causal_skip
+    return _wrap_once(masking_utils, "_ignore_causal_mask_sdpa", wrap, "_vlm_lora_right_padding")
 
 
 def _install_host_vision_seqlens() -> int:

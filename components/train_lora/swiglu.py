@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
-# MLP classes whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`
+# MLP classes whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, and the
+# model types (config.json `model_type`) whose language model is made of them
 SWIGLU_MLP_CLASSES = frozenset({"Qwen3VLTextMLP"})
+SWIGLU_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_text"})
 # `act_fn` classes that compute F.silu (transformers' ACT2FN["silu"] is its own SiLUActivation)
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 
@@ -47,6 +49,12 @@ def fuse_silu_mul(model: torch.nn.Module, silu_mul: Callable[[torch.Tensor, torc
         module.forward = types.MethodType(forward, module)
         count += 1
     return count
+
+
+def covers(model_config: dict[str, Any]) -> bool:
+    """Whether `fuse_silu_mul` finds MLPs to fuse in a model of this config (its `model_type`)."""
+    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
+    return model_config.get("model_type", text.get("model_type")) in SWIGLU_MODEL_TYPES
 
 
 def silu_mul_bytes(model_config: dict[str, Any]) -> float:

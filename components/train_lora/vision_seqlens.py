@@ -24,19 +24,23 @@ import torch
 HOST_SPLIT_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
+def wants_host_copy(grid_thw: Any, config: Any) -> bool:
+    """A device `grid_thw` read only by `.tolist()` (sdpa / eager attention), outside tracing."""
+    return (
+        isinstance(grid_thw, torch.Tensor)
+        and grid_thw.device.type != "cpu"
+        and getattr(config, "_attn_implementation", None) in HOST_SPLIT_IMPLEMENTATIONS
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+    )
+
+
 def host_seqlens(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`get_vision_attention_seqlens` computing from a host copy of `grid_thw` where only `.tolist()` reads it."""
 
     @functools.wraps(fn)
     def wrapper(grid_thw: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
-        impl = getattr(config, "_attn_implementation", None)
-        if (
-            isinstance(grid_thw, torch.Tensor)
-            and grid_thw.device.type != "cpu"
-            and impl in HOST_SPLIT_IMPLEMENTATIONS
-            and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling()
-        ):
+        if wants_host_copy(grid_thw, config):
             grid_thw = grid_thw.detach().to("cpu")
         return fn(grid_thw, config, *args, **kwargs)
 
