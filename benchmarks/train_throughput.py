@@ -50,8 +50,14 @@ from benchmarks.throughput import (
 PROFILE_PLUGIN = str(Path(__file__).with_name("profile_plugin.py"))
 SEED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
 
+
 # One change at a time on top of the seed settings. `batch` is the per-device batch;
 # everything else is an ms-swift argument.
+def nogc_liger(batch: int, **settings: Any) -> dict[str, Any]:
+    """A profile with `batch` rows per micro-batch, no checkpointing and Liger, plus `settings`."""
+    return {"batch": batch, "gradient_checkpointing": False, "use_liger_kernel": True, **settings}
+
+
 PROFILES: dict[str, dict[str, Any]] = {
     "seed": {"batch": 1},
     # the seed's multi-GPU default (DESIGN: ZeRO-3 when more than one GPU)
@@ -62,20 +68,15 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b4_gc": {"batch": 4, "vit_gradient_checkpointing": False},
     "b16_gc": {"batch": 16, "vit_gradient_checkpointing": False},
     "b16_gc_liger": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True},
-    "b4_nogc_liger": {"batch": 4, "gradient_checkpointing": False, "use_liger_kernel": True},
-    "b8_nogc_liger": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True},
+    "b4_nogc_liger": nogc_liger(4),
+    "b8_nogc_liger": nogc_liger(8),
     # the planner (swift.per_device_train_batch_size / gradient_checkpointing: auto, issue 14)
     "auto_liger": {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True},
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn
     # package: transformers 5 builds packed-sequence masks for sdpa from the position ids
-    "b8_nogc_liger_padfree": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "padding_free": True,
-    },
+    "b8_nogc_liger_padfree": nogc_liger(8, padding_free=True),
     # length grouping (ms-swift's group_by_length: batches of similar lengths, less padding)
     "auto_liger_grouped": {
         "batch": "auto",
@@ -83,25 +84,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "group_by_length": True,
     },
-    "b4_nogc_liger_eager": {
-        "batch": 4,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "attn_impl": "eager",
-    },
-    "b4_nogc_liger_sdpa": {"batch": 4, "gradient_checkpointing": False, "use_liger_kernel": True, "attn_impl": "sdpa"},
-    "b4_nogc_liger_flex": {
-        "batch": 4,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "attn_impl": "flex_attention",
-    },
-    "b8_nogc_liger_flex": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "attn_impl": "flex_attention",
-    },
+    "b4_nogc_liger_eager": nogc_liger(4, attn_impl="eager"),
+    "b4_nogc_liger_sdpa": nogc_liger(4, attn_impl="sdpa"),
+    "b4_nogc_liger_flex": nogc_liger(4, attn_impl="flex_attention"),
+    "b8_nogc_liger_flex": nogc_liger(8, attn_impl="flex_attention"),
     # a 40 GB card (the seed's A100 40GB) stood in for by a memory cap on a larger GPU
     "auto_liger_40g": {
         "batch": "auto",
@@ -123,33 +109,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "optim": "adamw_torch_fused",
     },
-    "b8_nogc_liger_nodrop": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "lora_dropout": 0.0,
-    },
-    "b8_nogc_liger_w8": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "dataloader_num_workers": 8,
-        "dataloader_prefetch_factor": 4,
-    },
+    "b8_nogc_liger_nodrop": nogc_liger(8, lora_dropout=0.0),
+    "b8_nogc_liger_w8": nogc_liger(8, dataloader_num_workers=8, dataloader_prefetch_factor=4),
     # the same with the caching allocator's expandable segments (less fragmentation: headroom)
-    "b8_nogc_liger_exp": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    },
+    "b8_nogc_liger_exp": nogc_liger(8, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
     # peft's own LoRA forward (the train-lora plugin's fused LoRA branch turned off)
-    "b8_nogc_liger_peftfwd": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_FUSED_LORA": "0"},
-    },
+    "b8_nogc_liger_peftfwd": nogc_liger(8, env={"VLM_LORA_FUSED_LORA": "0"}),
     "auto_liger_peftfwd": {
         "batch": "auto",
         "gradient_checkpointing": "auto",
@@ -158,53 +123,18 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     # regional torch.compile of the decoder layers (train-lora plugin, VLM_LORA_COMPILE_LAYERS=1); the
     # plugin keeps Liger to its fused loss (its in-layer kernels cannot be traced); fused LoRA branch on / off
-    "b8_nogc_compile": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_COMPILE_LAYERS": "1"},
-    },
+    "b8_nogc_compile": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     # the vision tower's blocks compiled (VLM_LORA_COMPILE_VISION=1), the language model as it is (Liger's kernels)
-    "b8_nogc_liger_cvis": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_COMPILE_VISION": "1"},
-    },
-    "b8_nogc_compile_cvis": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"},
-    },
-    "b8_nogc_compile_cvis_nodrop": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "lora_dropout": 0.0,
-        "env": {"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"},
-    },
-    "b8_nogc_compile_peftfwd": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_FUSED_LORA": "0"},
-    },
-    "b8_nogc_compile_nodrop": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "lora_dropout": 0.0,
-        "env": {"VLM_LORA_COMPILE_LAYERS": "1"},
-    },
+    "b8_nogc_liger_cvis": nogc_liger(8, env={"VLM_LORA_COMPILE_VISION": "1"}),
+    "b8_nogc_compile_cvis": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}),
+    "b8_nogc_compile_cvis_nodrop": nogc_liger(
+        8, lora_dropout=0.0, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}
+    ),
+    "b8_nogc_compile_peftfwd": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_FUSED_LORA": "0"}),
+    "b8_nogc_compile_nodrop": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     # peft's float32 input casts restored (the train-lora plugin skips them under autocast); on peft's
     # own forward, since the fused LoRA branch never makes those casts
-    "b8_nogc_liger_peftcast": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"},
-    },
+    "b8_nogc_liger_peftcast": nogc_liger(8, env={"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"}),
     "b16_gc_liger_peftcast": {
         "batch": 16,
         "vit_gradient_checkpointing": False,
@@ -212,39 +142,19 @@ PROFILES: dict[str, dict[str, Any]] = {
         "env": {"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"},
     },
     # transformers' padding mask kept for right-padded batches (the train-lora plugin uses the causal flag)
-    "b8_nogc_liger_padmask": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_RIGHT_PAD_CAUSAL": "0"},
-    },
+    "b8_nogc_liger_padmask": nogc_liger(8, env={"VLM_LORA_RIGHT_PAD_CAUSAL": "0"}),
     # PyTorch's SiLU and multiply in the MLPs (the train-lora plugin gives them Liger's fused kernel)
-    "b8_nogc_liger_noswiglu": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_LIGER_SWIGLU": "0"},
-    },
+    "b8_nogc_liger_noswiglu": nogc_liger(8, env={"VLM_LORA_LIGER_SWIGLU": "0"}),
     # Liger's fused loss over every position (the train-lora plugin hands it the labelled rows only)
-    "b8_nogc_liger_allrows": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_LABEL_ROWS_LOSS": "0"},
-    },
-    "b8_nogc_liger_ddp": {"batch": 8, "gradient_checkpointing": False, "use_liger_kernel": True, "deepspeed": "none"},
+    "b8_nogc_liger_allrows": nogc_liger(8, env={"VLM_LORA_LABEL_ROWS_LOSS": "0"}),
+    "b8_nogc_liger_ddp": nogc_liger(8, deepspeed="none"),
     # the seed and the best H100 profile under torch.profiler (a window of micro-steps)
     "seed_prof": {
         "batch": 1,
         "external_plugins": ["PROFILE_PLUGIN"],
         "env": {"VLM_LORA_PROFILE_START": "20", "VLM_LORA_PROFILE_STEPS": "8"},
     },
-    "b8_nogc_liger_compile": {
-        "batch": 8,
-        "gradient_checkpointing": False,
-        "use_liger_kernel": True,
-        "torch_compile": True,
-    },
+    "b8_nogc_liger_compile": nogc_liger(8, torch_compile=True),
     "b16_gc_liger_nodrop": {
         "batch": 16,
         "vit_gradient_checkpointing": False,
