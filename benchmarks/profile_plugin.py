@@ -14,6 +14,11 @@ head + loss (Liger's fused loss, which computes its gradient in the forward), th
 vision tower. The micro-step before the window runs with torch's sync debug mode: `host_syncs`
 lists the source lines that made the host wait for the GPU (`.item()`, `.tolist()`, `nonzero`,
 copies to the CPU) and how often, each a point where the GPU may run dry.
+
+`idle` (from the profiler's trace) says where the GPU waited: per region (the regions are also
+profiler ranges, so each has a span on the GPU's timeline) the span, the kernel time inside it and
+the rest; the gaps between consecutive kernels by size; and the operators that launched the kernel
+after each gap of 20 µs or more (the host work the GPU waited for ends with that launch).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import json
 import os
 import time
 import warnings
-from collections import Counter
+from bisect import bisect_right
+from collections import Counter, defaultdict
 
 OUT = os.environ.get("VLM_LORA_PROFILE_OUT", "")
 START = int(os.environ.get("VLM_LORA_PROFILE_START", "4"))
@@ -73,6 +79,98 @@ def summarize(prof, wall_s: float) -> dict:
     }
 
 
+GAP_BUCKETS_US = (10, 100, 1000)
+LATE_GAP_US = 20.0
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _covered(busy: list[tuple[float, float]], starts: list[float], lo: float, hi: float) -> float:
+    """Length of [lo, hi] covered by the merged, sorted intervals `busy` (`starts` = their starts)."""
+    total = 0.0
+    i = max(0, bisect_right(starts, lo) - 1)
+    while i < len(busy) and busy[i][0] < hi:
+        a, b = busy[i]
+        total += max(0.0, min(b, hi) - max(a, lo))
+        i += 1
+    return total
+
+
+def _launching_ops(events: list[dict]) -> dict[int, str]:
+    """Correlation id of each kernel launch -> the innermost CPU operator around the launch call."""
+    ops_by_tid: dict = defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e:
+            ops_by_tid[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], e.get("name", "?")))
+    for ops in ops_by_tid.values():
+        ops.sort()
+    starts_by_tid = {tid: [o[0] for o in ops] for tid, ops in ops_by_tid.items()}
+    out: dict[int, str] = {}
+    for e in events:
+        if e.get("cat") != "cuda_runtime" or "correlation" not in e.get("args", {}):
+            continue
+        ops, starts = ops_by_tid.get(e.get("tid"), []), starts_by_tid.get(e.get("tid"), [])
+        ts, best = e["ts"], None
+        for j in range(bisect_right(starts, ts) - 1, max(-1, bisect_right(starts, ts) - 400), -1):
+            a, b, name = ops[j]
+            if a <= ts <= b and (best is None or a >= best[0]):
+                best = (a, name)
+                break  # sorted by start: the latest-starting op that still contains ts is innermost
+        out[e["args"]["correlation"]] = best[1] if best else "(no operator)"
+    return out
+
+
+def idle_summary(events: list[dict]) -> dict:
+    """Where the GPU waited, from a chrome trace's events (torch.profiler `export_chrome_trace`)."""
+    kernels = sorted(
+        (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e),
+        key=lambda e: e["ts"],
+    )
+    if not kernels:
+        return {}
+    busy = _merged([(k["ts"], k["ts"] + k["dur"]) for k in kernels])
+    starts = [a for a, _ in busy]
+    regions: dict[str, dict[str, float]] = {}
+    for e in events:
+        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("region:"):
+            name = e["name"][len("region:") :]
+            r = regions.setdefault(name, {"span_s": 0.0, "kernel_s": 0.0})
+            r["span_s"] += e["dur"] / 1e6
+            r["kernel_s"] += _covered(busy, starts, e["ts"], e["ts"] + e["dur"]) / 1e6
+    for r in regions.values():
+        r["idle_s"] = r["span_s"] - r["kernel_s"]
+    launched_by = _launching_ops(events)
+    buckets = Counter()
+    bucket_s: dict[str, float] = defaultdict(float)
+    late: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    end = kernels[0]["ts"] + kernels[0]["dur"]
+    for k in kernels[1:]:
+        gap = k["ts"] - end
+        if gap > 0:
+            label = next((f"<{b}us" for b in GAP_BUCKETS_US if gap < b), f">={GAP_BUCKETS_US[-1]}us")
+            buckets[label] += 1
+            bucket_s[label] += gap / 1e6
+            if gap >= LATE_GAP_US:
+                op = launched_by.get(k.get("args", {}).get("correlation"), "(no operator)")
+                late[op][0] += 1
+                late[op][1] += gap / 1e6
+        end = max(end, k["ts"] + k["dur"])
+    top_late = sorted(late.items(), key=lambda kv: -kv[1][1])[:25]
+    return {
+        "regions": regions,
+        "gaps": {label: {"count": buckets[label], "s": bucket_s[label]} for label in buckets},
+        "late_launches": [{"launched_by": op[:160], "gaps": n, "s": t} for op, (n, t) in top_late],
+    }
+
+
 class Regions:
     """Elapsed GPU time of named code regions, from CUDA events recorded around them while active."""
 
@@ -87,12 +185,15 @@ class Regions:
             return None
         event = self.torch.cuda.Event(enable_timing=True)
         event.record()
-        return name, event
+        scope = self.torch.autograd.profiler.record_function(f"region:{name}")
+        scope.__enter__()
+        return name, event, scope
 
     def stop(self, token) -> None:
         if token is None:
             return
-        name, begin = token
+        name, begin, scope = token
+        scope.__exit__(None, None, None)
         end = self.torch.cuda.Event(enable_timing=True)
         end.record()
         self.pairs.setdefault(name, []).append((begin, end))
@@ -210,6 +311,11 @@ def _install() -> None:
                 summary = summarize(state["prof"], wall)
                 summary["regions"] = region_summary(regions.seconds(), wall)
                 summary.update(regions.notes)
+                trace = f"{OUT}.trace.json"
+                state["prof"].export_chrome_trace(trace)
+                with open(trace, encoding="utf-8") as f:
+                    summary["idle"] = idle_summary(json.load(f).get("traceEvents", []))
+                os.remove(trace)
                 with open(OUT, "w", encoding="utf-8") as f:
                     json.dump(summary, f, indent=1)
         return out

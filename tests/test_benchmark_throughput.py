@@ -163,6 +163,54 @@ def test_profile_regions_split_a_micro_step():
     assert region_summary({}, 0.0) == {"seconds": {}, "fraction_of_wall": {}}
 
 
+def test_idle_summary_finds_where_the_gpu_waited_and_who_launched_late():
+    from benchmarks.profile_plugin import idle_summary
+
+    def op(name, ts, dur, tid=1):
+        return {"cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    def launch(ts, corr, tid=1):
+        return {
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": ts,
+            "dur": 2,
+            "tid": tid,
+            "args": {"correlation": corr},
+        }
+
+    def kernel(ts, dur, corr):
+        return {"cat": "kernel", "name": f"k{corr}", "ts": ts, "dur": dur, "tid": 7, "args": {"correlation": corr}}
+
+    events = [
+        {"cat": "gpu_user_annotation", "name": "region:forward", "ts": 100, "dur": 300, "tid": 7},
+        {"cat": "gpu_user_annotation", "name": "other", "ts": 100, "dur": 900, "tid": 7},
+        op("aten::mm", 0, 50),
+        launch(10, 1),
+        op("aten::nonzero", 60, 200),
+        op("aten::add", 240, 10),
+        launch(245, 2),  # add is inside nonzero's span
+        op("aten::mm", 300, 30),
+        launch(305, 3),
+        kernel(100, 100, 1),  # busy 100-200
+        kernel(205, 45, 2),  # 5 us gap: counted, not a late launch
+        kernel(350, 100, 3),  # 100 us gap (250-350): late, launched by aten::mm
+    ]
+    out = idle_summary(events)
+    assert out["regions"] == {
+        "forward": {"span_s": 300e-6, "kernel_s": pytest.approx(195e-6), "idle_s": pytest.approx(105e-6)}
+    }
+    assert out["gaps"]["<10us"] == {"count": 1, "s": pytest.approx(5e-6)}
+    assert out["gaps"]["<1000us"] == {"count": 1, "s": pytest.approx(100e-6)}
+    assert out["late_launches"] == [{"launched_by": "aten::mm", "gaps": 1, "s": pytest.approx(100e-6)}]
+    # the innermost operator: the second kernel was launched inside aten::add, itself inside aten::nonzero
+    events[-2]["ts"] = 280  # now an 80 us gap before kernel 2
+    events[-1]["ts"] = 330
+    late = {r["launched_by"]: r["gaps"] for r in idle_summary(events)["late_launches"]}
+    assert late == {"aten::add": 1}
+    assert idle_summary([op("x", 0, 1)]) == {}
+
+
 def test_flops_are_counted_at_the_max_pixels_training_gets(tmp_path, monkeypatch):
     """The benchmark gives training ms-swift's max_pixels and counts tokens from the same, through ms-swift."""
     import json
