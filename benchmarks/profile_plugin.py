@@ -33,6 +33,9 @@ from collections import Counter, defaultdict
 OUT = os.environ.get("VLM_LORA_PROFILE_OUT", "")
 START = int(os.environ.get("VLM_LORA_PROFILE_START", "4"))
 STEPS = int(os.environ.get("VLM_LORA_PROFILE_STEPS", "4"))
+# Python stacks in the trace (VLM_LORA_PROFILE_STACK=1): `long_gaps` then names the code before each
+# long GPU wait; recording them slows the host, so the window's times are not the run's
+WITH_STACK = os.environ.get("VLM_LORA_PROFILE_STACK", "0") == "1"
 
 CATEGORIES = (
     ("nccl", ("nccl",)),
@@ -60,8 +63,8 @@ def summarize(prof, wall_s: float) -> dict:
         t = getattr(evt, "self_device_time_total", None)
         if t is None:
             t = getattr(evt, "self_cuda_time_total", 0)
-        if "CUDA" not in device_type or not t:
-            continue
+        if "CUDA" not in device_type or not t or evt.key.startswith("region:"):
+            continue  # region:* are the regions' ranges on the GPU timeline, not kernels
         kernels[evt.key] = kernels.get(evt.key, 0.0) + t / 1e6
     busy = sum(kernels.values())
     cats: dict[str, float] = {}
@@ -104,27 +107,51 @@ def _covered(busy: list[tuple[float, float]], starts: list[float], lo: float, hi
     return total
 
 
-def _launching_ops(events: list[dict]) -> dict[int, str]:
-    """Correlation id of each kernel launch -> the innermost CPU operator around the launch call."""
-    ops_by_tid: dict = defaultdict(list)
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # Triton and some libraries launch through the driver
+HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
+LONG_GAP_US = 1000.0
+# frames that say nothing about which model or trainer code did the host work
+_PLUMBING = (
+    "torch/nn/modules/module.py",
+    "torch/autograd/function.py",
+    "torch/utils/_contextlib.py",
+    "<built-in",
+    "torch/_tensor.py",
+    "torch/amp/",
+    "torch/autograd/profiler",
+)
+
+
+def _useful_frame(name: str) -> bool:
+    return not any(p in name for p in _PLUMBING)
+
+
+def _launch_contexts(events: list[dict]) -> dict[int, tuple[str, tuple[str, ...]]]:
+    """Correlation id of each kernel launch -> (innermost CPU operator, innermost Python frames).
+
+    One sweep in time order per thread, keeping the stack of the host ranges (operators, and
+    Python frames when the profile recorded stacks) open at each launch.
+    """
+    items = []
     for e in events:
-        if e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e:
-            ops_by_tid[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], e.get("name", "?")))
-    for ops in ops_by_tid.values():
-        ops.sort()
-    starts_by_tid = {tid: [o[0] for o in ops] for tid, ops in ops_by_tid.items()}
-    out: dict[int, str] = {}
-    for e in events:
-        if e.get("cat") != "cuda_runtime" or "correlation" not in e.get("args", {}):
+        cat = e.get("cat")
+        if cat in HOST_CATEGORIES and "dur" in e:
+            items.append((e["ts"], 0, e.get("tid"), e["ts"] + e["dur"], cat, e.get("name", "?")))
+        elif cat in LAUNCH_CATEGORIES and "correlation" in e.get("args", {}):
+            items.append((e["ts"], 1, e.get("tid"), e["args"]["correlation"], cat, ""))
+    items.sort(key=lambda it: (it[0], it[1], -it[3] if it[1] == 0 else 0))
+    stacks: dict = defaultdict(list)
+    out: dict[int, tuple[str, tuple[str, ...]]] = {}
+    for ts, kind, tid, value, cat, name in items:
+        stack = stacks[tid]
+        while stack and stack[-1][0] < ts:
+            stack.pop()
+        if kind == 0:
+            stack.append((value, cat, name))
             continue
-        ops, starts = ops_by_tid.get(e.get("tid"), []), starts_by_tid.get(e.get("tid"), [])
-        ts, best = e["ts"], None
-        for j in range(bisect_right(starts, ts) - 1, max(-1, bisect_right(starts, ts) - 400), -1):
-            a, b, name = ops[j]
-            if a <= ts <= b and (best is None or a >= best[0]):
-                best = (a, name)
-                break  # sorted by start: the latest-starting op that still contains ts is innermost
-        out[e["args"]["correlation"]] = best[1] if best else "(no operator)"
+        op = next((n for _, c, n in reversed(stack) if c != "python_function"), "(no operator)")
+        frames = tuple(n for _, c, n in reversed(stack) if c == "python_function" and _useful_frame(n))[:6]
+        out[value] = (op, frames)
     return out
 
 
@@ -147,10 +174,11 @@ def idle_summary(events: list[dict]) -> dict:
             r["kernel_s"] += _covered(busy, starts, e["ts"], e["ts"] + e["dur"]) / 1e6
     for r in regions.values():
         r["idle_s"] = r["span_s"] - r["kernel_s"]
-    launched_by = _launching_ops(events)
+    launched_by = _launch_contexts(events)
     buckets = Counter()
     bucket_s: dict[str, float] = defaultdict(float)
     late: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    long_gaps: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0, 0.0])
     end = kernels[0]["ts"] + kernels[0]["dur"]
     for k in kernels[1:]:
         gap = k["ts"] - end
@@ -159,15 +187,24 @@ def idle_summary(events: list[dict]) -> dict:
             buckets[label] += 1
             bucket_s[label] += gap / 1e6
             if gap >= LATE_GAP_US:
-                op = launched_by.get(k.get("args", {}).get("correlation"), "(no operator)")
+                op, frames = launched_by.get(k.get("args", {}).get("correlation"), ("(no operator)", ()))
                 late[op][0] += 1
                 late[op][1] += gap / 1e6
+                if gap >= LONG_GAP_US:
+                    where = (op, *frames) if frames else (op, k.get("name", "?")[:80])
+                    long_gaps[where][0] += 1
+                    long_gaps[where][1] += gap / 1e6
         end = max(end, k["ts"] + k["dur"])
     top_late = sorted(late.items(), key=lambda kv: -kv[1][1])[:25]
     return {
         "regions": regions,
         "gaps": {label: {"count": buckets[label], "s": bucket_s[label]} for label in buckets},
         "late_launches": [{"launched_by": op[:160], "gaps": n, "s": t} for op, (n, t) in top_late],
+        # gaps of 1 ms or more: the operator and (with stacks) the code whose launch ended each
+        "long_gaps": [
+            {"launched_at": [w[:160] for w in where], "gaps": n, "s": t}
+            for where, (n, t) in sorted(long_gaps.items(), key=lambda kv: -kv[1][1])[:25]
+        ],
     }
 
 
@@ -292,7 +329,7 @@ def _install() -> None:
             self.compute_loss = regions.wrap(self.compute_loss, "forward_and_loss")
         if n == START:
             sync()
-            prof = torch.profiler.profile(activities=activities)
+            prof = torch.profiler.profile(activities=activities, with_stack=WITH_STACK)
             prof.__enter__()
             regions.active = True
             state.update(prof=prof, t0=time.perf_counter())

@@ -166,20 +166,28 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 PROFILED_SUFFIX = "_prof"
 PROFILE_WINDOW = {"VLM_LORA_PROFILE_START": "4", "VLM_LORA_PROFILE_STEPS": "4"}
+# `<profile>_profstack`: the same with Python stacks, so that the profile names the code before each long GPU wait
+STACK_SUFFIX = "_profstack"
 
 
 def profile_settings(name: str) -> dict[str, Any]:
     """A profile's settings; `<profile>_prof` is that profile under torch.profiler (micro-steps 4-7)."""
     if name in PROFILES:
         return PROFILES[name]
-    base = name[: -len(PROFILED_SUFFIX)] if name.endswith(PROFILED_SUFFIX) else ""
+    stack = name.endswith(STACK_SUFFIX)
+    suffix = STACK_SUFFIX if stack else PROFILED_SUFFIX
+    base = name[: -len(suffix)] if name.endswith(suffix) else ""
     if base not in PROFILES:
         raise SystemExit(
             f"unknown profile {name!r}; known: {', '.join(PROFILES)} (and any of them + {PROFILED_SUFFIX!r})"
         )
     settings = dict(PROFILES[base])
     settings["external_plugins"] = [*settings.get("external_plugins", []), "PROFILE_PLUGIN"]
-    settings["env"] = {**settings.get("env", {}), **PROFILE_WINDOW}
+    settings["env"] = {
+        **settings.get("env", {}),
+        **PROFILE_WINDOW,
+        **({"VLM_LORA_PROFILE_STACK": "1"} if stack else {}),
+    }
     return settings
 
 

@@ -136,6 +136,9 @@ def test_any_profile_can_run_under_the_profiler():
     assert "external_plugins" not in PROFILES["b8_nogc_liger_allrows"]  # the base profile is left as it is
     with pytest.raises(SystemExit, match="unknown profile 'nope_prof'"):
         profile_settings("nope_prof")
+    stacked = profile_settings("b8_nogc_liger_nodrop_profstack")
+    assert stacked["env"]["VLM_LORA_PROFILE_STACK"] == "1" and stacked["lora_dropout"] == 0.0
+    assert "VLM_LORA_PROFILE_STACK" not in profile_settings("b8_nogc_liger_nodrop_prof")["env"]
 
 
 def test_host_sync_lines_are_counted_by_source_line():
@@ -209,6 +212,38 @@ def test_idle_summary_finds_where_the_gpu_waited_and_who_launched_late():
     late = {r["launched_by"]: r["gaps"] for r in idle_summary(events)["late_launches"]}
     assert late == {"aten::add": 1}
     assert idle_summary([op("x", 0, 1)]) == {}
+
+
+def test_long_gaps_name_the_python_code_before_them():
+    from benchmarks.profile_plugin import idle_summary
+
+    def ev(cat, name, ts, dur, tid=1, **args):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+    events = [
+        ev("python_function", "trainer.py(10): training_step", 0, 10000),
+        ev("python_function", "torch/nn/modules/module.py(1): _call_impl", 5, 9000),
+        ev("python_function", "qwen.py(1002): _deepstack_process", 10, 8000),
+        ev("cpu_op", "aten::nonzero", 20, 3000),
+        ev("cpu_op", "aten::index", 4000, 100),
+        ev("cuda_driver", "cuLaunchKernelEx", 4050, 5, correlation=2),  # Triton-style launch, inside aten::index
+        ev("cuda_runtime", "cudaLaunchKernel", 30, 5, correlation=1),
+        ev("kernel", "k1", 40, 10, tid=7, correlation=1),
+        ev("kernel", "k2", 4060, 10, tid=7, correlation=2),  # 4010 us after k1 ended
+    ]
+    out = idle_summary(events)
+    assert out["late_launches"] == [{"launched_by": "aten::index", "gaps": 1, "s": pytest.approx(4010e-6)}]
+    # the module-call plumbing frame is left out; innermost first
+    assert out["long_gaps"] == [
+        {
+            "launched_at": ["aten::index", "qwen.py(1002): _deepstack_process", "trainer.py(10): training_step"],
+            "gaps": 1,
+            "s": pytest.approx(4010e-6),
+        }
+    ]
+    # without stacks: the operator and the kernel that waited
+    plain = idle_summary([e for e in events if e["cat"] != "python_function"])
+    assert plain["long_gaps"][0]["launched_at"] == ["aten::index", "k2"]
 
 
 def test_flops_are_counted_at_the_max_pixels_training_gets(tmp_path, monkeypatch):
