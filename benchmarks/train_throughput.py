@@ -110,6 +110,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "optim": "adamw_torch_fused",
     },
     "b8_nogc_liger_nodrop": nogc_liger(8, lora_dropout=0.0),
+    # without dropout, the plugin's LoRA function instead of its lean path (autograd's own nodes)
+    "b8_nogc_liger_nodrop_nolean": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_LEAN_LORA": "0"}),
     "b8_nogc_liger_w8": nogc_liger(8, dataloader_num_workers=8, dataloader_prefetch_factor=4),
     # the same with the caching allocator's expandable segments (less fragmentation: headroom)
     "b8_nogc_liger_exp": nogc_liger(8, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),

@@ -144,6 +144,44 @@ def test_bf16_autocast_is_as_close_to_float32_as_peft():
         assert _rel_err(g_f[name], g_x[name]) < 0.03, name
 
 
+def _grad_fn_names(model, x) -> set[str]:
+    original = LoraLinear.forward
+    LoraLinear.forward = lambda self, inp, *a, **k: fused_lora.fused_forward(self, inp, *a, **k)
+    try:
+        out = model.base_model.model.q(x)
+    finally:
+        LoraLinear.forward = original
+    return {type(out.grad_fn).__name__, *(type(f).__name__ for f, _ in out.grad_fn.next_functions if f)}
+
+
+def test_lean_path_without_dropout_equals_the_function_and_uses_autograds_nodes(monkeypatch):
+    """Without dropout, under autocast: autograd's own nodes (no Python backward), same values."""
+    peft_model, fused_model = _models()
+    lean_model = copy.deepcopy(fused_model)
+    x = torch.randn(4, 9, 24)
+    monkeypatch.setattr(fused_lora, "LEAN", False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_f, gx_f, g_f = _run(fused_model, x, fused=True)
+        assert "_LoraDeltaBackward" in _grad_fn_names(fused_model, x)  # the Python function
+    monkeypatch.setattr(fused_lora, "LEAN", True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_l, gx_l, g_l = _run(lean_model, x, fused=True)
+        assert "AddmmBackward0" in _grad_fn_names(lean_model, x)
+        out_p, gx_p, g_p = _run(peft_model, x, fused=False)
+    assert out_l.dtype == torch.bfloat16 and set(g_l) == set(g_f) and len(g_l) == 8
+    _close(out_l, out_f, rtol=1e-2, atol=1e-2)
+    _close(gx_l.float(), gx_f.float(), rtol=2e-2, atol=2e-2)
+    for name in g_f:
+        assert g_l[name].dtype == torch.float32
+        # bf16 products either way: as close to each other as to peft's own graph
+        assert _rel_err(g_l[name], g_f[name]) <= max(2 * _rel_err(g_p[name], g_f[name]), 1e-2), name
+    # with dropout, or without autocast, the function as before
+    drop_model, _ = _models(dropout=0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "AddmmBackward0" not in _grad_fn_names(drop_model, x)
+    assert "AddmmBackward0" not in _grad_fn_names(lean_model, x)
+
+
 def _saved_bytes(model, x, fused: bool) -> int:
     seen: dict[int, int] = {}
 

@@ -65,6 +65,7 @@ print(
     flag(after.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
     plugin.FUSED_LORA, plugin.COMPILE_LAYERS, plugin.TRAINER_INIT,
     "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
+    plugin._load_sibling("fused_lora").LEAN,
 )
 """
 
@@ -73,6 +74,7 @@ SWITCHES_OFF = {
     "VLM_LORA_RIGHT_PAD_CAUSAL": "0",
     "VLM_LORA_HOST_VISION_SEQLENS": "0",
     "VLM_LORA_FUSED_LORA": "0",
+    "VLM_LORA_LEAN_LORA": "0",
     "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
 }
 
@@ -80,8 +82,8 @@ SWITCHES_OFF = {
 @pytest.mark.parametrize(
     ("flipped", "expected"),
     [
-        (False, "True 3 True True True True True True True False True True"),
-        (True, "False 16 True False False False False False False True True True"),
+        (False, "True 3 True True True True True True True False True True True"),
+        (True, "False 16 True False False False False False False True True True False"),
     ],
 )
 def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, expected):

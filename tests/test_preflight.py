@@ -224,6 +224,7 @@ def test_job_env_accepts_the_train_lora_plugins_own_switches():
         ({"VLM_LORA_LABEL_ROWS_LOSS": "no"}, r"VLM_LORA_LABEL_ROWS_LOSS: 'no' is not a value it takes"),
         ({"VLM_LORA_HOST_VISION_SEQLENS": "2"}, r"VLM_LORA_HOST_VISION_SEQLENS: '2' is not a value it takes"),
         ({"VLM_LORA_COMPILE_VISION": "y"}, r"VLM_LORA_COMPILE_VISION: 'y' is not a value it takes"),
+        ({"VLM_LORA_LEAN_LORA": "lean"}, r"VLM_LORA_LEAN_LORA: 'lean' is not a value it takes"),
     ],
 )
 def test_job_env_refuses_values_the_plugin_does_not_take(env, match):
@@ -237,6 +238,7 @@ def test_job_env_refuses_values_the_plugin_does_not_take(env, match):
             "VLM_LORA_LABEL_ROWS_LOSS": "1",
             "VLM_LORA_HOST_VISION_SEQLENS": 0,
             "VLM_LORA_COMPILE_VISION": "1",
+            "VLM_LORA_LEAN_LORA": "0",
         }
     )
 

@@ -53,6 +53,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_RIGHT_PAD_CAUSAL",
         "VLM_LORA_HOST_VISION_SEQLENS",
         "VLM_LORA_LIGER_SWIGLU",
+        "VLM_LORA_LEAN_LORA",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -133,6 +134,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
     "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
     "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
+    "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
 }
 
 

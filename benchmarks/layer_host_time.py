@@ -1,0 +1,179 @@
+"""Host time against GPU time of one Qwen3-VL-4B decoder layer with LoRA, per way of running LoRA.
+
+A tuned training step leaves the GPU idle for part of its time (benchmarks/README.md): where the
+host launches kernels more slowly than the GPU runs them, the step's time is the host's. This
+measures one language-model decoder layer of the 4B architecture (random weights, bf16, LoRA r8 on
+its seven projections with float32 adapters, Liger's RMSNorm / rotary / SiLU-multiply where Liger is
+installed, sdpa, bf16 autocast as in training), forward and backward, three ways:
+
+- `host_us`: a few tokens, so the GPU never waits for work: the wall time per iteration is what the
+  host spends launching one layer's forward and backward;
+- `wall_ms`: the tuned plan's micro-batch (8 rows x 1,207 tokens by default), iterations back to back
+  with one synchronisation at the end: what a layer costs in training;
+- `gpu_ms`: the same iterations' kernel time (CUDA events around each iteration's work, queued
+  after a synchronisation so no host time is inside).
+
+Variants: peft's own LoRA forward; the train-lora plugin's LoRA function (`lora_delta`); without
+dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05.
+
+    python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
+
+Prints one line per variant and a JSON summary (RESULT ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from benchmarks.qwen3_vl_4b import QWEN3_VL_4B_CONFIG
+
+DEVICE = "cuda"
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build_layer(dropout: float, liger: bool):
+    """One decoder layer of the 4B's language model with LoRA; returns (peft model, layer, rotary)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as mq
+
+    if liger:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_vl
+
+        apply_liger_kernel_to_qwen3_vl(rope=True, rms_norm=True, fused_linear_cross_entropy=False)
+    config = Qwen3VLTextConfig(**QWEN3_VL_4B_CONFIG["text_config"])
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    holder = torch.nn.Module()
+    holder.layer = mq.Qwen3VLTextDecoderLayer(config, layer_idx=0)
+    holder.rotary = mq.Qwen3VLTextRotaryEmbedding(config=config)
+    holder = holder.to(DEVICE, torch.bfloat16)
+    if liger:
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        from components.train_lora.swiglu import fuse_silu_mul
+
+        fuse_silu_mul(holder, LigerSiLUMulFunction.apply)
+    model = get_peft_model(holder, LoraConfig(r=8, lora_alpha=32, lora_dropout=dropout, target_modules=TARGETS))
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            param.data = param.data.float()
+    model.train()
+    return model, holder.layer, holder.rotary
+
+
+def _inputs(layer, rotary, rows: int, tokens: int):
+    import torch
+
+    hidden = layer.self_attn.config.hidden_size
+    x = torch.randn(rows, tokens, hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    position_ids = torch.arange(tokens, device=DEVICE).expand(3, rows, tokens)
+    cos_sin = rotary(x, position_ids)
+    return x, cos_sin
+
+
+def _step(layer, x, cos_sin) -> None:
+    import torch
+
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = layer(x, attention_mask=None, position_embeddings=cos_sin)
+    out = out[0] if isinstance(out, tuple) else out
+    out.float().square().mean().backward()
+
+
+def measure(layer, rotary, rows: int, tokens: int, iters: int) -> dict[str, float]:
+    import torch
+
+    small_x, small_cs = _inputs(layer, rotary, 1, 16)
+    x, cos_sin = _inputs(layer, rotary, rows, tokens)
+    for _ in range(3):
+        _step(layer, small_x, small_cs)
+        _step(layer, x, cos_sin)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters * 4):
+        _step(layer, small_x, small_cs)
+    torch.cuda.synchronize()
+    host_us = (time.perf_counter() - t0) / (iters * 4) * 1e6
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        _step(layer, x, cos_sin)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) / iters * 1e3
+    gpu = 0.0
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # the GPU busy until the host has queued the whole iteration
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        _step(layer, x, cos_sin)
+        end.record()
+        end.synchronize()
+        gpu += begin.elapsed_time(end)
+    layer.zero_grad(set_to_none=True)
+    return {"host_us": host_us, "wall_ms": wall_ms, "gpu_ms": gpu / iters}
+
+
+def _set_variant(variant: str) -> None:
+    from peft.tuners.lora.layer import Linear
+
+    from components.train_lora import fused_lora
+
+    original = getattr(Linear.forward, "_vlm_lora_original", Linear.forward)
+    if variant == "peft":
+        Linear.forward = original
+        return
+
+    def forward(self, x, *args, **kwargs):
+        out = fused_lora.fused_forward(self, x, *args, **kwargs)
+        return original(self, x, *args, **kwargs) if out is None else out
+
+    forward._vlm_lora_original = original
+    Linear.forward = forward
+    fused_lora.LEAN = variant == "lean"
+
+
+VARIANTS = (("peft", 0.0), ("function", 0.0), ("lean", 0.0), ("peft", 0.05), ("function", 0.05))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1207)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--no-liger", action="store_true")
+    args = parser.parse_args(argv)
+    import torch
+
+    liger = not args.no_liger
+    if liger:
+        try:
+            import liger_kernel  # noqa: F401
+        except ImportError:
+            liger = False
+    results = []
+    for variant, dropout in VARIANTS:
+        _set_variant(variant)
+        model, layer, rotary = build_layer(dropout, liger)
+        row = {"variant": variant, "lora_dropout": dropout, "liger": liger}
+        row.update(measure(layer, rotary, args.rows, args.tokens, args.iters))
+        row["host_share_of_gpu"] = row["host_us"] / 1e3 / row["gpu_ms"]
+        results.append(row)
+        print(
+            f"{variant:9s} dropout {dropout:4.2f}  host {row['host_us']:7.0f} us  wall {row['wall_ms']:7.2f} ms  "
+            f"gpu {row['gpu_ms']:7.2f} ms  host/gpu {row['host_share_of_gpu']:.2f}",
+            flush=True,
+        )
+        del model, layer, rotary
+        torch.cuda.empty_cache()
+    summary = {"device": torch.cuda.get_device_name(), "rows": args.rows, "tokens": args.tokens, "results": results}
+    print("RESULT " + json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
