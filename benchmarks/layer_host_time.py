@@ -14,7 +14,9 @@ installed, sdpa, bf16 autocast as in training), forward and backward, three ways
   after a synchronisation so no host time is inside).
 
 Variants: peft's own LoRA forward; the train-lora plugin's LoRA function (`lora_delta`); without
-dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05.
+dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05; the frozen
+layer without LoRA (`nolora`). `--cprofile` adds where the host time goes (cProfile, own time per
+function and iteration).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
 
@@ -34,7 +36,7 @@ DEVICE = "cuda"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def build_layer(dropout: float, liger: bool):
+def build_layer(dropout: float, liger: bool, lora: bool = True):
     """One decoder layer of the 4B's language model with LoRA; returns (peft model, layer, rotary)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -58,6 +60,9 @@ def build_layer(dropout: float, liger: bool):
         from components.train_lora.swiglu import fuse_silu_mul
 
         fuse_silu_mul(holder, LigerSiLUMulFunction.apply)
+    if not lora:  # the frozen layer alone: its input still gets gradients
+        holder.requires_grad_(False)
+        return holder, holder.layer, holder.rotary
     model = get_peft_model(holder, LoraConfig(r=8, lora_alpha=32, lora_dropout=dropout, target_modules=TARGETS))
     for name, param in model.named_parameters():
         if "lora_" in name:
@@ -118,6 +123,37 @@ def measure(layer, rotary, rows: int, tokens: int, iters: int) -> dict[str, floa
     return {"host_us": host_us, "wall_ms": wall_ms, "gpu_ms": gpu / iters}
 
 
+def host_profile(layer, rotary, iters: int, top: int = 30) -> list[dict[str, Any]]:
+    """cProfile of the few-token loop (host only): the functions with the most own time per iteration."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    small_x, small_cs = _inputs(layer, rotary, 1, 16)
+    _step(layer, small_x, small_cs)
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(iters):
+        _step(layer, small_x, small_cs)
+    torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (path, line, func), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():
+        rows.append(
+            {
+                "where": f"{path.split('site-packages/')[-1]}:{line}({func})",
+                "calls_per_iter": calls / iters,
+                "own_us_per_iter": tottime / iters * 1e6,
+                "cum_us_per_iter": cumtime / iters * 1e6,
+            }
+        )
+    rows.sort(key=lambda r: -r["own_us_per_iter"])
+    return rows[:top]
+
+
 def _set_variant(variant: str) -> None:
     from peft.tuners.lora.layer import Linear
 
@@ -137,7 +173,7 @@ def _set_variant(variant: str) -> None:
     fused_lora.LEAN = variant == "lean"
 
 
-VARIANTS = (("peft", 0.0), ("function", 0.0), ("lean", 0.0), ("peft", 0.05), ("function", 0.05))
+VARIANTS = (("peft", 0.0), ("function", 0.0), ("lean", 0.0), ("peft", 0.05), ("function", 0.05), ("nolora", 0.0))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -146,6 +182,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=int, default=1207)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--no-liger", action="store_true")
+    parser.add_argument("--variants", default="", help="comma-separated variant:dropout pairs (default: all)")
+    parser.add_argument("--cprofile", action="store_true", help="also print each variant's host-side cProfile")
     args = parser.parse_args(argv)
     import torch
 
@@ -156,12 +194,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except ImportError:
             liger = False
     results = []
-    for variant, dropout in VARIANTS:
+    chosen = [(v.split(":")[0], float(v.split(":")[1])) for v in args.variants.split(",") if v] or VARIANTS
+    for variant, dropout in chosen:
         _set_variant(variant)
-        model, layer, rotary = build_layer(dropout, liger)
+        model, layer, rotary = build_layer(dropout, liger, lora=variant != "nolora")
         row = {"variant": variant, "lora_dropout": dropout, "liger": liger}
         row.update(measure(layer, rotary, args.rows, args.tokens, args.iters))
         row["host_share_of_gpu"] = row["host_us"] / 1e3 / row["gpu_ms"]
+        if args.cprofile:
+            row["host_profile"] = host_profile(layer, rotary, args.iters)
+            for r in row["host_profile"]:
+                print(
+                    f"    {r['own_us_per_iter']:8.0f} us own {r['cum_us_per_iter']:8.0f} cum "
+                    f"{r['calls_per_iter']:6.0f} calls  {r['where'][:110]}"
+                )
         results.append(row)
         print(
             f"{variant:9s} dropout {dropout:4.2f}  host {row['host_us']:7.0f} us  wall {row['wall_ms']:7.2f} ms  "
