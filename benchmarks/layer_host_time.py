@@ -15,7 +15,8 @@ installed, sdpa, bf16 autocast as in training), forward and backward, three ways
 
 Variants: peft's own LoRA forward; the train-lora plugin's LoRA function (`lora_delta`); without
 dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05; the frozen
-layer without LoRA (`nolora`). `--cprofile` adds where the host time goes (cProfile, own time per
+layer without LoRA (`nolora`); `...norm`: with torch's fused RMSNorm in place of Liger's
+(components/train_lora/rms_norm.py). `--cprofile` adds where the host time goes (cProfile, own time per
 function and iteration).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
@@ -36,7 +37,7 @@ DEVICE = "cuda"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def build_layer(dropout: float, liger: bool, lora: bool = True):
+def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool = False):
     """One decoder layer of the 4B's language model with LoRA; returns (peft model, layer, rotary)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -60,6 +61,10 @@ def build_layer(dropout: float, liger: bool, lora: bool = True):
         from components.train_lora.swiglu import fuse_silu_mul
 
         fuse_silu_mul(holder, LigerSiLUMulFunction.apply)
+    if torch_norm:
+        from components.train_lora.rms_norm import use_torch_rms_norm
+
+        use_torch_rms_norm(holder)
     if not lora:  # the frozen layer alone: its input still gets gradients
         holder.requires_grad_(False)
         return holder, holder.layer, holder.rotary
@@ -170,10 +175,19 @@ def _set_variant(variant: str) -> None:
 
     forward._vlm_lora_original = original
     Linear.forward = forward
-    fused_lora.LEAN = variant == "lean"
+    fused_lora.LEAN = variant.startswith("lean")
 
 
-VARIANTS = (("peft", 0.0), ("function", 0.0), ("lean", 0.0), ("peft", 0.05), ("function", 0.05), ("nolora", 0.0))
+VARIANTS = (
+    ("peft", 0.0),
+    ("function", 0.0),
+    ("lean", 0.0),
+    ("leannorm", 0.0),
+    ("peft", 0.05),
+    ("function", 0.05),
+    ("functionnorm", 0.05),
+    ("nolora", 0.0),
+)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -197,7 +211,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = [(v.split(":")[0], float(v.split(":")[1])) for v in args.variants.split(",") if v] or VARIANTS
     for variant, dropout in chosen:
         _set_variant(variant)
-        model, layer, rotary = build_layer(dropout, liger, lora=variant != "nolora")
+        model, layer, rotary = build_layer(
+            dropout, liger, lora=variant != "nolora", torch_norm=variant.endswith("norm")
+        )
         row = {"variant": variant, "lora_dropout": dropout, "liger": liger}
         row.update(measure(layer, rotary, args.rows, args.tokens, args.iters))
         row["host_share_of_gpu"] = row["host_us"] / 1e3 / row["gpu_ms"]
@@ -216,7 +232,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         del model, layer, rotary
         torch.cuda.empty_cache()
-    summary = {"device": torch.cuda.get_device_name(), "rows": args.rows, "tokens": args.tokens, "results": results}
+    from components.train_lora.rms_norm import fused_op_on
+
+    summary = {
+        "device": torch.cuda.get_device_name(),
+        "torch_rms_norm_fused": fused_op_on("cuda"),
+        "rows": args.rows,
+        "tokens": args.tokens,
+        "results": results,
+    }
     print("RESULT " + json.dumps(summary))
     return summary
 

@@ -54,6 +54,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_HOST_VISION_SEQLENS",
         "VLM_LORA_LIGER_SWIGLU",
         "VLM_LORA_LEAN_LORA",
+        "VLM_LORA_TORCH_RMS_NORM",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -135,6 +136,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
     "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
     "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
+    "VLM_LORA_TORCH_RMS_NORM": "0 (Liger's RMSNorm) or 1 (torch's fused RMSNorm with Liger on, on CUDA, the default)",
 }
 
 
