@@ -110,9 +110,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "optim": "adamw_torch_fused",
     },
     "b8_nogc_liger_nodrop": nogc_liger(8, lora_dropout=0.0),
-    # Liger's own RMSNorm kept (the train-lora plugin otherwise runs torch's fused one)
-    "b8_nogc_liger_ligernorm": nogc_liger(8, env={"VLM_LORA_TORCH_RMS_NORM": "0"}),
-    "b8_nogc_liger_nodrop_ligernorm": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_TORCH_RMS_NORM": "0"}),
+    # torch's fused RMSNorm in place of Liger's (train-lora plugin, opt-in VLM_LORA_TORCH_RMS_NORM=1)
+    "b8_nogc_liger_torchnorm": nogc_liger(8, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
+    "b8_nogc_liger_nodrop_torchnorm": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
     # without dropout, the plugin's LoRA function instead of its lean path (autograd's own nodes)
     "b8_nogc_liger_nodrop_nolean": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_LEAN_LORA": "0"}),
     "b8_nogc_liger_w8": nogc_liger(8, dataloader_num_workers=8, dataloader_prefetch_factor=4),

@@ -76,7 +76,7 @@ SWITCHES_OFF = {
     "VLM_LORA_HOST_VISION_SEQLENS": "0",
     "VLM_LORA_FUSED_LORA": "0",
     "VLM_LORA_LEAN_LORA": "0",
-    "VLM_LORA_TORCH_RMS_NORM": "0",
+    "VLM_LORA_TORCH_RMS_NORM": "1",  # opt-in: on here
     "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
 }
 
@@ -84,8 +84,8 @@ SWITCHES_OFF = {
 @pytest.mark.parametrize(
     ("flipped", "expected"),
     [
-        (False, "True 3 True True True True True True True False True True True True True"),
-        (True, "False 16 True False False False False False False True True True False False False"),
+        (False, "True 3 True True True True True True True False True True True False False"),
+        (True, "False 16 True False False False False False False True True True False True True"),
     ],
 )
 def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, expected):

@@ -136,7 +136,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
     "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
     "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
-    "VLM_LORA_TORCH_RMS_NORM": "0 (Liger's RMSNorm) or 1 (torch's fused RMSNorm with Liger on, on CUDA, the default)",
+    "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's, the default)",
 }
 
 
