@@ -19,6 +19,8 @@ copies to the CPU) and how often, each a point where the GPU may run dry.
 profiler ranges, so each has a span on the GPU's timeline) the span, the kernel time inside it and
 the rest; the gaps between consecutive kernels by size; and the operators that launched the kernel
 after each gap of 20 µs or more (the host work the GPU waited for ends with that launch).
+`unprofiled` times the same regions over as many later micro-steps without the profiler (which slows
+the host) and subtracts the profiled kernel times: the GPU's idle time per region as training runs.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ STEPS = int(os.environ.get("VLM_LORA_PROFILE_STEPS", "4"))
 # Python stacks in the trace (VLM_LORA_PROFILE_STACK=1): `long_gaps` then names the code before each
 # long GPU wait; recording them slows the host, so the window's times are not the run's
 WITH_STACK = os.environ.get("VLM_LORA_PROFILE_STACK", "0") == "1"
+# after the profiled window, the same number of micro-steps timed by region without the profiler
+UNPROFILED_START = START + STEPS + 2
 
 CATEGORIES = (
     ("nccl", ("nccl",)),
@@ -260,6 +264,33 @@ def region_summary(regions: dict[str, float], wall_s: float) -> dict:
     return {"seconds": out, "fraction_of_wall": {k: v / wall_s for k, v in out.items()} if wall_s else {}}
 
 
+def unprofiled_summary(regions: dict[str, float], wall_s: float, profiled: dict) -> dict:
+    """The same regions timed without the profiler, and the GPU's idle time in each.
+
+    The profiler slows the host, so where the GPU waits for the host its idle time is overstated;
+    kernel times hardly change. Idle here = a region's unprofiled time less the kernel time the
+    profiled window measured in it (the backward's kernels = all kernels less the forward's and the
+    optimizer's, which run between micro-steps).
+    """
+    out = region_summary(regions, wall_s)
+    seconds = out["seconds"]
+    kernels = {name: r["kernel_s"] for name, r in profiled.get("idle", {}).get("regions", {}).items()}
+    total = profiled.get("gpu_kernel_s", 0.0)
+    if "forward_and_loss" in kernels:
+        kernels["backward_and_between"] = total - kernels["forward_and_loss"]
+        seconds = {
+            **seconds,
+            "backward_and_between": seconds.get("backward", 0.0) + seconds.get("between_micro_steps", 0.0),
+        }
+    idle = {name: seconds[name] - k for name, k in kernels.items() if name in seconds and name != "training_step"}
+    return {
+        "wall_s": wall_s,
+        "seconds": seconds,
+        "gpu_idle_s": idle,
+        "gpu_idle_fraction": max(0.0, 1 - total / wall_s) if wall_s else 0.0,
+    }
+
+
 def host_sync_lines(caught: list) -> dict[str, int]:
     """Source lines of the warnings torch's sync debug mode raised, most frequent first."""
     counts = Counter(
@@ -327,6 +358,11 @@ def _install() -> None:
         if n == 0:  # ms-swift's trainer overrides compute_loss: wrap the instance's
             _hook_vision(self.model, regions)
             self.compute_loss = regions.wrap(self.compute_loss, "forward_and_loss")
+        if n == UNPROFILED_START and "summary" in state:
+            sync()
+            regions.pairs.clear()
+            regions.active = True
+            state["t0"] = time.perf_counter()
         if n == START:
             sync()
             prof = torch.profiler.profile(activities=activities, with_stack=WITH_STACK)
@@ -355,6 +391,15 @@ def _install() -> None:
                 os.remove(trace)
                 with open(OUT, "w", encoding="utf-8") as f:
                     json.dump(summary, f, indent=1)
+                state["summary"] = summary
+        if n == UNPROFILED_START + STEPS - 1 and "summary" in state:
+            sync()
+            wall = time.perf_counter() - state["t0"]
+            regions.active = False
+            summary = state.pop("summary")
+            summary["unprofiled"] = unprofiled_summary(regions.seconds(), wall, summary)
+            with open(OUT, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=1)
         return out
 
     Trainer.training_step = training_step

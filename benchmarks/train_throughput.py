@@ -110,6 +110,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "optim": "adamw_torch_fused",
     },
     "b8_nogc_liger_nodrop": nogc_liger(8, lora_dropout=0.0),
+    # ms-swift's logits_to_keep off (its `.item()` at every micro-step's start; with Liger the train-lora plugin
+    # hands the loss the labelled rows anyway) / each micro-step's token count read at once (transformers' way)
+    "b8_nogc_liger_nokeep": nogc_liger(8, use_logits_to_keep=False),
+    "b8_nogc_liger_nodrop_nokeep": nogc_liger(8, lora_dropout=0.0, use_logits_to_keep=False),
+    "b8_nogc_liger_syncount": nogc_liger(8, env={"VLM_LORA_ASYNC_TOKENS": "0"}),
+    "b8_nogc_liger_nodrop_syncount": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_ASYNC_TOKENS": "0"}),
     # torch's fused RMSNorm in place of Liger's (train-lora plugin, opt-in VLM_LORA_TORCH_RMS_NORM=1)
     "b8_nogc_liger_torchnorm": nogc_liger(8, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
     "b8_nogc_liger_nodrop_torchnorm": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),

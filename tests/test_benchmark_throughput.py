@@ -214,6 +214,22 @@ def test_idle_summary_finds_where_the_gpu_waited_and_who_launched_late():
     assert idle_summary([op("x", 0, 1)]) == {}
 
 
+def test_unprofiled_regions_less_profiled_kernel_time_is_idle():
+    from benchmarks.profile_plugin import unprofiled_summary
+
+    profiled = {
+        "gpu_kernel_s": 2.0,
+        "idle": {"regions": {"forward_and_loss": {"kernel_s": 1.1}, "vision_forward": {"kernel_s": 0.4}}},
+    }
+    regions = {"training_step": 2.2, "forward_and_loss": 1.2, "vision_forward": 0.45}
+    out = unprofiled_summary(regions, 2.3, profiled)
+    assert out["gpu_idle_s"]["forward_and_loss"] == pytest.approx(0.1)
+    assert out["gpu_idle_s"]["vision_forward"] == pytest.approx(0.05)
+    # backward 1.0 + between 0.1 against 2.0 - 1.1 = 0.9 s of kernels
+    assert out["gpu_idle_s"]["backward_and_between"] == pytest.approx(0.2)
+    assert out["gpu_idle_fraction"] == pytest.approx(1 - 2.0 / 2.3)
+
+
 def test_long_gaps_name_the_python_code_before_them():
     from benchmarks.profile_plugin import idle_summary
 

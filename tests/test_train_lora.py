@@ -113,6 +113,51 @@ def test_plugin_counts_tokens_without_padding():
     assert fake.state.num_input_tokens_seen == 7
 
 
+def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_where_read():
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import Trainer
+
+    from components.train_lora import swift_plugin
+
+    class Event:  # a CUDA event: done once the GPU reaches it
+        def __init__(self):
+            self.done = False
+            events.append(self)
+
+        def record(self):
+            pass
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+    events: list = []
+    fake_torch = SimpleNamespace(
+        empty=lambda shape, dtype, pin_memory: torch.empty(shape, dtype=dtype),
+        cuda=SimpleNamespace(Event=Event),
+    )
+    pending = swift_plugin.PendingCounts(fake_torch)
+    state = SimpleNamespace(num_input_tokens_seen=0)
+    for n in (7, 5, 9):
+        pending.add(torch.tensor(n))
+    events[0].done = True
+    pending.drain(state, wait=False)  # the first is on the host, the second not yet: stop there, in order
+    assert state.num_input_tokens_seen == 7 and len(pending.queue) == 2
+    events[2].done = True
+    pending.drain(state, wait=False)
+    assert state.num_input_tokens_seen == 7  # the third waits behind the second
+    pending.drain(state, wait=True)
+    assert state.num_input_tokens_seen == 21 and not pending.queue
+    # logging and checkpoints complete the count first
+    assert swift_plugin.INSTALLED
+    for name in ("log", "_save_checkpoint"):
+        assert getattr(getattr(Trainer, name), "_vlm_lora_non_padding", False), name
+
+
 def test_summarize_log_reports_tokens_per_second():
     log = [
         {"loss": 3.0, "step": 5, "num_input_tokens_seen": 6000, "train_tokens_per_second": 1500.0},

@@ -5,7 +5,10 @@
 without, but its command-line parser only accepts true/false for `include_num_input_tokens_seen`, and true counts padding. With
 batches of more than one sample that inflates tokens/s by the padding. This plugin makes
 the count exclude padding whenever the batch has an attention mask: the task's tokens/s
-is then the language-model tokens (text + image tokens) actually trained on.
+is then the language-model tokens (text + image tokens) actually trained on. Each micro-step's
+count reaches the state without making the host wait for the GPU (`PendingCounts`); logging and
+checkpoints wait for the counts still in flight, so what they record is complete.
+VLM_LORA_ASYNC_TOKENS=0 reads each count at once (transformers' way).
 
 2. No float32 copies of activations in the LoRA branches under bf16 autocast. peft casts
 each LoRA layer's input to the adapter weights' dtype (float32 master weights) before
@@ -78,6 +81,8 @@ import os
 import sys
 from pathlib import Path
 
+ASYNC_TOKENS = os.environ.get("VLM_LORA_ASYNC_TOKENS", "1") != "0"
+
 
 def _install() -> bool:
     try:
@@ -94,12 +99,63 @@ def _install() -> bool:
         if self.args.include_num_input_tokens_seen == "no" or mask is None or mask.dim() != 2:
             return original(self, inputs)
         count = torch.as_tensor(mask.sum(), device=self.args.device, dtype=torch.int64)
-        self.state.num_input_tokens_seen += self.accelerator.gather(count).sum().item()
+        count = self.accelerator.gather(count).sum()
+        if count.is_cuda and ASYNC_TOKENS:  # read later, not making the host wait for this micro-step's backward
+            self.__dict__.setdefault("_vlm_lora_tokens", PendingCounts(torch)).add(count)
+            self._vlm_lora_tokens.drain(self.state, wait=False)
+        else:
+            self.state.num_input_tokens_seen += int(count)
         return None
+
+    def drained(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            pending = self.__dict__.get("_vlm_lora_tokens")
+            if pending is not None:
+                pending.drain(self.state, wait=True)
+            return method(self, *args, **kwargs)
+
+        wrapper._vlm_lora_non_padding = True
+        return wrapper
 
     _track_num_input_tokens._vlm_lora_non_padding = True
     Trainer._track_num_input_tokens = _track_num_input_tokens
+    # the count is read when logging and when a checkpoint saves the trainer state: complete it there
+    for name in ("log", "_save_checkpoint"):
+        method = getattr(Trainer, name, None)
+        if method is not None and not getattr(method, "_vlm_lora_non_padding", False):
+            setattr(Trainer, name, drained(method))
     return True
+
+
+class PendingCounts:
+    """Token counts on the GPU, copied to pinned host memory without waiting; added to the state once there.
+
+    transformers adds each micro-step's count with `.item()`, which makes the host wait for the GPU to
+    finish that micro-step's backward before it prepares the next one: the GPU then idles while the
+    host works. Here the copy is queued behind the backward and read when done (`drain(wait=False)`
+    at the next micro-steps) or, where the count is read (logging, checkpoints), after waiting for it.
+    """
+
+    def __init__(self, torch_module):
+        self.torch = torch_module
+        self.queue: list = []
+
+    def add(self, count) -> None:
+        host = self.torch.empty((), dtype=count.dtype, pin_memory=True)
+        host.copy_(count, non_blocking=True)
+        event = self.torch.cuda.Event()
+        event.record()
+        self.queue.append((event, host))
+
+    def drain(self, state, wait: bool) -> None:
+        while self.queue:
+            event, host = self.queue[0]
+            if not wait and not event.query():
+                return
+            event.synchronize()
+            state.num_input_tokens_seen += int(host.item())
+            self.queue.pop(0)
 
 
 def _install_autocast_input() -> bool:
