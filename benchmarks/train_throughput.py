@@ -115,6 +115,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger_nokeep": nogc_liger(8, use_logits_to_keep=False),
     "b8_nogc_liger_nodrop_nokeep": nogc_liger(8, lora_dropout=0.0, use_logits_to_keep=False),
     "b8_nogc_liger_syncount": nogc_liger(8, env={"VLM_LORA_ASYNC_TOKENS": "0"}),
+    # Qwen3-VL's deepstack additions by boolean mask, as transformers / ms-swift do them (the plugin adds by position)
+    "b8_nogc_liger_maskdeep": nogc_liger(8, env={"VLM_LORA_INDEX_DEEPSTACK": "0"}),
+    "b8_nogc_liger_nodrop_maskdeep": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_INDEX_DEEPSTACK": "0"}),
     "b8_nogc_liger_nodrop_syncount": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_ASYNC_TOKENS": "0"}),
     # torch's fused RMSNorm in place of Liger's (train-lora plugin, opt-in VLM_LORA_TORCH_RMS_NORM=1)
     "b8_nogc_liger_torchnorm": nogc_liger(8, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),

@@ -227,6 +227,7 @@ def test_job_env_accepts_the_train_lora_plugins_own_switches():
         ({"VLM_LORA_LEAN_LORA": "lean"}, r"VLM_LORA_LEAN_LORA: 'lean' is not a value it takes"),
         ({"VLM_LORA_TORCH_RMS_NORM": "torch"}, r"VLM_LORA_TORCH_RMS_NORM: 'torch' is not a value it takes"),
         ({"VLM_LORA_ASYNC_TOKENS": "no"}, r"VLM_LORA_ASYNC_TOKENS: 'no' is not a value it takes"),
+        ({"VLM_LORA_INDEX_DEEPSTACK": "yes"}, r"VLM_LORA_INDEX_DEEPSTACK: 'yes' is not a value it takes"),
     ],
 )
 def test_job_env_refuses_values_the_plugin_does_not_take(env, match):

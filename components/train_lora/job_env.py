@@ -56,6 +56,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_LEAN_LORA",
         "VLM_LORA_TORCH_RMS_NORM",
         "VLM_LORA_ASYNC_TOKENS",
+        "VLM_LORA_INDEX_DEEPSTACK",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -139,6 +140,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
     "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's, the default)",
     "VLM_LORA_ASYNC_TOKENS": "0 (each micro-step's token count read at once) or 1 (read without waiting, the default)",
+    "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
 }
 
 

@@ -67,7 +67,12 @@ forward and backward) but did not change the training step measurably on an H100
 is GPU-bound (benchmarks/README.md); it rounds once where Liger rounds twice. Applied right after
 transformers applies Liger (when training starts).
 
-10. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
+10. Qwen3-VL's deepstack additions by position instead of by boolean mask (`deepstack.py`, next to
+this file): the same values without the ~15 waits for the GPU per micro-batch that boolean indexing
+makes in the first three layers' forward and backward. Not with compiled layers (left as traced).
+VLM_LORA_INDEX_DEEPSTACK=0 turns it off.
+
+11. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
 training process may allocate at most that much of its GPU
 (`torch.cuda.set_per_process_memory_fraction`): the planner and the run see the same card.
@@ -378,6 +383,10 @@ def _install_trainer_init() -> tuple[bool, bool]:
             count = compile_decoder_layers(self.model, language=language, vision=vision)
             what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
             print(f"train-lora plugin: torch.compile on {count} {what}", flush=True)
+        if os.environ.get("VLM_LORA_INDEX_DEEPSTACK") != "0" and not language:
+            count = _load_sibling("deepstack").install(self.model)
+            if count:
+                print(f"train-lora plugin: index-based deepstack additions in {count} text model(s)", flush=True)
         silu_mul = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
         if silu_mul is not None:
             count = _load_sibling("swiglu").fuse_silu_mul(self.model, silu_mul)

@@ -1,0 +1,93 @@
+"""Qwen3-VL's deepstack additions by position (components/train_lora/deepstack.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.train_lora import deepstack
+
+
+def _reference(hidden_states, visual_pos_masks, visual_embeds):
+    """transformers' Qwen3VLTextModel._deepstack_process."""
+    hidden_states = hidden_states.clone()
+    local_this = hidden_states[visual_pos_masks, :] + visual_embeds
+    hidden_states[visual_pos_masks, :] = local_this
+    return hidden_states
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_values_and_gradients_as_the_boolean_mask(dtype):
+    torch.manual_seed(0)
+    mask = torch.zeros(3, 9, dtype=torch.bool)
+    mask[0, 2:6] = True
+    mask[2, 1:4] = True
+    results = []
+    for fn in (_reference, deepstack.deepstack_add):
+        hidden = torch.randn(3, 9, 16, dtype=dtype, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        embeds = torch.randn(7, 16, dtype=dtype, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        out = fn(hidden * 1, mask, embeds)
+        (out.float() * torch.arange(16.0)).sum().backward()
+        results.append((out.detach(), hidden.grad, embeds.grad))
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)  # each position gets hidden + visual, rounded once, either way
+
+
+def test_positions_are_found_once_per_mask():
+    mask = torch.tensor([[False, True, True], [True, False, False]])
+    first = deepstack._positions(mask)
+    assert first.tolist() == [1, 2, 3]
+    assert deepstack._positions(mask) is first  # cached: the three layers share one `nonzero`
+    mask[1, 2] = True  # changed in place: found again
+    assert deepstack._positions(mask).tolist() == [1, 2, 3, 5]
+
+
+def test_shapes_it_does_not_cover_are_left_to_the_model():
+    hidden = torch.randn(2, 4, 8)
+    assert deepstack.deepstack_add(hidden, torch.ones(2, 5, dtype=torch.bool), torch.randn(10, 8)) is None
+    assert deepstack.deepstack_add(hidden, torch.ones(2, 4, dtype=torch.long), torch.randn(8, 8)) is None
+    assert deepstack.deepstack_add(hidden, torch.ones(2, 4, dtype=torch.bool), torch.randn(7, 8)) is None
+
+
+def _text_model():
+    from transformers import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
+
+    torch.manual_seed(0)
+    config = Qwen3VLTextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=80,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+    )
+    return Qwen3VLTextModel(config)
+
+
+def test_installed_in_the_text_model_gives_the_same_outputs_and_gradients():
+    reference, patched = _text_model(), _text_model()
+    patched.load_state_dict(reference.state_dict())
+    assert deepstack.install(patched) == 1
+    assert deepstack.install(patched) == 0  # once
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[0, 1:4] = True
+    mask[1, 2:4] = True
+    outs = []
+    for model in (reference, patched):
+        embeds = [torch.randn(5, 32, generator=torch.Generator().manual_seed(4 + i)).requires_grad_() for i in range(3)]
+        out = model(input_ids=ids, visual_pos_masks=mask, deepstack_visual_embeds=embeds).last_hidden_state
+        out.square().sum().backward()
+        outs.append((out.detach(), [e.grad for e in embeds], model.layers[0].mlp.up_proj.weight.grad))
+        # the patched model found the positions (once, cached on the mask); the reference did not
+        assert hasattr(mask, "_vlm_lora_positions") == (model is patched)
+    torch.testing.assert_close(outs[1][0], outs[0][0])
+    for got, want in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(outs[1][2], outs[0][2])
+    # no images in the batch: the model's own path
+    out = patched(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(out, reference(input_ids=ids).last_hidden_state)
