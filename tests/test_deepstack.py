@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from components.train_lora import deepstack
+from tests.tiny_text import qwen3_vl_text_model
 
 
 def _reference(hidden_states, visual_pos_masks, visual_embeds):
@@ -49,26 +50,8 @@ def test_shapes_it_does_not_cover_are_left_to_the_model():
     assert deepstack.deepstack_add(hidden, torch.ones(2, 4, dtype=torch.bool), torch.randn(7, 8)) is None
 
 
-def _text_model():
-    from transformers import Qwen3VLTextConfig
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
-
-    torch.manual_seed(0)
-    config = Qwen3VLTextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=80,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
-    )
-    return Qwen3VLTextModel(config)
-
-
 def test_installed_in_the_text_model_gives_the_same_outputs_and_gradients():
-    reference, patched = _text_model(), _text_model()
+    reference, patched = qwen3_vl_text_model(4), qwen3_vl_text_model(4)
     patched.load_state_dict(reference.state_dict())
     assert deepstack.install(patched) == 1
     assert deepstack.install(patched) == 0  # once

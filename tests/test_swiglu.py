@@ -9,24 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from components.train_lora.swiglu import fuse_silu_mul, silu_mul_bytes
+from tests.tiny_text import qwen3_vl_text_model
 
 
 def _text_model(layers=2):
-    from transformers import Qwen3VLTextConfig
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
-
-    torch.manual_seed(0)
-    config = Qwen3VLTextConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=80,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
-    )
-    return Qwen3VLTextModel(config).eval()
+    return qwen3_vl_text_model(layers).eval()
 
 
 def _lora(model):
