@@ -69,8 +69,7 @@ transformers applies Liger (when training starts).
 
 10. Qwen3-VL's deepstack additions by position instead of by boolean mask (`deepstack.py`, next to
 this file): the same values without the ~15 waits for the GPU per micro-batch that boolean indexing
-makes in the first three layers' forward and backward. Not with compiled layers (left as traced).
-VLM_LORA_INDEX_DEEPSTACK=0 turns it off.
+makes in the first three layers' forward and backward. VLM_LORA_INDEX_DEEPSTACK=0 turns it off.
 
 11. A memory cap: with VLM_LORA_GPU_MEMORY_GIB set (the train-lora task sets it when the
 job's environment asks for a cap, e.g. to stand in for a 40 GB card on a larger one), each
@@ -362,7 +361,7 @@ def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
 
 
 def _install_trainer_init() -> tuple[bool, bool]:
-    """Wraps Trainer.__init__ for what needs the model: compilation (opt-in) and Liger's SiLU-multiply."""
+    """Wraps Trainer.__init__ for what needs the model: compilation (opt-in), deepstack by position, Liger's SiLU-multiply."""
     language = os.environ.get("VLM_LORA_COMPILE_LAYERS") == "1"
     vision = os.environ.get("VLM_LORA_COMPILE_VISION") == "1"
     try:
@@ -383,7 +382,7 @@ def _install_trainer_init() -> tuple[bool, bool]:
             count = compile_decoder_layers(self.model, language=language, vision=vision)
             what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
             print(f"train-lora plugin: torch.compile on {count} {what}", flush=True)
-        if os.environ.get("VLM_LORA_INDEX_DEEPSTACK") != "0" and not language:
+        if os.environ.get("VLM_LORA_INDEX_DEEPSTACK") != "0":  # in the text model, outside compiled layers
             count = _load_sibling("deepstack").install(self.model)
             if count:
                 print(f"train-lora plugin: index-based deepstack additions in {count} text model(s)", flush=True)
