@@ -1,0 +1,44 @@
+"""benchmarks/layer_host_time.py builds one 4B decoder layer per LoRA variant (run on the CPU here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import benchmarks.layer_host_time as bench
+
+
+@pytest.fixture(autouse=True)
+def _cpu(monkeypatch):
+    from peft.tuners.lora.layer import Linear
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(Linear, "forward", Linear.forward)  # restored after the variants swap it
+
+
+def _run(variant: str, dropout: float):
+    bench._set_variant(variant)
+    _model, layer, rotary = bench.build_layer(dropout, liger=False, lora=variant != "nolora")
+    x, cos_sin = bench._inputs(layer, rotary, 1, 6)
+    torch.manual_seed(5)
+    bench._step(layer, x, cos_sin)
+    return layer, x.grad
+
+
+def test_variants_train_the_same_layer_their_own_way():
+    grads = {}
+    for variant in ("peft", "function", "lean", "nolora"):
+        layer, grads[variant] = _run(variant, 0.0)
+        lora_b = getattr(layer.self_attn.q_proj, "lora_B", None)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            node = type(layer.self_attn.q_proj(torch.randn(1, 2, 2560)).grad_fn).__name__
+        expected = {"peft": "AddBackward0", "function": "_LoraDeltaBackward", "lean": "ViewBackward0"}
+        assert node == expected.get(variant, "NoneType"), (variant, node)
+        if variant == "nolora":
+            assert lora_b is None and not any(p.requires_grad for p in layer.parameters())
+        else:
+            assert lora_b["default"].weight.grad is not None
+    assert grads["nolora"].shape == (1, 6, 2560)  # the 4B's hidden size
+    # the same layer and input (B starts at zero): the three LoRA paths give the same input gradient
+    for variant in ("function", "lean"):
+        torch.testing.assert_close(grads[variant], grads["peft"], rtol=0, atol=0)
