@@ -190,6 +190,19 @@ VARIANTS = (
 )
 
 
+def _variant(parser: argparse.ArgumentParser, text: str) -> tuple[str, float]:
+    """`name:dropout` from --variants, or a usage error naming what it takes."""
+    name, _, dropout = text.partition(":")
+    known = sorted({v for v, _ in VARIANTS})
+    try:
+        value = float(dropout)
+    except ValueError:
+        value = -1.0
+    if name not in known or not 0.0 <= value < 1.0:
+        parser.error(f"--variants: {text!r} is not name:dropout with a name in {known} and 0 <= dropout < 1")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=8)
@@ -208,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except ImportError:
             liger = False
     results = []
-    chosen = [(v.split(":")[0], float(v.split(":")[1])) for v in args.variants.split(",") if v] or VARIANTS
+    chosen = [_variant(parser, v) for v in args.variants.split(",") if v] or VARIANTS
     for variant, dropout in chosen:
         _set_variant(variant)
         model, layer, rotary = build_layer(

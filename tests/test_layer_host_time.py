@@ -42,3 +42,11 @@ def test_variants_train_the_same_layer_their_own_way():
     # the same layer and input (B starts at zero): the three LoRA paths give the same input gradient
     for variant in ("function", "lean"):
         torch.testing.assert_close(grads[variant], grads["peft"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", ["lean", "leen:0", "lean:x", "lean:1.5"])
+def test_a_variant_it_does_not_know_is_a_usage_error(bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--variants", bad])
+    assert exit_info.value.code == 2
+    assert f"--variants: {bad!r} is not name:dropout" in capsys.readouterr().err

@@ -155,7 +155,7 @@ def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_w
     # logging and checkpoints complete the count first
     assert swift_plugin.INSTALLED
     for name in ("log", "_save_checkpoint"):
-        assert getattr(getattr(Trainer, name), "_vlm_lora_non_padding", False), name
+        assert getattr(getattr(Trainer, name), "_vlm_lora_counts_drained", False), name
 
 
 def test_summarize_log_reports_tokens_per_second():

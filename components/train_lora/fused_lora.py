@@ -144,7 +144,8 @@ def lean_delta(x, weight, bias, weight_a, weight_b, scaling: float):
 
 
 def fused_forward(layer, x, *args, **kwargs):
-    """peft `lora.Linear.forward` with the plain-LoRA case through `lora_delta`; None if not plain."""
+    """peft `lora.Linear.forward` with the plain-LoRA case through `lora_delta` (without dropout under
+    autocast, over a plain Linear: `lean_delta`); None if not plain."""
     plain = _plain_adapter(layer, x, args, kwargs)
     if plain is None:
         return None

@@ -2,11 +2,11 @@
 
 Liger's RMSNorm is one Triton kernel each way, but launching it goes through Liger's wrappers and
 Triton's Python launcher: about 0.3 ms of host time per call on the H100 machine, eight calls per
-decoder layer of the 4B (input and post-attention norms, q and k norms; forward and backward), while
-the layer's whole forward and backward take about 11 ms of GPU time at the tuned plan's micro-batch
-and about 10 ms of host time (benchmarks/README.md, `benchmarks/layer_host_time.py`): the GPU waits
-for the host. `torch.nn.functional.rms_norm` on a CUDA tensor runs one fused kernel each way
-(`aten::_fused_rms_norm`) launched through the dispatcher in tens of microseconds.
+decoder layer of the 4B (input and post-attention norms, q and k norms; forward and backward), of a
+layer's 8-10 ms of host time against its 11 ms of GPU time at the tuned plan's micro-batch
+(benchmarks/README.md, `benchmarks/layer_host_time.py`). `torch.nn.functional.rms_norm` on a CUDA
+tensor runs one fused kernel each way (`aten::_fused_rms_norm`) launched through the dispatcher in
+tens of microseconds.
 
 The arithmetic is RMSNorm's: `x * rsqrt(mean(x^2) + eps) * weight` accumulated in float32, rounded
 once to the input's dtype (Liger's "llama" mode, like transformers' Qwen3 RMSNorm, rounds the

@@ -105,31 +105,35 @@ def _install() -> bool:
         count = torch.as_tensor(mask.sum(), device=self.args.device, dtype=torch.int64)
         count = self.accelerator.gather(count).sum()
         if count.is_cuda and ASYNC_TOKENS:  # read later, not making the host wait for this micro-step's backward
-            self.__dict__.setdefault("_vlm_lora_tokens", PendingCounts(torch)).add(count)
-            self._vlm_lora_tokens.drain(self.state, wait=False)
+            pending = self.__dict__.get("_vlm_lora_tokens")
+            if pending is None:
+                pending = self._vlm_lora_tokens = PendingCounts(torch)
+            pending.add(count)
+            pending.drain(self.state, wait=False)
         else:
             self.state.num_input_tokens_seen += int(count)
         return None
-
-    def drained(method):
-        @functools.wraps(method)
-        def wrapper(self, *args, **kwargs):
-            pending = self.__dict__.get("_vlm_lora_tokens")
-            if pending is not None:
-                pending.drain(self.state, wait=True)
-            return method(self, *args, **kwargs)
-
-        wrapper._vlm_lora_non_padding = True
-        return wrapper
 
     _track_num_input_tokens._vlm_lora_non_padding = True
     Trainer._track_num_input_tokens = _track_num_input_tokens
     # the count is read when logging and when a checkpoint saves the trainer state: complete it there
     for name in ("log", "_save_checkpoint"):
-        method = getattr(Trainer, name, None)
-        if method is not None and not getattr(method, "_vlm_lora_non_padding", False):
-            setattr(Trainer, name, drained(method))
+        _wrap_once(Trainer, name, _counts_drained, "_vlm_lora_counts_drained")
     return True
+
+
+def _counts_drained(method):
+    """`method`, after the token counts still in flight have reached the trainer's state."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        pending = self.__dict__.get("_vlm_lora_tokens")
+        if pending is not None:
+            pending.drain(self.state, wait=True)
+        return method(self, *args, **kwargs)
+
+    wrapper._vlm_lora_counts_drained = True
+    return wrapper
 
 
 class PendingCounts:
