@@ -74,3 +74,15 @@ def test_installed_in_the_text_model_gives_the_same_outputs_and_gradients():
     # no images in the batch: the model's own path
     out = patched(input_ids=ids).last_hidden_state
     torch.testing.assert_close(out, reference(input_ids=ids).last_hidden_state)
+
+
+def test_the_plugin_patches_the_trainers_model_unless_switched_off(monkeypatch):
+    from components.train_lora import swift_plugin
+
+    model = qwen3_vl_text_model(2)
+    monkeypatch.setenv("VLM_LORA_INDEX_DEEPSTACK", "0")
+    assert swift_plugin.patch_model(model, None) == {}
+    assert not getattr(model._deepstack_process, "_vlm_lora_deepstack", False)
+    monkeypatch.delenv("VLM_LORA_INDEX_DEEPSTACK")
+    assert swift_plugin.patch_model(model, None) == {"deepstack": 1}
+    assert getattr(model._deepstack_process, "_vlm_lora_deepstack", False)

@@ -364,6 +364,26 @@ def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
     return (getattr(training_args, "liger_kernel_config", None) or {}).get("swiglu", True) is not False
 
 
+def patch_model(model, training_args, language: bool = False, vision: bool = False) -> dict[str, int]:
+    """What the plugin changes on the model the trainer holds; how many modules each change reached."""
+    counts: dict[str, int] = {}
+    if language or vision:
+        counts["compiled"] = compile_decoder_layers(model, language=language, vision=vision)
+        what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
+        print(f"train-lora plugin: torch.compile on {counts['compiled']} {what}", flush=True)
+    if os.environ.get("VLM_LORA_INDEX_DEEPSTACK") != "0":  # in the text model, outside compiled layers
+        counts["deepstack"] = _load_sibling("deepstack").install(model)
+        if counts["deepstack"]:
+            print(
+                f"train-lora plugin: index-based deepstack additions in {counts['deepstack']} text model(s)", flush=True
+            )
+    silu_mul = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
+    if silu_mul is not None:
+        counts["silu_mul"] = _load_sibling("swiglu").fuse_silu_mul(model, silu_mul)
+        print(f"train-lora plugin: Liger's fused SiLU-multiply in {counts['silu_mul']} MLPs", flush=True)
+    return counts
+
+
 def _install_trainer_init() -> tuple[bool, bool]:
     """Wraps Trainer.__init__ for what needs the model: compilation (opt-in), deepstack by position, Liger's SiLU-multiply."""
     language = os.environ.get("VLM_LORA_COMPILE_LAYERS") == "1"
@@ -382,18 +402,7 @@ def _install_trainer_init() -> tuple[bool, bool]:
         if language:
             keep_liger_out_of_layers(training_args)
         original(self, *args, **kwargs)
-        if language or vision:
-            count = compile_decoder_layers(self.model, language=language, vision=vision)
-            what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
-            print(f"train-lora plugin: torch.compile on {count} {what}", flush=True)
-        if os.environ.get("VLM_LORA_INDEX_DEEPSTACK") != "0":  # in the text model, outside compiled layers
-            count = _load_sibling("deepstack").install(self.model)
-            if count:
-                print(f"train-lora plugin: index-based deepstack additions in {count} text model(s)", flush=True)
-        silu_mul = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
-        if silu_mul is not None:
-            count = _load_sibling("swiglu").fuse_silu_mul(self.model, silu_mul)
-            print(f"train-lora plugin: Liger's fused SiLU-multiply in {count} MLPs", flush=True)
+        patch_model(self.model, training_args, language=language, vision=vision)
 
     __init__._vlm_lora_init = True
     Trainer.__init__ = __init__
