@@ -16,8 +16,9 @@ installed, sdpa, bf16 autocast as in training), forward and backward, three ways
 Variants: peft's own LoRA forward; the train-lora plugin's LoRA function (`lora_delta`); without
 dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05; the frozen
 layer without LoRA (`nolora`); `...norm`: with torch's fused RMSNorm in place of Liger's
-(components/train_lora/rms_norm.py). `--cprofile` adds where the host time goes (cProfile, own time per
-function and iteration).
+(components/train_lora/rms_norm.py); `group`: the lean path with q/k/v's and gate/up's rank-r products in one
+matmul each; `...copy`: the LoRA product added out of place (a copy of the layer's output first). `--cprofile` adds where the host time goes (cProfile, own time per
+function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
 
@@ -37,7 +38,7 @@ DEVICE = "cuda"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool = False):
+def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool = False, group: bool = False):
     """One decoder layer of the 4B's language model with LoRA; returns (peft model, layer, rotary)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -72,6 +73,10 @@ def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool
     for name, param in model.named_parameters():
         if "lora_" in name:
             param.data = param.data.float()
+    if group:
+        from components.train_lora.fused_lora import group_shared_inputs
+
+        group_shared_inputs(model)
     model.train()
     return model, holder.layer, holder.rotary
 
@@ -159,6 +164,47 @@ def host_profile(layer, rotary, iters: int, top: int = 30) -> list[dict[str, Any
     return rows[:top]
 
 
+def kernel_profile(layer, rotary, rows: int, tokens: int, iters: int = 5, top: int = 25) -> dict[str, Any]:
+    """GPU kernels of the full-size forward + backward (torch.profiler): time and launches per iteration, by name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    x, cos_sin = _inputs(layer, rotary, rows, tokens)
+    _step(layer, x, cos_sin)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            _step(layer, x, cos_sin)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        if us is None:
+            us = getattr(event, "self_cuda_time_total", 0.0)
+        if "CUDA" in str(getattr(event, "device_type", "")) and us:
+            total = kernels.setdefault(event.key, [0.0, 0.0])
+            total[0] += us
+            total[1] += event.count
+    rows_out = [
+        {"kernel": name, "us_per_iter": us / iters, "launches_per_iter": n / iters} for name, (us, n) in kernels.items()
+    ]
+    rows_out.sort(key=lambda r: -r["us_per_iter"])
+    gemm = [r for r in rows_out if _is_gemm(r["kernel"])]
+    layer.zero_grad(set_to_none=True)
+    return {
+        "kernel_us_per_iter": sum(r["us_per_iter"] for r in rows_out),
+        "launches_per_iter": sum(r["launches_per_iter"] for r in rows_out),
+        "gemm_us_per_iter": sum(r["us_per_iter"] for r in gemm),
+        "gemm_launches_per_iter": sum(r["launches_per_iter"] for r in gemm),
+        "top": rows_out[:top],
+    }
+
+
+def _is_gemm(name: str) -> bool:
+    lowered = name.lower()
+    return any(k in lowered for k in ("gemm", "cutlass", "sm90_xmma", "nvjet", "ampere_", "sm80_xmma"))
+
+
 def _set_variant(variant: str) -> None:
     from peft.tuners.lora.layer import Linear
 
@@ -175,7 +221,9 @@ def _set_variant(variant: str) -> None:
 
     forward._vlm_lora_original = original
     Linear.forward = forward
-    fused_lora.LEAN = variant.startswith("lean")
+    fused_lora.LEAN = variant.startswith(("lean", "group"))
+    fused_lora.GROUP = variant.startswith("group")
+    fused_lora.INPLACE = not variant.endswith("copy")
 
 
 VARIANTS = (
@@ -183,9 +231,12 @@ VARIANTS = (
     ("function", 0.0),
     ("lean", 0.0),
     ("leannorm", 0.0),
+    ("leancopy", 0.0),
+    ("group", 0.0),
     ("peft", 0.05),
     ("function", 0.05),
     ("functionnorm", 0.05),
+    ("functioncopy", 0.05),
     ("nolora", 0.0),
 )
 
@@ -211,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-liger", action="store_true")
     parser.add_argument("--variants", default="", help="comma-separated variant:dropout pairs (default: all)")
     parser.add_argument("--cprofile", action="store_true", help="also print each variant's host-side cProfile")
+    parser.add_argument("--kernels", action="store_true", help="also print each variant's GPU kernels (torch.profiler)")
     args = parser.parse_args(argv)
     import torch
 
@@ -225,7 +277,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for variant, dropout in chosen:
         _set_variant(variant)
         model, layer, rotary = build_layer(
-            dropout, liger, lora=variant != "nolora", torch_norm=variant.endswith("norm")
+            dropout,
+            liger,
+            lora=variant != "nolora",
+            torch_norm=variant.endswith("norm"),
+            group=variant.startswith("group"),
         )
         row = {"variant": variant, "lora_dropout": dropout, "liger": liger}
         row.update(measure(layer, rotary, args.rows, args.tokens, args.iters))
@@ -237,6 +293,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"    {r['own_us_per_iter']:8.0f} us own {r['cum_us_per_iter']:8.0f} cum "
                     f"{r['calls_per_iter']:6.0f} calls  {r['where'][:110]}"
                 )
+        if args.kernels:
+            row["kernels"] = kernel_profile(layer, rotary, args.rows, args.tokens)
+            k = row["kernels"]
+            print(
+                f"    kernels {k['kernel_us_per_iter']:8.0f} us in {k['launches_per_iter']:.0f} launches; "
+                f"matmuls {k['gemm_us_per_iter']:8.0f} us in {k['gemm_launches_per_iter']:.0f}"
+            )
+            for r in k["top"]:
+                print(f"    {r['us_per_iter']:8.0f} us {r['launches_per_iter']:5.0f} x  {r['kernel'][:120]}")
         results.append(row)
         print(
             f"{variant:9s} dropout {dropout:4.2f}  host {row['host_us']:7.0f} us  wall {row['wall_ms']:7.2f} ms  "

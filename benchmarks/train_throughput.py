@@ -124,6 +124,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger_nodrop_torchnorm": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
     # without dropout, the plugin's LoRA function instead of its lean path (autograd's own nodes)
     "b8_nogc_liger_nodrop_nolean": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_LEAN_LORA": "0"}),
+    # without dropout, one rank-r matmul per LoRA layer (the plugin groups q/k/v and gate/up by their shared input)
+    "b8_nogc_liger_nodrop_nogroup": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_GROUP_LORA": "0"}),
+    # the LoRA product added out of place (a copy of each adapted layer's output first; the plugin adds in place)
+    "b8_nogc_liger_copyadd": nogc_liger(8, env={"VLM_LORA_INPLACE_ADD": "0"}),
+    "b8_nogc_liger_nodrop_copyadd": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_INPLACE_ADD": "0"}),
     "b8_nogc_liger_w8": nogc_liger(8, dataloader_num_workers=8, dataloader_prefetch_factor=4),
     # the same with the caching allocator's expandable segments (less fragmentation: headroom)
     "b8_nogc_liger_exp": nogc_liger(8, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),

@@ -321,3 +321,142 @@ def test_layer_compile_keeps_liger_to_its_fused_loss():
         "swiglu": False,
     }
     keep_liger_out_of_layers(None)  # a trainer built without args
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten operators a forward runs, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _text_lora(dropout=0.0):
+    from tests.tiny_text import qwen3_vl_text_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(
+        qwen3_vl_text_model(2), LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets)
+    )
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.2)
+    return model
+
+
+def _text_run(model, ids, autocast=True, ops=None):
+    original = LoraLinear.forward
+    peft_forward = _peft_forward()
+
+    def forward(self, inp, *args, **kwargs):
+        out = fused_lora.fused_forward(self, inp, *args, **kwargs)
+        return peft_forward(self, inp, *args, **kwargs) if out is None else out
+
+    LoraLinear.forward = forward
+    try:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if ops is not None:
+                with ops:
+                    out = model(input_ids=ids).last_hidden_state
+            else:
+                out = model(input_ids=ids).last_hidden_state
+        out.float().square().mean().backward()
+    finally:
+        LoraLinear.forward = original
+    return out.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _matmuls(names: list[str]) -> int:
+    return sum(n.split(".")[0] in ("mm", "addmm", "addmm_", "bmm") for n in names)
+
+
+def test_layers_that_read_one_input_share_one_rank_r_matmul_and_train_the_same(monkeypatch):
+    monkeypatch.setattr(fused_lora, "LEAN", True)
+    monkeypatch.setattr(fused_lora, "GROUP", True)
+    alone = _text_lora()
+    grouped, exact = copy.deepcopy(alone), copy.deepcopy(alone)
+    assert fused_lora.group_shared_inputs(grouped) == 4  # q/k/v and gate/up in each of 2 layers
+    assert fused_lora.group_shared_inputs(grouped) == 0  # once
+    ids = torch.randint(0, 64, (2, 7))
+    ops_alone, ops_grouped = _Ops(), _Ops()
+    out_a, g_a = _text_run(alone, ids, ops=ops_alone)
+    out_g, g_g = _text_run(grouped, ids, ops=ops_grouped)
+    out_x, g_x = _text_run(exact, ids, autocast=False)  # float32 throughout: the truth
+    # per layer: q/k/v's three A products become one, gate/up's two one
+    assert _matmuls(ops_alone.names) - _matmuls(ops_grouped.names) == 2 * 3
+    torch.testing.assert_close(out_g, out_a, rtol=0, atol=0)  # the same bf16 products forward
+    assert set(g_g) == set(g_a) and len(g_g) == 28
+    for name in g_x:  # backward sums in another order: as close to float32 as one matmul per layer
+        assert _rel_err(g_g[name], g_x[name]) <= 1.5 * _rel_err(g_a[name], g_x[name]) + 2e-3, name
+    groups = {
+        id(m._vlm_lora_shared_input): m._vlm_lora_shared_input
+        for m in grouped.modules()
+        if hasattr(m, "_vlm_lora_shared_input")
+    }
+    assert all(g.enabled and g.slices == {} and g.x is None for g in groups.values())  # nothing held after
+
+
+class Apart(torch.nn.Module):
+    """q_proj and k_proj named like attention's, but fed different inputs."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(d, d, bias=False)
+        self.k_proj = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        return self.k_proj(torch.tanh(self.q_proj(x)))
+
+
+def test_a_group_whose_layers_read_different_inputs_turns_itself_off(monkeypatch):
+    monkeypatch.setattr(fused_lora, "LEAN", True)
+    monkeypatch.setattr(fused_lora, "GROUP", True)
+    torch.manual_seed(0)
+    alone = get_peft_model(Apart(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj"]))
+    for name, param in alone.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.2)
+    grouped = copy.deepcopy(alone)
+    assert fused_lora.group_shared_inputs(grouped) == 1
+    x = torch.randn(3, 5, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_a, _, g_a = _run(alone, x, fused=True)
+        out_g, _, g_g = _run(grouped, x, fused=True)
+    group = grouped.base_model.model.q_proj._vlm_lora_shared_input
+    assert not group.enabled and group.slices == {}
+    torch.testing.assert_close(out_g, out_a, rtol=0, atol=0)
+    for name in g_a:
+        torch.testing.assert_close(g_g[name], g_a[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("dropout", "autocast"), [(0.0, True), (0.1, True), (0.1, False)])
+def test_the_lora_product_is_added_into_the_layers_output_without_copying_it(monkeypatch, dropout, autocast):
+    """An out-of-place addmm copies the frozen layer's output first; the branch adds into it in place."""
+    runs = {}
+    for inplace in (True, False):
+        monkeypatch.setattr(fused_lora, "INPLACE", inplace)
+        model = _text_lora(dropout)
+        model.train()
+        ops = _Ops()
+        torch.manual_seed(3)
+        runs[inplace] = (
+            *_text_run(
+                model,
+                torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1)),
+                autocast=autocast,
+                ops=ops,
+            ),
+            ops.names,
+        )
+    names_in, names_out = runs[True][2], runs[False][2]
+    assert names_in.count("addmm_.default") == 14 and "addmm.default" not in names_in  # 7 layers x 2
+    assert names_out.count("addmm.default") == 14 and "addmm_.default" not in names_out
+    # the same arithmetic: equal outputs and gradients
+    torch.testing.assert_close(runs[True][0], runs[False][0], rtol=0, atol=0)
+    for name, grad in runs[False][1].items():
+        torch.testing.assert_close(runs[True][1][name], grad, rtol=1e-6, atol=1e-7)

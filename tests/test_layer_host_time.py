@@ -18,7 +18,9 @@ def _cpu(monkeypatch):
 
 def _run(variant: str, dropout: float):
     bench._set_variant(variant)
-    _model, layer, rotary = bench.build_layer(dropout, liger=False, lora=variant != "nolora")
+    _model, layer, rotary = bench.build_layer(
+        dropout, liger=False, lora=variant != "nolora", group=variant.startswith("group")
+    )
     x, cos_sin = bench._inputs(layer, rotary, 1, 6)
     torch.manual_seed(5)
     bench._step(layer, x, cos_sin)
@@ -27,12 +29,22 @@ def _run(variant: str, dropout: float):
 
 def test_variants_train_the_same_layer_their_own_way():
     grads = {}
-    for variant in ("peft", "function", "lean", "nolora"):
+    for variant in ("peft", "function", "lean", "group", "nolora"):
         layer, grads[variant] = _run(variant, 0.0)
         lora_b = getattr(layer.self_attn.q_proj, "lora_B", None)
+        grouped = getattr(layer.self_attn.q_proj, "_vlm_lora_shared_input", None)
+        assert (grouped is not None) == (variant == "group"), variant
+        if grouped is not None:  # q / k / v took their slices of one matmul
+            assert grouped.enabled and grouped.slices == {}
+            assert layer.mlp.up_proj._vlm_lora_shared_input.layers == (layer.mlp.gate_proj, layer.mlp.up_proj)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             node = type(layer.self_attn.q_proj(torch.randn(1, 2, 2560)).grad_fn).__name__
-        expected = {"peft": "AddBackward0", "function": "_LoraDeltaBackward", "lean": "ViewBackward0"}
+        expected = {
+            "peft": "AddBackward0",
+            "function": "_LoraDeltaBackward",
+            "lean": "ViewBackward0",
+            "group": "ViewBackward0",
+        }
         assert node == expected.get(variant, "NoneType"), (variant, node)
         if variant == "nolora":
             assert lora_b is None and not any(p.requires_grad for p in layer.parameters())
@@ -40,7 +52,7 @@ def test_variants_train_the_same_layer_their_own_way():
             assert lora_b["default"].weight.grad is not None
     assert grads["nolora"].shape == (1, 6, 2560)  # the 4B's hidden size
     # the same layer and input (B starts at zero): the three LoRA paths give the same input gradient
-    for variant in ("function", "lean"):
+    for variant in ("function", "lean", "group"):
         torch.testing.assert_close(grads[variant], grads["peft"], rtol=0, atol=0)
 
 

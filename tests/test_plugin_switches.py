@@ -66,6 +66,7 @@ print(
     plugin.FUSED_LORA, plugin.COMPILE_LAYERS, plugin.TRAINER_INIT,
     "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
     plugin._load_sibling("fused_lora").LEAN,
+    plugin._load_sibling("fused_lora").GROUP, plugin._load_sibling("fused_lora").INPLACE,
     plugin.ASYNC_TOKENS, plugin.TORCH_RMS_NORM, flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
 )
 """
@@ -76,6 +77,8 @@ SWITCHES_OFF = {
     "VLM_LORA_HOST_VISION_SEQLENS": "0",
     "VLM_LORA_FUSED_LORA": "0",
     "VLM_LORA_LEAN_LORA": "0",
+    "VLM_LORA_GROUP_LORA": "0",
+    "VLM_LORA_INPLACE_ADD": "0",
     "VLM_LORA_TORCH_RMS_NORM": "1",  # opt-in: on here
     "VLM_LORA_ASYNC_TOKENS": "0",
     "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
@@ -85,8 +88,8 @@ SWITCHES_OFF = {
 @pytest.mark.parametrize(
     ("flipped", "expected"),
     [
-        (False, "True 3 True True True True True True True False True True True True False False"),
-        (True, "False 16 True False False False False False False True True True False False True True"),
+        (False, "True 3 True True True True True True True False True True True True True True False False"),
+        (True, "False 16 True False False False False False False True True True False False False False True True"),
     ],
 )
 def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, expected):

@@ -57,6 +57,8 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_TORCH_RMS_NORM",
         "VLM_LORA_ASYNC_TOKENS",
         "VLM_LORA_INDEX_DEEPSTACK",
+        "VLM_LORA_GROUP_LORA",
+        "VLM_LORA_INPLACE_ADD",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -141,6 +143,8 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's, the default)",
     "VLM_LORA_ASYNC_TOKENS": "0 (each micro-step's token count read at once) or 1 (read without waiting, the default)",
     "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
+    "VLM_LORA_GROUP_LORA": "0 (one rank-r matmul per LoRA layer) or 1 (one per group that reads one input, the default)",
+    "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place) or 1 (into the layer's output in place, the default)",
 }
 
 

@@ -26,6 +26,9 @@ arithmetic as peft's plain LoRA (the same dropout kernel and masks on a GPU) wit
 scaling and the add in the second matmul and without a dropped-out copy of the input kept
 for every adapted layer. Anything else (DoRA, LoRA bias, ZeRO-3-partitioned adapters, …)
 stays on peft's forward. VLM_LORA_FUSED_LORA=0 restores peft's forward everywhere.
+Without dropout the branch is autograd's own nodes (VLM_LORA_LEAN_LORA=0 keeps the function),
+and LoRA layers that read one input (q / k / v, gate / up) compute their rank-r projections in
+one matmul (`SharedInput`; VLM_LORA_GROUP_LORA=0 keeps one per layer; not with compiled layers).
 
 4. Regional compilation, opt-in (VLM_LORA_COMPILE_LAYERS=1): `torch.compile` on each of the
 language model's decoder layers once the trainer holds the model (one region per layer, the
@@ -377,6 +380,16 @@ def patch_model(model, training_args, language: bool = False, vision: bool = Fal
             print(
                 f"train-lora plugin: index-based deepstack additions in {counts['deepstack']} text model(s)", flush=True
             )
+    fused = _load_sibling("fused_lora")
+    if FUSED_LORA and fused.GROUP and fused.LEAN and not language:  # compiled layers: no Python state in them
+        groups = fused.group_shared_inputs(model)
+        if groups:
+            counts["shared_input"] = groups
+            print(
+                f"train-lora plugin: one rank-r matmul for each of {groups} groups of LoRA layers "
+                "that read one input (q/k/v, gate/up; without dropout)",
+                flush=True,
+            )
     silu_mul = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
     if silu_mul is not None:
         counts["silu_mul"] = _load_sibling("swiglu").fuse_silu_mul(model, silu_mul)
@@ -385,7 +398,8 @@ def patch_model(model, training_args, language: bool = False, vision: bool = Fal
 
 
 def _install_trainer_init() -> tuple[bool, bool]:
-    """Wraps Trainer.__init__ for what needs the model: compilation (opt-in), deepstack by position, Liger's SiLU-multiply."""
+    """Wraps Trainer.__init__ for what needs the model: compilation (opt-in), deepstack by position, grouped LoRA
+    projections, Liger's SiLU-multiply."""
     language = os.environ.get("VLM_LORA_COMPILE_LAYERS") == "1"
     vision = os.environ.get("VLM_LORA_COMPILE_VISION") == "1"
     try:
