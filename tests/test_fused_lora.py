@@ -460,3 +460,18 @@ def test_the_lora_product_is_added_into_the_layers_output_without_copying_it(mon
     torch.testing.assert_close(runs[True][0], runs[False][0], rtol=0, atol=0)
     for name, grad in runs[False][1].items():
         torch.testing.assert_close(runs[True][1][name], grad, rtol=1e-6, atol=1e-7)
+
+
+def test_a_base_layer_someone_else_holds_the_output_of_is_not_added_into(monkeypatch):
+    """With a hook on the frozen layer (it may keep the output), the product goes into a new tensor."""
+    monkeypatch.setattr(fused_lora, "INPLACE", True)
+    _, model = _models(dropout=0.1)
+    kept = []
+    base_layer = model.base_model.model.q.base_layer
+    base_layer.register_forward_hook(lambda module, args, out: kept.append((out, out.clone())))
+    ops = _Ops()
+    with ops:
+        _run(model, torch.randn(2, 5, 24), fused=True)
+    held, copy_at_the_time = kept[0]
+    torch.testing.assert_close(held, copy_at_the_time, rtol=0, atol=0)  # not changed behind the hook's back
+    assert ops.names.count("addmm_.default") == 3 and ops.names.count("addmm.default") >= 1  # k, v, o in place

@@ -47,7 +47,7 @@ SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 class _LoraDelta(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, base, weight_a, weight_b, scaling: float, p: float):
+    def forward(ctx, x, base, weight_a, weight_b, scaling: float, p: float, inplace: bool):
         dtype = base.dtype
         a = weight_a.to(dtype)
         b = weight_b.to(dtype)
@@ -61,9 +61,7 @@ class _LoraDelta(torch.autograd.Function):
         ctx.scaling, ctx.p = scaling, p
         ctx.x_shape, ctx.x_dtype, ctx.base_shape = x.shape, x.dtype, base.shape
         ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
-        if (
-            INPLACE and base.is_contiguous() and base._base is None
-        ):  # the frozen layer's fresh output, read by nothing else
+        if inplace and base.is_contiguous() and base._base is None:
             base.view(-1, base.shape[-1]).addmm_(h, b.t(), alpha=scaling)
             ctx.mark_dirty(base)
             return base
@@ -90,16 +88,18 @@ class _LoraDelta(torch.autograd.Function):
                 grad_x = torch.ops.aten.native_dropout_backward(grad_x, mask, keep)
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         grad_base = grad_out.view(ctx.base_shape) if need_base else None
-        return grad_x, grad_base, grad_a, grad_b, None, None
+        return grad_x, grad_base, grad_a, grad_b, None, None, None
 
 
-def lora_delta(x, base, weight_a, weight_b, scaling: float, p: float = 0.0):
+def lora_delta(x, base, weight_a, weight_b, scaling: float, p: float = 0.0, inplace: bool = False):
     """`base + scaling * B(A(dropout_p(x)))` with the memory and kernels described above.
 
     `base` is the frozen layer's output and sets the compute dtype; under autocast pass
-    tensors already in autocast's dtype (`fused_forward` does).
+    tensors already in autocast's dtype (`fused_forward` does). `inplace`: the product is added
+    into `base` itself (returned; no copy of it first), for a `base` nothing else holds or saved
+    for its backward, such as a plain Linear's fresh output.
     """
-    return _LoraDelta.apply(x, base, weight_a, weight_b, float(scaling), float(p))
+    return _LoraDelta.apply(x, base, weight_a, weight_b, float(scaling), float(p), bool(inplace))
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -262,5 +262,6 @@ def fused_forward(layer, x, *args, **kwargs):
     result_dtype = base.dtype
     dtype = _compute_dtype(x, weight_a)
     with torch.autocast(x.device.type, enabled=False):
-        out = lora_delta(x.to(dtype), base.to(dtype), weight_a, weight_b, scaling, p)
+        inplace = INPLACE and _plain_linear(base_layer)  # its output: fresh, not kept by its backward or hooks
+        out = lora_delta(x.to(dtype), base.to(dtype), weight_a, weight_b, scaling, p, inplace)
     return out.to(result_dtype)
