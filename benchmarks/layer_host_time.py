@@ -17,7 +17,8 @@ Variants: peft's own LoRA forward; the train-lora plugin's LoRA function (`lora_
 dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05; the frozen
 layer without LoRA (`nolora`); `...norm`: with torch's fused RMSNorm in place of Liger's
 (components/train_lora/rms_norm.py); `group`: the lean path with q/k/v's and gate/up's rank-r products in one
-matmul each; `...copy`: the LoRA product added out of place (a copy of the layer's output first). `--cprofile` adds where the host time goes (cProfile, own time per
+matmul each; `functionapart`: the LoRA function after the frozen layer (not with it in one node,
+`_LoraLinear`); `...copy`: that, with the LoRA product added out of place (a copy of the layer's output first). `--cprofile` adds where the host time goes (cProfile, own time per
 function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
@@ -224,6 +225,7 @@ def _set_variant(variant: str) -> None:
     fused_lora.LEAN = variant.startswith(("lean", "group"))
     fused_lora.GROUP = variant.startswith("group")
     fused_lora.INPLACE = not variant.endswith("copy")
+    fused_lora.FUSED_BASE = not variant.endswith(("apart", "copy"))
 
 
 VARIANTS = (
@@ -236,6 +238,7 @@ VARIANTS = (
     ("peft", 0.05),
     ("function", 0.05),
     ("functionnorm", 0.05),
+    ("functionapart", 0.05),
     ("functioncopy", 0.05),
     ("nolora", 0.0),
 )

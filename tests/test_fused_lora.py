@@ -64,11 +64,22 @@ def _run(model, x, fused: bool, seed=1):
     return out.detach(), x.grad, grads
 
 
+@pytest.fixture(params=[True, False], ids=["layer-in-function", "layer-apart"])
+def fused_base(request, monkeypatch):
+    """Both plain-LoRA functions: the frozen Linear inside (`_LoraLinear`) or before it (`_LoraDelta`)."""
+    monkeypatch.setattr(fused_lora, "FUSED_BASE", request.param)
+    return request.param
+
+
+def _function_node(fused_base: bool) -> str:
+    return "_LoraLinearBackward" if fused_base else "_LoraDeltaBackward"
+
+
 def _close(a, b, **tol):
     torch.testing.assert_close(a, b, **tol)
 
 
-def test_without_dropout_equals_peft_outputs_and_every_gradient():
+def test_without_dropout_equals_peft_outputs_and_every_gradient(fused_base):
     peft_model, fused_model = _models()
     x = torch.randn(3, 7, 24)
     out_p, gx_p, g_p = _run(peft_model, x, fused=False)
@@ -81,26 +92,31 @@ def test_without_dropout_equals_peft_outputs_and_every_gradient():
         _close(g_f[name], g_p[name], rtol=1e-5, atol=1e-6)
 
 
-def _reference_branch(x, base_w, a, b, scaling, p, seed):
+def _reference_branch(x, base_w, a, b, scaling, p, seed, bias=None):
     """The plain autograd graph peft builds, with the dropout kernel the fused path uses."""
     torch.manual_seed(seed)
     dropped, _ = torch.native_dropout(x, p, True)
-    return x @ base_w.t() + (dropped @ a.t()) @ b.t() * scaling
+    base = x @ base_w.t() if bias is None else x @ base_w.t() + bias
+    return base + (dropped @ a.t()) @ b.t() * scaling
 
 
-def test_with_dropout_equals_the_plain_graph_with_the_same_masks():
+def test_with_dropout_equals_the_plain_graph_with_the_same_masks(fused_base):
     torch.manual_seed(3)
     x = torch.randn(5, 6, 16, requires_grad=True)
     base_w = torch.randn(12, 16)
     a = torch.randn(4, 16, requires_grad=True)
     b = torch.randn(12, 4, requires_grad=True)
-    ref = _reference_branch(x, base_w, a, b, 2.0, 0.3, seed=9)
+    bias = torch.randn(12) if fused_base else None
+    ref = _reference_branch(x, base_w, a, b, 2.0, 0.3, seed=9, bias=bias)
     ref.square().sum().backward()
     ref_grads = [t.grad.clone() for t in (x, a, b)]
     for t in (x, a, b):
         t.grad = None
     torch.manual_seed(9)
-    out = fused_lora.lora_delta(x, x @ base_w.t(), a, b, 2.0, 0.3)
+    if fused_base:  # the frozen layer (with a bias) inside the function
+        out = fused_lora._LoraLinear.apply(x, base_w, bias, a, b, 2.0, 0.3, torch.float32)
+    else:
+        out = fused_lora.lora_delta(x, x @ base_w.t(), a, b, 2.0, 0.3)
     out.square().sum().backward()
     _close(out, ref, rtol=1e-5, atol=1e-5)
     for got, want in zip((x.grad, a.grad, b.grad), ref_grads):
@@ -111,7 +127,7 @@ def test_with_dropout_equals_the_plain_graph_with_the_same_masks():
     assert 0.5 < mask.float().mean() < 0.9
 
 
-def test_dropout_in_eval_mode_is_off_and_training_mode_drops():
+def test_dropout_in_eval_mode_is_off_and_training_mode_drops(fused_base):
     peft_model, fused_model = _models(dropout=0.5)
     x = torch.randn(2, 5, 24)
     fused_model.eval()
@@ -128,7 +144,7 @@ def _rel_err(got, want):
     return float((got.float() - want.float()).norm() / want.float().norm())
 
 
-def test_bf16_autocast_is_as_close_to_float32_as_peft():
+def test_bf16_autocast_is_as_close_to_float32_as_peft(fused_base):
     peft_model, fused_model = _models()
     exact_model = copy.deepcopy(peft_model)
     x = torch.randn(4, 9, 24)
@@ -154,7 +170,7 @@ def _grad_fn_names(model, x) -> set[str]:
     return {type(out.grad_fn).__name__, *(type(f).__name__ for f, _ in out.grad_fn.next_functions if f)}
 
 
-def test_lean_path_without_dropout_equals_the_function_and_uses_autograds_nodes(monkeypatch):
+def test_lean_path_without_dropout_equals_the_function_and_uses_autograds_nodes(monkeypatch, fused_base):
     """Without dropout, under autocast: autograd's own nodes (no Python backward), same values."""
     peft_model, fused_model = _models()
     lean_model = copy.deepcopy(fused_model)
@@ -162,7 +178,7 @@ def test_lean_path_without_dropout_equals_the_function_and_uses_autograds_nodes(
     monkeypatch.setattr(fused_lora, "LEAN", False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_f, gx_f, g_f = _run(fused_model, x, fused=True)
-        assert "_LoraDeltaBackward" in _grad_fn_names(fused_model, x)  # the Python function
+        assert _function_node(fused_base) in _grad_fn_names(fused_model, x)  # the Python function
     monkeypatch.setattr(fused_lora, "LEAN", True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_l, gx_l, g_l = _run(lean_model, x, fused=True)
@@ -201,7 +217,7 @@ def _saved_bytes(model, x, fused: bool) -> int:
     return sum(seen.values())
 
 
-def test_keeps_less_for_backward_when_layers_share_their_input():
+def test_keeps_less_for_backward_when_layers_share_their_input(fused_base):
     peft_model, fused_model = _models(dropout=0.1)
     x = torch.randn(8, 64, 24)
     peft_bytes = _saved_bytes(peft_model, x, fused=False)
@@ -239,15 +255,16 @@ def test_no_grad_several_adapters_and_zero3_stay_on_peft():
     assert fused_lora.fused_forward(layer, x) is None
 
 
-def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch):
+def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base):
     from components.train_lora import swift_plugin
 
+    monkeypatch.setattr(swift_plugin._load_sibling("fused_lora"), "FUSED_BASE", fused_base)  # the plugin's copy
     assert swift_plugin.FUSED_LORA
     assert getattr(LoraLinear.forward, "_vlm_lora_fused", False)
     assert _peft_forward() is not LoraLinear.forward
     peft_model, _ = _models()
     out = peft_model.base_model.model.q(torch.randn(2, 24, requires_grad=True))
-    assert type(out.grad_fn).__name__ == "_LoraDeltaBackward"
+    assert type(out.grad_fn).__name__ == _function_node(fused_base)
     with torch.no_grad():  # inference: peft's own forward
         assert peft_model.base_model.model.q(torch.randn(2, 24)).grad_fn is None
 
@@ -437,6 +454,7 @@ def test_a_group_whose_layers_read_different_inputs_turns_itself_off(monkeypatch
 @pytest.mark.parametrize(("dropout", "autocast"), [(0.0, True), (0.1, True), (0.1, False)])
 def test_the_lora_product_is_added_into_the_layers_output_without_copying_it(monkeypatch, dropout, autocast):
     """An out-of-place addmm copies the frozen layer's output first; the branch adds into it in place."""
+    monkeypatch.setattr(fused_lora, "FUSED_BASE", False)  # with the frozen layer inside, always in place
     runs = {}
     for inplace in (True, False):
         monkeypatch.setattr(fused_lora, "INPLACE", inplace)

@@ -67,6 +67,7 @@ print(
     "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
     plugin._load_sibling("fused_lora").LEAN,
     plugin._load_sibling("fused_lora").GROUP, plugin._load_sibling("fused_lora").INPLACE,
+    plugin._load_sibling("fused_lora").FUSED_BASE,
     plugin.ASYNC_TOKENS, plugin.TORCH_RMS_NORM, flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
 )
 """
@@ -79,6 +80,7 @@ SWITCHES_OFF = {
     "VLM_LORA_LEAN_LORA": "0",
     "VLM_LORA_GROUP_LORA": "0",
     "VLM_LORA_INPLACE_ADD": "0",
+    "VLM_LORA_FUSED_BASE": "0",
     "VLM_LORA_TORCH_RMS_NORM": "1",  # opt-in: on here
     "VLM_LORA_ASYNC_TOKENS": "0",
     "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
@@ -88,8 +90,11 @@ SWITCHES_OFF = {
 @pytest.mark.parametrize(
     ("flipped", "expected"),
     [
-        (False, "True 3 True True True True True True True False True True True True True True False False"),
-        (True, "False 16 True False False False False False False True True True False False False False True True"),
+        (False, "True 3 True True True True True True True False True True True True True True True False False"),
+        (
+            True,
+            "False 16 True False False False False False False True True True False False False False False True True",
+        ),
     ],
 )
 def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, expected):

@@ -38,6 +38,10 @@ LEAN = os.environ.get("VLM_LORA_LEAN_LORA", "1") != "0"
 # first copies that output (a device-to-device copy of the whole activation per adapted layer);
 # VLM_LORA_INPLACE_ADD=0 keeps the out-of-place `addmm`
 INPLACE = os.environ.get("VLM_LORA_INPLACE_ADD", "1") != "0"
+# with dropout (or off the lean path), the frozen layer's own matmuls inside the LoRA function (`_LoraLinear`):
+# its input gradient and LoRA's are summed in one buffer (a matmul epilogue, or one multiply-add with the
+# dropout mask) instead of autograd adding two; VLM_LORA_FUSED_BASE=0 keeps the frozen layer outside
+FUSED_BASE = os.environ.get("VLM_LORA_FUSED_BASE", "1") != "0"
 # on the lean path, sibling LoRA layers that read one input compute their A projections in one matmul
 # (`SharedInput`); VLM_LORA_GROUP_LORA=0 keeps one matmul per layer
 GROUP = os.environ.get("VLM_LORA_GROUP_LORA", "1") != "0"
@@ -89,6 +93,72 @@ class _LoraDelta(torch.autograd.Function):
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         grad_base = grad_out.view(ctx.base_shape) if need_base else None
         return grad_x, grad_base, grad_a, grad_b, None, None, None
+
+
+class _LoraLinear(torch.autograd.Function):
+    """A frozen Linear and its LoRA branch as one node: `x W^T + b + scaling * B(A(dropout_p(x)))`.
+
+    The same arithmetic as the frozen layer followed by `_LoraDelta` (the same dropout kernel and
+    masks), with the backward's input gradient built in one buffer: `g W`, then LoRA's part added in
+    the second matmul's epilogue (`addmm_`) or, with dropout, by one multiply-add with the mask
+    (`addcmul_`) instead of a masked-scale kernel and autograd's add of two full gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, weight_a, weight_b, scaling: float, p: float, dtype: torch.dtype):
+        w = weight.to(dtype)  # autocast's cast of the frozen weight, which F.linear would keep as well
+        a = weight_a.to(dtype)
+        b = weight_b.to(dtype)
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+        out = x2 @ w.t() if bias is None else torch.addmm(bias.to(dtype), x2, w.t())
+        if p > 0:
+            dropped, mask = torch.native_dropout(x2, p, True)
+        else:
+            dropped, mask = x2, None
+        h = dropped @ a.t()
+        out.addmm_(h, b.t(), alpha=scaling)
+        ctx.save_for_backward(x2, mask, h, a, b, w)
+        ctx.scaling, ctx.p = scaling, p
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x2, mask, h, a, b, weight = ctx.saved_tensors
+        scaling, p = ctx.scaling, ctx.p
+        keep = 1.0 / (1.0 - p) if p > 0 else 1.0
+        g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
+        need_x, _, _, need_a, need_b = ctx.needs_input_grad[:5]
+        grad_x = grad_a = grad_b = None
+        gh = (g @ b) * scaling if (need_x or need_a) else None
+        if need_b:
+            grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
+        if need_a:
+            dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
+            grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
+        if need_x:
+            grad_x = g @ weight
+            if mask is None:
+                grad_x.addmm_(gh, a)
+            else:
+                grad_x.addcmul_(gh @ a, mask, value=keep)
+            grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
+        return grad_x, None, None, grad_a, grad_b, None, None, None
+
+
+def _frozen_linear_in(base_layer, dtype: torch.dtype, autocast: bool) -> bool:
+    """A plain Linear whose weights get no gradient and that computes in `dtype` (autocast's, which casts
+    its weights each call, or its own): `_LoraLinear` can run it."""
+    if not _plain_linear(base_layer):
+        return False
+    weight, bias = base_layer.weight, base_layer.bias
+    params = [weight] if bias is None else [weight, bias]
+    return (
+        (weight.dtype == dtype or (autocast and weight.is_floating_point()))
+        and weight.dim() == 2
+        and not any(t.requires_grad or hasattr(t, "ds_id") for t in params)
+    )
 
 
 def lora_delta(x, base, weight_a, weight_b, scaling: float, p: float = 0.0, inplace: bool = False):
@@ -245,9 +315,10 @@ def lean_delta(x, weight, bias, weight_a, weight_b, scaling: float, h: torch.Ten
 
 
 def fused_forward(layer, x, *args, **kwargs):
-    """peft `lora.Linear.forward` with the plain-LoRA case through `lora_delta` (without dropout under
-    autocast, over a plain Linear: `lean_delta`, with the rank-r projection from the layer's `SharedInput`
-    group where `group_shared_inputs` gave it one); None if not plain."""
+    """peft `lora.Linear.forward` for plain LoRA (None if not plain): without dropout under autocast over a
+    plain Linear `lean_delta` (its rank-r product from the layer's `SharedInput` group where it has one);
+    else over a frozen plain Linear `_LoraLinear` (the layer and its branch as one node); else the layer,
+    then `lora_delta`."""
     plain = _plain_adapter(layer, x, args, kwargs)
     if plain is None:
         return None
@@ -258,9 +329,14 @@ def fused_forward(layer, x, *args, **kwargs):
         group = getattr(layer, "_vlm_lora_shared_input", None) if GROUP else None
         h = group.rank_input(layer, x, weight_a) if group is not None else None
         return lean_delta(x, base_layer.weight, base_layer.bias, weight_a, weight_b, scaling, h)
+    dtype = _compute_dtype(x, weight_a)
+    if FUSED_BASE and _frozen_linear_in(base_layer, dtype, torch.is_autocast_enabled(x.device.type)):
+        with torch.autocast(x.device.type, enabled=False):
+            return _LoraLinear.apply(
+                x, base_layer.weight, base_layer.bias, weight_a, weight_b, float(scaling), float(p), dtype
+            )
     base = base_layer(x)
     result_dtype = base.dtype
-    dtype = _compute_dtype(x, weight_a)
     with torch.autocast(x.device.type, enabled=False):
         inplace = INPLACE and _plain_linear(base_layer)  # its output: fresh, not kept by its backward or hooks
         out = lora_delta(x.to(dtype), base.to(dtype), weight_a, weight_b, scaling, p, inplace)

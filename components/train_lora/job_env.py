@@ -59,6 +59,7 @@ JOB_ENV_NAMES = frozenset(
         "VLM_LORA_INDEX_DEEPSTACK",
         "VLM_LORA_GROUP_LORA",
         "VLM_LORA_INPLACE_ADD",
+        "VLM_LORA_FUSED_BASE",
     }
 )
 # Common names under the prefixes, offered as "did you mean".
@@ -145,6 +146,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
     "VLM_LORA_GROUP_LORA": "0 (one rank-r matmul per LoRA layer) or 1 (one per group that reads one input, the default)",
     "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place) or 1 (into the layer's output in place, the default)",
+    "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
 }
 
 
