@@ -36,7 +36,8 @@ import torch
 LEAN = os.environ.get("VLM_LORA_LEAN_LORA", "1") != "0"
 # the LoRA product added into the frozen layer's fresh output in place (`addmm_`): an out-of-place `addmm`
 # first copies that output (a device-to-device copy of the whole activation per adapted layer);
-# VLM_LORA_INPLACE_ADD=0 keeps the out-of-place `addmm`
+# VLM_LORA_INPLACE_ADD=0 keeps the out-of-place `addmm` where the layer runs outside the LoRA function
+# (`lean_delta`, `lora_delta`; `_LoraLinear` adds into its own output)
 INPLACE = os.environ.get("VLM_LORA_INPLACE_ADD", "1") != "0"
 # with dropout (or off the lean path), the frozen layer's own matmuls inside the LoRA function (`_LoraLinear`):
 # its input gradient and LoRA's are summed in one buffer (a matmul epilogue, or one multiply-add with the

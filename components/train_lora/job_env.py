@@ -145,7 +145,8 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_ASYNC_TOKENS": "0 (each micro-step's token count read at once) or 1 (read without waiting, the default)",
     "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
     "VLM_LORA_GROUP_LORA": "0 (one rank-r matmul per LoRA layer) or 1 (one per group that reads one input, the default)",
-    "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place) or 1 (into the layer's output in place, the default)",
+    "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place where the layer runs outside the LoRA function) "
+    "or 1 (into the layer's output in place, the default)",
     "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
 }
 

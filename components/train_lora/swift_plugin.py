@@ -28,7 +28,8 @@ for every adapted layer. Anything else (DoRA, LoRA bias, ZeRO-3-partitioned adap
 stays on peft's forward. VLM_LORA_FUSED_LORA=0 restores peft's forward everywhere.
 Over a frozen plain Linear the function runs the layer's own matmul too (`_LoraLinear`: one input
 gradient buffer instead of two added by autograd; VLM_LORA_FUSED_BASE=0 keeps the layer outside),
-and LoRA's product is added into the layer's output in place (VLM_LORA_INPLACE_ADD=0: out of place).
+and LoRA's product is added into the layer's output in place (where the layer runs outside the
+function, VLM_LORA_INPLACE_ADD=0 adds it out of place).
 Without dropout the branch is autograd's own nodes (VLM_LORA_LEAN_LORA=0 keeps the function),
 and LoRA layers that read one input (q / k / v, gate / up) compute their rank-r projections in
 one matmul (`SharedInput`; VLM_LORA_GROUP_LORA=0 keeps one per layer; not with compiled layers).
