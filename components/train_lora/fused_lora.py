@@ -50,6 +50,32 @@ GROUP = os.environ.get("VLM_LORA_GROUP_LORA", "1") != "0"
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
+def _rank_r(x2: torch.Tensor, a: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`h = dropout_p(x2) A^T` and the dropout mask (None without dropout): the kernel and masks of nn.Dropout."""
+    if p > 0:
+        dropped, mask = torch.native_dropout(x2, p, True)
+    else:
+        dropped, mask = x2, None
+    return dropped @ a.t(), mask
+
+
+def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool):
+    """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes)."""
+    scaling, keep = ctx.scaling, _keep(ctx.p)
+    gh = (g @ b) * scaling if (need_x or need_a) else None
+    grad_a = grad_b = None
+    if need_b:
+        grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
+    if need_a:
+        dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
+        grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
+    return gh, grad_a, grad_b
+
+
+def _keep(p: float) -> float:
+    return 1.0 / (1.0 - p) if p > 0 else 1.0
+
+
 class _LoraDelta(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, base, weight_a, weight_b, scaling: float, p: float, inplace: bool):
@@ -57,11 +83,7 @@ class _LoraDelta(torch.autograd.Function):
         a = weight_a.to(dtype)
         b = weight_b.to(dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        if p > 0:
-            dropped, mask = torch.native_dropout(x2, p, True)
-        else:
-            dropped, mask = x2, None
-        h = dropped @ a.t()
+        h, mask = _rank_r(x2, a, p)
         ctx.save_for_backward(x2, mask, h, a, b)
         ctx.scaling, ctx.p = scaling, p
         ctx.x_shape, ctx.x_dtype, ctx.base_shape = x.shape, x.dtype, base.shape
@@ -76,21 +98,14 @@ class _LoraDelta(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x2, mask, h, a, b = ctx.saved_tensors
-        scaling, p = ctx.scaling, ctx.p
-        keep = 1.0 / (1.0 - p) if p > 0 else 1.0
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, need_base, need_a, need_b = ctx.needs_input_grad[:4]
-        grad_x = grad_a = grad_b = None
-        gh = (g @ b) * scaling if (need_x or need_a) else None
-        if need_b:
-            grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
-        if need_a:
-            dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
-            grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
+        gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
+        grad_x = None
         if need_x:
             grad_x = gh @ a
             if mask is not None:
-                grad_x = torch.ops.aten.native_dropout_backward(grad_x, mask, keep)
+                grad_x = torch.ops.aten.native_dropout_backward(grad_x, mask, _keep(ctx.p))
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         grad_base = grad_out.view(ctx.base_shape) if need_base else None
         return grad_x, grad_base, grad_a, grad_b, None, None, None
@@ -112,11 +127,7 @@ class _LoraLinear(torch.autograd.Function):
         b = weight_b.to(dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         out = x2 @ w.t() if bias is None else torch.addmm(bias.to(dtype), x2, w.t())
-        if p > 0:
-            dropped, mask = torch.native_dropout(x2, p, True)
-        else:
-            dropped, mask = x2, None
-        h = dropped @ a.t()
+        h, mask = _rank_r(x2, a, p)
         out.addmm_(h, b.t(), alpha=scaling)
         ctx.save_for_backward(x2, mask, h, a, b, w)
         ctx.scaling, ctx.p = scaling, p
@@ -127,23 +138,16 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x2, mask, h, a, b, weight = ctx.saved_tensors
-        scaling, p = ctx.scaling, ctx.p
-        keep = 1.0 / (1.0 - p) if p > 0 else 1.0
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, _, _, need_a, need_b = ctx.needs_input_grad[:5]
-        grad_x = grad_a = grad_b = None
-        gh = (g @ b) * scaling if (need_x or need_a) else None
-        if need_b:
-            grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
-        if need_a:
-            dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
-            grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
+        gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
+        grad_x = None
         if need_x:
             grad_x = g @ weight
             if mask is None:
                 grad_x.addmm_(gh, a)
             else:
-                grad_x.addcmul_(gh @ a, mask, value=keep)
+                grad_x.addcmul_(gh @ a, mask, value=_keep(ctx.p))
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         return grad_x, None, None, grad_a, grad_b, None, None, None
 
