@@ -17,6 +17,12 @@ and the mask (saved by dropout): q, k and v read the same input yet keep three c
 - backward: `gh = scaling * g @ B`, `dB = scaling * g^T @ h`, `dA = gh^T @ x_d`,
   `dx = dropout_backward(gh @ A)`; the base output's gradient passes through.
 
+Three refinements, each measured on an H100 (benchmarks/README.md) and with its switch below: over
+a frozen plain Linear the layer's own matmul runs inside the function (`_LoraLinear`: one node, the
+input gradient in one buffer); without dropout under autocast the branch is three aten calls with
+autograd's own backward (`lean_delta`), where q/k/v and gate/up share one rank-r matmul
+(`SharedInput`); and the product is added into the layer's fresh output in place (no copy first).
+
 The matmuls run in the compute dtype (autocast's, else the adapter weights'), the adapter
 weights and their gradients stay in their own dtype (float32 master weights), as with peft.
 `fused_forward` applies only where the arithmetic is plain LoRA; everything else (DoRA and

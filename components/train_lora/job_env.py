@@ -25,6 +25,27 @@ class JobEnvError(TrainError):
     """A job environment variable is not allowed (unknown name, reserved, or a secret); the message names the fix."""
 
 
+# The train-lora plugin's switches: the values each takes (read in components/train_lora/swift_plugin.py).
+_PLUGIN_SWITCHES = {
+    "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
+    "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
+    "VLM_LORA_COMPILE_VISION": "1 (compile each vision block) or 0 (the default)",
+    "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
+    "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
+    "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
+    "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
+    "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
+    "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
+    "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's, the default)",
+    "VLM_LORA_ASYNC_TOKENS": "0 (each micro-step's token count read at once) or 1 (read without waiting, the default)",
+    "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
+    "VLM_LORA_GROUP_LORA": "0 (one rank-r matmul per LoRA layer) or 1 (one per group that reads one input, the default)",
+    "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place where the layer runs outside the LoRA function) "
+    "or 1 (into the layer's output in place, the default)",
+    "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
+}
+
+
 # Variables the training job may get from the config: NCCL / torch.distributed / CUDA
 # tuning and debugging. Everything else is refused (the launcher sets the rank variables;
 # a secret never belongs in a pipeline parameter).
@@ -43,25 +64,10 @@ JOB_ENV_NAMES = frozenset(
         "OMP_NUM_THREADS",
         "TOKENIZERS_PARALLELISM",
         "LOGLEVEL",
-        # the train-lora plugin's own settings (components/train_lora/swift_plugin.py)
+        # the train-lora plugin's memory cap (components/train_lora/swift_plugin.py)
         "VLM_LORA_GPU_MEMORY_GIB",
-        "VLM_LORA_FUSED_LORA",
-        "VLM_LORA_COMPILE_LAYERS",
-        "VLM_LORA_COMPILE_VISION",
-        "VLM_LORA_PEFT_INPUT_CAST",
-        "VLM_LORA_LABEL_ROWS_LOSS",
-        "VLM_LORA_RIGHT_PAD_CAUSAL",
-        "VLM_LORA_HOST_VISION_SEQLENS",
-        "VLM_LORA_LIGER_SWIGLU",
-        "VLM_LORA_LEAN_LORA",
-        "VLM_LORA_TORCH_RMS_NORM",
-        "VLM_LORA_ASYNC_TOKENS",
-        "VLM_LORA_INDEX_DEEPSTACK",
-        "VLM_LORA_GROUP_LORA",
-        "VLM_LORA_INPLACE_ADD",
-        "VLM_LORA_FUSED_BASE",
     }
-)
+) | frozenset(_PLUGIN_SWITCHES)  # and its switches
 # Common names under the prefixes, offered as "did you mean".
 _KNOWN_PREFIXED = (
     "NCCL_DEBUG",
@@ -128,27 +134,6 @@ def _name_problem(name: str) -> str:
         f"{name!r} is not a variable train-lora passes to the training job; {hint}allowed: names starting with "
         f"{', '.join(JOB_ENV_PREFIXES)} and {', '.join(sorted(JOB_ENV_NAMES))}"
     )
-
-
-# The train-lora plugin's switches: the values each takes (read in components/train_lora/swift_plugin.py).
-_PLUGIN_SWITCHES = {
-    "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
-    "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
-    "VLM_LORA_COMPILE_VISION": "1 (compile each vision block) or 0 (the default)",
-    "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
-    "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
-    "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
-    "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
-    "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
-    "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
-    "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's, the default)",
-    "VLM_LORA_ASYNC_TOKENS": "0 (each micro-step's token count read at once) or 1 (read without waiting, the default)",
-    "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
-    "VLM_LORA_GROUP_LORA": "0 (one rank-r matmul per LoRA layer) or 1 (one per group that reads one input, the default)",
-    "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place where the layer runs outside the LoRA function) "
-    "or 1 (into the layer's output in place, the default)",
-    "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
-}
 
 
 def _switch_problem(name: str, value: Any) -> str:
