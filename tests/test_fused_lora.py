@@ -493,3 +493,17 @@ def test_a_base_layer_someone_else_holds_the_output_of_is_not_added_into(monkeyp
     held, copy_at_the_time = kept[0]
     torch.testing.assert_close(held, copy_at_the_time, rtol=0, atol=0)  # not changed behind the hook's back
     assert ops.names.count("addmm_.default") == 3 and ops.names.count("addmm.default") >= 1  # k, v, o in place
+
+
+def test_a_base_layer_that_trains_keeps_its_own_gradient(fused_base):
+    """The one-node function returns no weight gradient: a base Linear that trains stays outside it."""
+    peft_model, fused_model = _models(dropout=0.1)
+    for model in (peft_model, fused_model):
+        model.base_model.model.q.base_layer.weight.requires_grad_(True)
+    x = torch.randn(2, 5, 24)
+    _, gx_p, g_p = _run(peft_model, x, fused=False)
+    _, gx_f, g_f = _run(fused_model, x, fused=True)
+    name = "base_model.model.q.base_layer.weight"
+    assert name in g_p and name in g_f
+    _close(g_f[name], g_p[name], rtol=1e-5, atol=1e-6)
+    _close(gx_f, gx_p, rtol=1e-5, atol=1e-6)
