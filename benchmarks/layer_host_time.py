@@ -226,6 +226,7 @@ def _set_variant(variant: str) -> None:
     fused_lora.GROUP = variant.startswith("group")
     fused_lora.INPLACE = not variant.endswith("copy")
     fused_lora.FUSED_BASE = not variant.endswith(("apart", "copy"))
+    fused_lora.TRITON = not variant.endswith("torch")  # with dropout on a GPU: LoRA's backward by PyTorch's kernels
 
 
 VARIANTS = (
@@ -240,6 +241,7 @@ VARIANTS = (
     ("functionnorm", 0.05),
     ("functionapart", 0.05),
     ("functioncopy", 0.05),
+    ("functiontorch", 0.05),
     ("nolora", 0.0),
 )
 

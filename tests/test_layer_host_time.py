@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import benchmarks.layer_host_time as bench
+from components.train_lora import fused_lora
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +30,10 @@ def _run(variant: str, dropout: float):
 
 def test_variants_train_the_same_layer_their_own_way():
     grads = {}
-    for variant in ("peft", "function", "functionapart", "lean", "group", "nolora"):
+    for variant in ("peft", "function", "functionapart", "functiontorch", "lean", "group", "nolora"):
         layer, grads[variant] = _run(variant, 0.0)
+        if variant != "peft":
+            assert fused_lora.TRITON == (variant != "functiontorch"), variant
         lora_b = getattr(layer.self_attn.q_proj, "lora_B", None)
         grouped = getattr(layer.self_attn.q_proj, "_vlm_lora_shared_input", None)
         assert (grouped is not None) == (variant == "group"), variant
@@ -43,6 +46,7 @@ def test_variants_train_the_same_layer_their_own_way():
             "peft": "AddBackward0",
             "function": "_LoraLinearBackward",
             "functionapart": "_LoraDeltaBackward",
+            "functiontorch": "_LoraLinearBackward",
             "lean": "ViewBackward0",
             "group": "ViewBackward0",
         }
@@ -53,7 +57,7 @@ def test_variants_train_the_same_layer_their_own_way():
             assert lora_b["default"].weight.grad is not None
     assert grads["nolora"].shape == (1, 6, 2560)  # the 4B's hidden size
     # the same layer and input (B starts at zero): the three LoRA paths give the same input gradient
-    for variant in ("function", "functionapart", "lean", "group"):
+    for variant in ("function", "functionapart", "functiontorch", "lean", "group"):
         torch.testing.assert_close(grads[variant], grads["peft"], rtol=0, atol=0)
 
 

@@ -33,7 +33,10 @@ without gradients) goes through peft's own forward.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -52,6 +55,9 @@ FUSED_BASE = os.environ.get("VLM_LORA_FUSED_BASE", "1") != "0"
 # on the lean path, sibling LoRA layers that read one input compute their A projections in one matmul
 # (`SharedInput`); VLM_LORA_GROUP_LORA=0 keeps one matmul per layer
 GROUP = os.environ.get("VLM_LORA_GROUP_LORA", "1") != "0"
+# with dropout on a GPU, the backward's two masked passes as Triton kernels (`lora_triton.py`: the mask applied
+# while reading, no full-size product or dropped-out copy written); VLM_LORA_TRITON_LORA=0 keeps PyTorch's kernels
+TRITON = os.environ.get("VLM_LORA_TRITON_LORA", "1") != "0"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -65,6 +71,34 @@ def _rank_r(x2: torch.Tensor, a: torch.Tensor, p: float) -> tuple[torch.Tensor, 
     return dropped @ a.t(), mask
 
 
+_kernels = None  # lora_triton, loaded at first use (False where Triton is missing)
+
+
+def _load_kernels():
+    """`lora_triton.py` from beside this file (this module is also loaded by path, not as a package)."""
+    global _kernels
+    if _kernels is None:
+        name = "vlm_lora_lora_triton"
+        try:
+            if name not in sys.modules:
+                spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("lora_triton.py"))
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules[name] = module
+            _kernels = sys.modules[name]
+        except ImportError:
+            _kernels = False
+    return _kernels
+
+
+def _masked_kernels(*tensors: torch.Tensor):
+    """`lora_triton` where its kernels take these operands (switch on, a GPU, eager code), else None."""
+    if not TRITON or torch.compiler.is_compiling():
+        return None
+    kernels = _load_kernels()
+    return kernels if kernels and kernels.usable(*tensors) else None
+
+
 def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool):
     """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes)."""
     scaling, keep = ctx.scaling, _keep(ctx.p)
@@ -73,8 +107,12 @@ def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b
     if need_b:
         grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
     if need_a:
-        dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
-        grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
+        kernels = None if mask is None else _masked_kernels(gh, x2, mask)
+        if kernels is not None:
+            grad_a = kernels.dropped_weight_grad(gh, x2, mask, keep).to(ctx.weight_dtypes[0])
+        else:
+            dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
+            grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
     return gh, grad_a, grad_b
 
 
@@ -150,8 +188,11 @@ class _LoraLinear(torch.autograd.Function):
         grad_x = None
         if need_x:
             grad_x = g @ weight
+            kernels = None if mask is None else _masked_kernels(grad_x, gh, a, mask)
             if mask is None:
                 grad_x.addmm_(gh, a)
+            elif kernels is not None:
+                kernels.add_dropped_product(grad_x, gh, a, mask, _keep(ctx.p))
             else:
                 grad_x.addcmul_(gh @ a, mask, value=_keep(ctx.p))
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)

@@ -43,6 +43,7 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place where the layer runs outside the LoRA function) "
     "or 1 (into the layer's output in place, the default)",
     "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
+    "VLM_LORA_TRITON_LORA": "0 (PyTorch's kernels for LoRA's backward with dropout) or 1 (Triton's, on a GPU, the default)",
 }
 
 

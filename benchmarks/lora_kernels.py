@@ -1,0 +1,157 @@
+"""LoRA's backward with dropout on one GPU: PyTorch's kernels against the plugin's Triton kernels.
+
+    python3 -m benchmarks.lora_kernels [--rows 9656] [--rank 8] [--tiles 64x128,128x64,...]
+
+For each input width of a Qwen3-VL-4B decoder layer's adapted projections (2,560: q / k / v / gate / up;
+4,096: o; 9,728: down) at the tuned micro-batch (8 rows × 1,207 tokens = 9,656 rows), bf16:
+
+- the input gradient `dx += keep * mask * (gh @ A)`: PyTorch's `addcmul_` (what `_LoraLinear` runs
+  without Triton), a masked-scale kernel then an in-place add, and `lora_triton.add_dropped_product`
+  at each tile shape;
+- A's gradient `gh^T @ (keep * mask * x)`: PyTorch's masked-scale kernel and a matmul, and
+  `lora_triton.dropped_weight_grad` at each tile shape and programs count.
+
+Each result is first checked against float32 arithmetic (relative error printed), then timed with
+`triton.testing.do_bench` (median; inputs rotated over three sets so that the L2 cache holds none).
+The bandwidth column counts the bytes a kernel must move at least (dx: read dx and mask, write dx;
+A's gradient: read x and mask). Prints one line per measurement and `RESULT {json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+WIDTHS = (2560, 4096, 9728)
+P = 0.05
+
+
+def _sets(rows: int, width: int, rank: int, count: int = 3) -> list[dict[str, Any]]:
+    import torch
+
+    out = []
+    for _ in range(count):
+        out.append(
+            {
+                "dx": torch.randn(rows, width, device="cuda", dtype=torch.bfloat16),
+                "x": torch.randn(rows, width, device="cuda", dtype=torch.bfloat16),
+                "mask": torch.rand(rows, width, device="cuda") > P,
+                "gh": torch.randn(rows, rank, device="cuda", dtype=torch.bfloat16),
+                "a": torch.randn(rank, width, device="cuda", dtype=torch.bfloat16) / width**0.5,
+            }
+        )
+    return out
+
+
+def _rotating(sets, fn):
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % len(sets)
+        fn(sets[state["i"]])
+
+    return call
+
+
+def _error(out, ref) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def _check(lt, s, keep: float) -> dict[str, float]:
+    import torch
+
+    ref_dx = s["dx"].float() + keep * s["mask"].float() * (s["gh"].float() @ s["a"].float())
+    dx = lt.add_dropped_product(s["dx"].clone(), s["gh"], s["a"], s["mask"], keep)
+    ref_da = s["gh"].float().t() @ (keep * s["mask"].float() * s["x"].float())
+    torch_da = s["gh"].t() @ torch.ops.aten.native_dropout_backward(s["x"], s["mask"], keep)
+    return {
+        "dx_error": _error(dx, ref_dx),
+        "dx_torch_error": _error(s["dx"].clone().addcmul_(s["gh"] @ s["a"], s["mask"], value=keep), ref_dx),
+        "da_error": _error(lt.dropped_weight_grad(s["gh"], s["x"], s["mask"], keep), ref_da),
+        "da_torch_error": _error(torch_da, ref_da),
+    }
+
+
+def _time(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3  # µs
+
+
+def measure_width(lt, rows: int, width: int, rank: int, tiles: list[tuple[int, int]], programs: list[int]):
+    import torch
+
+    keep = 1.0 / (1.0 - P)
+    sets = _sets(rows, width, rank)
+    row: dict[str, Any] = {"width": width, "rows": rows, **_check(lt, sets[0], keep)}
+    dx_bytes, da_bytes = rows * width * 5, rows * width * 3
+    timings = {
+        "dx_torch_addcmul": _rotating(sets, lambda s: s["dx"].addcmul_(s["gh"] @ s["a"], s["mask"], value=keep)),
+        "dx_torch_scale_add": _rotating(
+            sets, lambda s: s["dx"].add_(torch.ops.aten.native_dropout_backward(s["gh"] @ s["a"], s["mask"], keep))
+        ),
+        "da_torch": _rotating(
+            sets,
+            lambda s: (s["gh"].t() @ torch.ops.aten.native_dropout_backward(s["x"], s["mask"], keep)).float(),
+        ),
+    }
+    for name, fn in timings.items():
+        row[name] = _time(fn)
+    default = (lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS)
+    try:
+        for bm, bk in tiles:
+            lt._DX_BLOCK_M, lt._DX_BLOCK_K = bm, bk
+            row[f"dx_triton_{bm}x{bk}"] = _time(
+                _rotating(sets, lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["mask"], keep))
+            )
+            for n in programs:
+                lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = bm, bk, n
+                row[f"da_triton_{bm}x{bk}_p{n}"] = _time(
+                    _rotating(sets, lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["mask"], keep))
+                )
+    finally:
+        lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = default
+    row["dx_min_bytes"], row["da_min_bytes"] = dx_bytes, da_bytes
+    return row
+
+
+def _tiles(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        m, _, k = part.partition("x")
+        out.append((int(m), int(k)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=9656)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--tiles", default="64x128,128x64,64x64,128x128,32x256")
+    parser.add_argument("--programs", default="264,528,1056")
+    args = parser.parse_args(argv)
+    import torch
+
+    from components.train_lora import lora_triton as lt
+
+    if not torch.cuda.is_available():
+        raise SystemExit("lora_kernels: needs a CUDA GPU")
+    tiles, programs = _tiles(args.tiles), [int(n) for n in args.programs.split(",")]
+    rows = []
+    for width in WIDTHS:
+        row = measure_width(lt, args.rows, width, args.rank, tiles, programs)
+        rows.append(row)
+        for name, value in row.items():
+            if name.startswith(("dx_t", "da_t")):
+                moved = row["dx_min_bytes"] if name.startswith("dx") else row["da_min_bytes"]
+                print(f"width {width:5d}  {name:28s} {value:8.1f} us  {moved / value / 1e3:7.0f} GB/s", flush=True)
+        errors = {k: f"{v:.2e}" for k, v in row.items() if k.endswith("error")}
+        print(f"width {width:5d}  errors against float32: {errors}", flush=True)
+    result = {"device": torch.cuda.get_device_name(), "rank": args.rank, "rows": rows}
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Checks of components/train_lora/lora_triton.py under Triton's interpreter, printed as one JSON line.
+
+Triton's interpreter replaces `triton.language` when Triton is imported, so these run in a process of
+their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
+
+    TRITON_INTERPRET=1 python -m tests.triton_interpret_checks
+
+- "kernels": each kernel against a float64 reference on fresh random inputs (shapes that are and are
+  not multiples of the tiles, ranks 4 / 8 / 16, no rows), the relative error per case;
+- "layer": `_LoraLinear` with dropout through the kernels against the same function through PyTorch's
+  kernels (the same masks: the same seed), the largest relative difference of each gradient, and how
+  often each kernel ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import torch
+
+SHAPES = ((100, 200, 8), (64, 128, 16), (3, 130, 4), (0, 64, 8), (700, 96, 8), (257, 300, 8))
+
+
+def _relative(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if ref.numel() == 0:
+        return 0.0 if out.numel() == 0 else float("inf")
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _beyond_rounding(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """The largest error beyond one rounding to `dtype` (one unit in the last place, at most 2^-7 of the value
+    for bf16: the interpreter's float32 -> bf16 conversion truncates), over the largest reference value; 0 up
+    to float32 accumulation for a result rounded once."""
+    if ref.numel() == 0:
+        return 0.0
+    ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-23
+    excess = ((out.double() - ref).abs() - ulp * ref.abs()).clamp_min(0)
+    return float(excess.max() / ref.abs().max().clamp_min(1e-300))
+
+
+def kernel_cases(kernels, device: str = "cpu") -> list[dict]:
+    """Each kernel against float64 on fresh inputs (also on a GPU: tests/test_lora_triton.py)."""
+    cases = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, k, r in SHAPES:
+            p = 0.1 + 0.3 * torch.rand(()).item()
+            keep = 1.0 / (1.0 - p)
+            x, gh, a = (torch.randn(*shape, device=device).to(dtype) for shape in ((m, k), (m, r), (r, k)))
+            mask = torch.rand(m, k, device=device) > p
+            dx = torch.randn(m, k, device=device).to(dtype)
+            dx_ref = dx.double() + keep * mask.double() * (gh.double() @ a.double())
+            dx_out = kernels.add_dropped_product(dx.clone(), gh, a, mask, keep)
+            da_ref = gh.double().t() @ (keep * mask.double() * x.double())
+            da_out = kernels.dropped_weight_grad(gh, x, mask, keep)
+            cases.append(
+                {
+                    "dtype": str(dtype),
+                    "shape": [m, k, r],
+                    "dx_error": _relative(dx_out, dx_ref),
+                    "dx_beyond_rounding": _beyond_rounding(dx_out, dx_ref, dtype),
+                    "dx_dtype": str(dx_out.dtype),
+                    "da_error": _relative(da_out, da_ref),
+                    "da_shape": list(da_out.shape),
+                    "da_dtype": str(da_out.dtype),
+                }
+            )
+    return cases
+
+
+class _Counted:
+    """The kernels module with a count of each kernel's calls."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels, self.calls = kernels, {"add_dropped_product": 0, "dropped_weight_grad": 0}
+
+    def usable(self, *tensors):
+        return self.kernels.usable(*tensors)
+
+    def add_dropped_product(self, *args):
+        self.calls["add_dropped_product"] += 1
+        return self.kernels.add_dropped_product(*args)
+
+    def dropped_weight_grad(self, *args):
+        self.calls["dropped_weight_grad"] += 1
+        return self.kernels.dropped_weight_grad(*args)
+
+
+def _lora_linear_grads(fused_lora, layer, x, seed: int):
+    weight_a, weight_b = layer["a"], layer["b"]
+    x = x.clone().requires_grad_(True)
+    torch.manual_seed(seed)
+    out = fused_lora._LoraLinear.apply(x, layer["w"], layer["bias"], weight_a, weight_b, 2.0, 0.2, x.dtype)
+    out.square().sum().backward()
+    grads = {"x": x.grad, "a": weight_a.grad, "b": weight_b.grad, "out": out.detach()}
+    weight_a.grad = weight_b.grad = None
+    return grads
+
+
+def layer_case(fused_lora, kernels) -> dict:
+    torch.manual_seed(0)
+    d_in, d_out, r = 96, 80, 8
+    layer = {
+        "w": torch.randn(d_out, d_in) / d_in**0.5,
+        "bias": torch.randn(d_out),
+        "a": (torch.randn(r, d_in) / d_in**0.5).requires_grad_(True),
+        "b": (torch.randn(d_out, r) * 0.2).requires_grad_(True),
+    }
+    x = torch.randn(3, 45, d_in)
+    counted = _Counted(kernels)
+    fused_lora._kernels, fused_lora.TRITON = counted, True
+    on = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
+    fused_lora.TRITON = False
+    off = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
+    return {
+        "calls": counted.calls,
+        "difference": {name: _relative(on[name], off[name].double()) for name in on},
+    }
+
+
+def main() -> dict:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run with TRITON_INTERPRET=1 (Triton's interpreter; the kernels run on the CPU)")
+    from components.train_lora import fused_lora, lora_triton
+
+    torch.manual_seed(1234)
+    result = {"interpreting": lora_triton.INTERPRETING, "kernels": kernel_cases(lora_triton)}
+    result["layer"] = layer_case(fused_lora, lora_triton)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
