@@ -18,7 +18,8 @@ rounds the full-size product to the compute dtype first.
 
 The rank-r operands are padded to 16 (the smallest dot Triton takes) by masked loads. Under
 `TRITON_INTERPRET=1` (the CPU tests) the dots run in float32, since the interpreter's bf16 dot is
-wrong; on a GPU they take the compute dtype (bf16 products are exact in float32 either way).
+wrong; on a GPU they take the compute dtype (bf16 products are exact in float32 either way), float32
+operands in full float32 (Triton's default would be TF32).
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ import triton
 import triton.language as tl
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-# tiles measured on an H100 with benchmarks/lora_kernels.py (bf16, K = 2,560 / 4,096 / 9,728, M = 9,656)
-_DX_BLOCK_M, _DX_BLOCK_K = 64, 128
+# tiles measured on an H100 with benchmarks/lora_kernels.py (bf16, K = 2,560 / 4,096 / 9,728, M = 9,656; session 10
+# in benchmarks/README.md): the best of five tile shapes for each kernel at every width
+_DX_BLOCK_M, _DX_BLOCK_K = 64, 64
 _DA_BLOCK_M, _DA_BLOCK_K = 64, 128
-# programs wanted for the weight gradient's reduction: a few per multiprocessor of an H100 (132)
-_DA_PROGRAMS = 528
+# programs wanted for the weight gradient's reduction (264, 528, 1,056 measured: 264 = two per multiprocessor)
+_DA_PROGRAMS = 264
 
 
 @triton.jit
 def _add_dropped_product_kernel(
     dx_ptr, gh_ptr, a_ptr, mask_ptr, M, K, R, keep,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RP: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RP: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -50,7 +52,7 @@ def _add_dropped_product_kernel(
     a = tl.load(a_ptr + ranks[:, None] * K + cols[None, :], mask=rank_in[:, None] & col_in[None, :], other=0.0)
     if F32_DOT:
         gh, a = gh.to(tl.float32), a.to(tl.float32)
-    product = tl.dot(gh, a, out_dtype=tl.float32)
+    product = tl.dot(gh, a, input_precision=PRECISION, out_dtype=tl.float32)
     at = rows[:, None] * K + cols[None, :]
     inside = row_in[:, None] & col_in[None, :]
     kept = tl.load(mask_ptr + at, mask=inside, other=0) != 0
@@ -62,7 +64,7 @@ def _add_dropped_product_kernel(
 @triton.jit
 def _dropped_weight_grad_kernel(
     part_ptr, gh_ptr, x_ptr, mask_ptr, M, K, R, keep, rows_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RP: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RP: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     cols = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     split = tl.program_id(1)
@@ -82,9 +84,14 @@ def _dropped_weight_grad_kernel(
         x = tl.where(kept, x, tl.zeros_like(x))
         if F32_DOT:
             gh, x = gh.to(tl.float32), x.to(tl.float32)
-        acc += tl.dot(tl.trans(gh), x, out_dtype=tl.float32)
+        acc += tl.dot(tl.trans(gh), x, input_precision=PRECISION, out_dtype=tl.float32)
     out = part_ptr + split.to(tl.int64) * RP * K + ranks[:, None] * K + cols[None, :]
     tl.store(out, acc * keep, mask=(ranks[:, None] < RP) & col_in[None, :])
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """float32 operands multiply in full float32 ("ieee"), as torch's matmul does by default, not TF32."""
+    return "ieee" if dtype == torch.float32 or INTERPRETING else "tf32"
 
 
 def _rank_pad(r: int) -> int:
@@ -102,7 +109,7 @@ def add_dropped_product(dx: torch.Tensor, gh: torch.Tensor, a: torch.Tensor, mas
     grid = (triton.cdiv(m, _DX_BLOCK_M), triton.cdiv(k, _DX_BLOCK_K))
     _add_dropped_product_kernel[grid](
         dx, gh, a, mask, m, k, r, float(keep),
-        BLOCK_M=_DX_BLOCK_M, BLOCK_K=_DX_BLOCK_K, RP=_rank_pad(r), F32_DOT=INTERPRETING,
+        BLOCK_M=_DX_BLOCK_M, BLOCK_K=_DX_BLOCK_K, RP=_rank_pad(r), F32_DOT=INTERPRETING, PRECISION=_precision(gh.dtype),
     )  # fmt: skip
     return dx
 
@@ -119,6 +126,6 @@ def dropped_weight_grad(gh: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, k
     part = torch.empty((splits, rp, k), dtype=torch.float32, device=x.device)
     _dropped_weight_grad_kernel[(col_blocks, splits)](
         part, gh, x, mask, m, k, r, float(keep), rows_per_split,
-        BLOCK_M=_DA_BLOCK_M, BLOCK_K=_DA_BLOCK_K, RP=rp, F32_DOT=INTERPRETING,
+        BLOCK_M=_DA_BLOCK_M, BLOCK_K=_DA_BLOCK_K, RP=rp, F32_DOT=INTERPRETING, PRECISION=_precision(x.dtype),
     )  # fmt: skip
     return part.sum(0)[:r] if splits > 1 else part[0, :r]
