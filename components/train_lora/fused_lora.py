@@ -17,11 +17,13 @@ and the mask (saved by dropout): q, k and v read the same input yet keep three c
 - backward: `gh = scaling * g @ B`, `dB = scaling * g^T @ h`, `dA = gh^T @ x_d`,
   `dx = dropout_backward(gh @ A)`; the base output's gradient passes through.
 
-Three refinements, each measured on an H100 (benchmarks/README.md) and with its switch below: over
+Four refinements, each measured on an H100 (benchmarks/README.md) and with its switch below: over
 a frozen plain Linear the layer's own matmul runs inside the function (`_LoraLinear`: one node, the
 input gradient in one buffer); without dropout under autocast the branch is three aten calls with
 autograd's own backward (`lean_delta`), where q/k/v and gate/up share one rank-r matmul
-(`SharedInput`); and the product is added into the layer's fresh output in place (no copy first).
+(`SharedInput`); the product is added into the layer's fresh output in place (no copy first); and
+on a GPU the backward's two masked passes (the input gradient, A's gradient) are Triton kernels
+that apply the mask while reading (`lora_triton.py`).
 
 The matmuls run in the compute dtype (autocast's, else the adapter weights'), the adapter
 weights and their gradients stay in their own dtype (float32 master weights), as with peft.
@@ -160,8 +162,9 @@ class _LoraLinear(torch.autograd.Function):
 
     The same arithmetic as the frozen layer followed by `_LoraDelta` (the same dropout kernel and
     masks), with the backward's input gradient built in one buffer: `g W`, then LoRA's part added in
-    the second matmul's epilogue (`addmm_`) or, with dropout, by one multiply-add with the mask
-    (`addcmul_`) instead of a masked-scale kernel and autograd's add of two full gradients.
+    the second matmul's epilogue (`addmm_`) or, with dropout, masked and scaled as it is added (on a
+    GPU one Triton kernel that computes the rank-r product in registers; else `addcmul_`) instead of
+    a masked-scale kernel and autograd's add of two full gradients.
     """
 
     @staticmethod
