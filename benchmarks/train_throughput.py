@@ -131,8 +131,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger_nodrop_copyadd": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_INPLACE_ADD": "0"}),
     # the frozen layer before the LoRA function instead of inside it (two input gradients added by autograd)
     "b8_nogc_liger_apart": nogc_liger(8, env={"VLM_LORA_FUSED_BASE": "0"}),
-    # the vision tower's position ids and interpolation indices computed on the GPU (the plugin: on the host)
-    "b8_nogc_liger_gpuvisidx": nogc_liger(8, env={"VLM_LORA_HOST_VISION_INDICES": "0"}),
     # LoRA's backward with dropout by PyTorch's kernels (the plugin's Triton kernels turned off)
     "b8_nogc_liger_notriton": nogc_liger(8, env={"VLM_LORA_TRITON_LORA": "0"}),
     "b8_nogc_liger_w8": nogc_liger(8, dataloader_num_workers=8, dataloader_prefetch_factor=4),

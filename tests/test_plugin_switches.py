@@ -69,9 +69,6 @@ print(
     plugin._load_sibling("fused_lora").GROUP, plugin._load_sibling("fused_lora").INPLACE,
     plugin._load_sibling("fused_lora").FUSED_BASE,
     plugin.ASYNC_TOKENS, plugin.TORCH_RMS_NORM, flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
-    plugin.HOST_VISION_INDICES > 0, flag(after.get_vision_position_ids, "_vlm_lora_host_position_ids"),
-    flag(after.get_vision_interpolation_indices_and_weights, "_vlm_lora_host_interpolation"),
-    plugin._load_sibling("fused_lora").TRITON,
 )
 """
 
@@ -87,23 +84,16 @@ SWITCHES_OFF = {
     "VLM_LORA_TORCH_RMS_NORM": "1",  # opt-in: on here
     "VLM_LORA_ASYNC_TOKENS": "0",
     "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
-    "VLM_LORA_HOST_VISION_INDICES": "0",
-    "VLM_LORA_TRITON_LORA": "0",
 }
 
 
 @pytest.mark.parametrize(
     ("flipped", "expected"),
     [
-        (
-            False,
-            "True 3 True True True True True True True False True True True True True True True False False "
-            "True True True True",
-        ),
+        (False, "True 3 True True True True True True True False True True True True True True True False False"),
         (
             True,
-            "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False",
+            "False 16 True False False False False False False True True True False False False False False True True",
         ),
     ],
 )

@@ -34,8 +34,6 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
     "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
     "VLM_LORA_HOST_VISION_SEQLENS": "0 (vision boundaries on the GPU) or 1 (on the host, the default)",
-    "VLM_LORA_HOST_VISION_INDICES": "0 (vision position and interpolation indices on the GPU) or 1 (on the host, "
-    "the default)",
     "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
     "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
     "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's, the default)",

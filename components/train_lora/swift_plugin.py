@@ -60,9 +60,7 @@ VLM_LORA_RIGHT_PAD_CAUSAL=0 turns it off.
 7. The vision tower's sequence boundaries on the host (`vision_seqlens.py`, next to this file):
 without flash-attn each vision block reads them with `.tolist()`, 72 waits for the GPU per forward
 of the 4B; computed from a host copy of the image grid they cost one. Same values.
-VLM_LORA_HOST_VISION_SEQLENS=0 turns it off. The tower's position ids and position-embedding
-interpolation indices come from the same host copy (10 waits per forward less; sent back from
-pinned memory without waiting); VLM_LORA_HOST_VISION_INDICES=0 turns that off.
+VLM_LORA_HOST_VISION_SEQLENS=0 turns it off.
 
 8. Liger's fused SiLU-multiply in Qwen3-VL's MLPs (`swiglu.py`, next to this file), with
 `use_liger_kernel` (Liger has no SwiGLU patch for Qwen3-VL): one kernel instead of three each way
@@ -314,15 +312,15 @@ def _install_torch_rms_norm() -> bool:
     return _wrap_once(trainer, "apply_liger_kernel", _after_liger, "_vlm_lora_torch_rms_norm")
 
 
-def _install_host_vision_seqlens(switch: str, names: tuple[str, ...]) -> int:
-    if os.environ.get(switch) == "0":
+def _install_host_vision_seqlens() -> int:
+    if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0":
         return 0
     try:
         from transformers import vision_utils
     except ImportError:
         return 0
     loaded = [m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.") and m is not None]
-    return _load_sibling("vision_seqlens").install([vision_utils, *loaded], names)
+    return _load_sibling("vision_seqlens").install([vision_utils, *loaded])
 
 
 def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:
@@ -436,8 +434,5 @@ FUSED_LORA = _install_fused_lora()
 COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
-HOST_VISION_SEQLENS = _install_host_vision_seqlens("VLM_LORA_HOST_VISION_SEQLENS", ("get_vision_attention_seqlens",))
-HOST_VISION_INDICES = _install_host_vision_seqlens(
-    "VLM_LORA_HOST_VISION_INDICES", ("get_vision_position_ids", "get_vision_interpolation_indices_and_weights")
-)
+HOST_VISION_SEQLENS = _install_host_vision_seqlens()
 TORCH_RMS_NORM = _install_torch_rms_norm()
