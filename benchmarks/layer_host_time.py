@@ -18,7 +18,8 @@ dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's drop
 layer without LoRA (`nolora`); `...norm`: with torch's fused RMSNorm in place of Liger's
 (components/train_lora/rms_norm.py); `group`: the lean path with q/k/v's and gate/up's rank-r products in one
 matmul each; `functionapart`: the LoRA function after the frozen layer (not with it in one node,
-`_LoraLinear`); `...copy`: that, with the LoRA product added out of place (a copy of the layer's output first). `--cprofile` adds where the host time goes (cProfile, own time per
+`_LoraLinear`); `...copy`: that, with the LoRA product added out of place (a copy of the layer's output first);
+`functiontorch`: the LoRA function with PyTorch's kernels for its dropout backward (not the plugin's Triton ones). `--cprofile` adds where the host time goes (cProfile, own time per
 function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]

@@ -191,10 +191,9 @@ class _LoraLinear(torch.autograd.Function):
         grad_x = None
         if need_x:
             grad_x = g @ weight
-            kernels = None if mask is None else _masked_kernels(grad_x, gh, a, mask)
             if mask is None:
                 grad_x.addmm_(gh, a)
-            elif kernels is not None:
+            elif (kernels := _masked_kernels(grad_x, gh, a, mask)) is not None:
                 kernels.add_dropped_product(grad_x, gh, a, mask, _keep(ctx.p))
             else:
                 grad_x.addcmul_(gh @ a, mask, value=_keep(ctx.p))
