@@ -117,10 +117,27 @@ def measure_width(lt, rows: int, width: int, rank: int, tiles: list[tuple[int, i
 
 
 def _tiles(text: str) -> list[tuple[int, int]]:
+    """`64x128,32x256` -> [(64, 128), (32, 256)]; ValueError naming the part that is not two powers of two."""
     out = []
     for part in text.split(","):
         m, _, k = part.partition("x")
+        if not (m.isdigit() and k.isdigit() and _power_of_two(int(m)) and _power_of_two(int(k))):
+            raise ValueError(f"{part!r} is not ROWSxCOLS with two powers of two (e.g. 64x128)")
         out.append((int(m), int(k)))
+    return out
+
+
+def _power_of_two(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def _programs(text: str) -> list[int]:
+    """`264,528` -> [264, 528]; ValueError naming the part that is not a positive whole number."""
+    out = []
+    for part in text.split(","):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"{part!r} is not a positive whole number")
+        out.append(int(part))
     return out
 
 
@@ -131,13 +148,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tiles", default="64x128,128x64,64x64,128x128,32x256")
     parser.add_argument("--programs", default="264,528,1056")
     args = parser.parse_args(argv)
+    try:
+        tiles, programs = _tiles(args.tiles), _programs(args.programs)
+    except ValueError as err:
+        parser.error(f"--tiles / --programs: {err}")
+    if args.rows < 1 or args.rank < 1:
+        parser.error(f"--rows {args.rows} / --rank {args.rank}: both must be at least 1")
     import torch
 
     from components.train_lora import lora_triton as lt
 
     if not torch.cuda.is_available():
         raise SystemExit("lora_kernels: needs a CUDA GPU")
-    tiles, programs = _tiles(args.tiles), [int(n) for n in args.programs.split(",")]
     rows = []
     for width in WIDTHS:
         row = measure_width(lt, args.rows, width, args.rank, tiles, programs)

@@ -9,7 +9,7 @@ their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
   not multiples of the tiles, ranks 4 / 8 / 16, no rows), the relative error per case;
 - "layer": `_LoraLinear` with dropout through the kernels against the same function through PyTorch's
   kernels (the same masks: the same seed), the largest relative difference of each gradient, and how
-  often each kernel ran.
+  often each kernel ran with the switch on and off.
 """
 
 from __future__ import annotations
@@ -113,10 +113,13 @@ def layer_case(fused_lora, kernels) -> dict:
     counted = _Counted(kernels)
     fused_lora._kernels, fused_lora.TRITON = counted, True
     on = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
+    calls = dict(counted.calls)
+    counted.calls = dict.fromkeys(calls, 0)
     fused_lora.TRITON = False
     off = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
     return {
-        "calls": counted.calls,
+        "calls": calls,
+        "calls_with_switch_off": counted.calls,
         "difference": {name: _relative(on[name], off[name].double()) for name in on},
     }
 
