@@ -124,11 +124,36 @@ def layer_case(fused_lora, kernels) -> dict:
     }
 
 
+def interpreter_gap() -> str:
+    """Why this Triton's interpreter cannot run the kernels ("" if it can): Triton 3.6's (the GPU machine's)
+    fails on a loop whose bound is a kernel argument (`int()` of a one-element array), which 3.8's runs."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _loop(out_ptr, n):
+        total = 0
+        for i in range(0, n, 1):
+            total += i
+        tl.store(out_ptr, total)
+
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        _loop[(1,)](out, 4)
+    except Exception as error:  # noqa: BLE001 - any failure of the probe is the interpreter's gap
+        return f"Triton {triton.__version__}'s interpreter cannot run a loop over a kernel argument: {error!r}"
+    return "" if int(out[0]) == 6 else f"Triton {triton.__version__}'s interpreter summed 0..3 to {int(out[0])}"
+
+
 def main() -> dict:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (Triton's interpreter; the kernels run on the CPU)")
     from components.train_lora import fused_lora, lora_triton
 
+    gap = interpreter_gap()
+    if gap:
+        print(json.dumps({"unsupported": gap}))
+        return {"unsupported": gap}
     torch.manual_seed(1234)
     result = {"interpreting": lora_triton.INTERPRETING, "kernels": kernel_cases(lora_triton)}
     result["layer"] = layer_case(fused_lora, lora_triton)
