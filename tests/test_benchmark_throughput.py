@@ -1,4 +1,6 @@
-"""The FLOP count and steady-state arithmetic of benchmarks/train_throughput.py."""
+"""The FLOP count and steady-state arithmetic of benchmarks/train_throughput.py, and the wheels script it travels with."""
+
+from pathlib import Path
 
 import pytest
 
@@ -339,3 +341,19 @@ def test_unsloth_peer_turns_ms_swift_rows_into_its_conversations():
         to_conversation(messages[1:], ["IMG"])
     with pytest.raises(ValueError, match="more <image> markers than images"):
         to_conversation(messages[:1], ["IMG1"])
+
+
+def test_the_wheel_script_says_its_usage_and_refuses_a_folder_git_would_commit(tmp_path):
+    import shutil
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_wheels.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage: bash benchmarks/gpu_wheels.sh swift|unsloth" in done.stderr
+    # in a repository that does not ignore .whl: refused before any download
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    shutil.copy(script, tmp_path / "gpu_wheels.sh")
+    done = subprocess.run(["bash", "gpu_wheels.sh", "swift"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "error: .whl is not ignored by git; add '/.whl/' to .git/info/exclude first" in done.stderr
+    assert not any((tmp_path / ".whl").iterdir())
