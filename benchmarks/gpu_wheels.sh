@@ -30,9 +30,8 @@ download() {  # download DIR NAME==VERSION...
         "${PLATFORMS[@]}" -d "$dir" "$@"
 }
 
-ignored_or_die() {  # the folder must not travel as tracked files or be committed
-    mkdir -p "$1"
-    if ! git check-ignore -q "$1"; then
+ignored_or_die() {  # the folder must not travel as tracked files or be committed ("$1/": a folder, existing or not)
+    if ! git check-ignore -q "$1/"; then
         echo "error: $1 is not ignored by git; add '/$1/' to .git/info/exclude first" >&2
         exit 2
     fi
