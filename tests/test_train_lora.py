@@ -236,6 +236,24 @@ def test_materialize_dataset_errors(tmp_path):
         materialize_dataset(ds, tmp_path / "o.jsonl")
 
 
+def test_an_earlier_runs_local_output_is_not_read_as_this_runs(tmp_path, capsys):
+    # swift appends to logging.jsonl, and a longer earlier run's checkpoint would be the newest
+    ds = _dataset(tmp_path)
+    work = tmp_path / "work"
+    stale = work / "output" / "checkpoint-16"
+    stale.mkdir(parents=True)
+    (stale / "adapter_model.safetensors").write_bytes(b"old")
+    (stale / "adapter_config.json").write_text("{}")
+    (work / "output" / "logging.jsonl").write_text(json.dumps({"loss": 9.0, "memory(GiB)": 102.7}) + "\n")
+    inputs = core._materialize_inputs(str(work), str(ds), "")
+    assert inputs.n_train == 2 and inputs.train_jsonl.is_file()
+    assert not inputs.output_dir.exists() and find_checkpoints(inputs.output_dir) == []
+    assert core.read_trainer_log(inputs.output_dir) == []
+    assert f"removing {work / 'output'}" in capsys.readouterr().out
+    core._materialize_inputs(str(work), str(ds), "")  # a fresh work folder: nothing to remove, no message
+    assert "removing" not in capsys.readouterr().out
+
+
 def test_find_checkpoints_orders_by_step_and_skips_incomplete(tmp_path):
     for step, complete in ((10, True), (2, True), (30, False)):
         ck = tmp_path / f"checkpoint-{step}"

@@ -802,9 +802,19 @@ def run_node_preflight(
 
 
 def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str) -> _Inputs:
-    """Writes the datasets' rows with absolute image paths into the work folder."""
+    """Writes the datasets' rows with absolute image paths into the work folder.
+
+    swift's local output folder of an earlier call with the same work folder is removed first:
+    swift appends to its `logging.jsonl` (the metrics would mix both runs) and a stale
+    `checkpoint-N` of a longer run would be taken for this run's adapter. Resuming reads the
+    durable folder only, never this one.
+    """
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
+    stale = work / "output"
+    if stale.exists():
+        print(f"train-lora: removing {stale} (the local output of an earlier run in this work folder)", flush=True)
+        shutil.rmtree(stale)
     train_jsonl = work / "train.jsonl"
     n_train = materialize_dataset(train_dir, train_jsonl)
     eval_jsonl = ""
