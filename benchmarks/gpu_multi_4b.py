@@ -1,7 +1,7 @@
 """Multi-GPU runs of the train-lora core on a 4B-shaped Qwen3-VL (GPU machine, not a test).
 
 On a 2-GPU host:
-  1. the automatically chosen strategy (DDP / ZeRO-2 when the frozen base fits one GPU),
+  1. the automatically chosen strategy (DDP when the frozen base fits one GPU; ZeRO-2 until 2026-11-26),
   2. ZeRO-3 forced (`swift.deepspeed: zero3`: it must still work for models that need it),
   3. a two-"node" run: two train_lora processes, one GPU each, with CLUSTER_SPEC set as
      Vertex sets it (workerpool0 = chief, workerpool1 = worker), so torchrun forms a

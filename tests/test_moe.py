@@ -155,7 +155,7 @@ def test_known_model_sizes_from_the_name(source, gb):
 def test_moe_fits_one_h200_but_not_one_h100():
     size = known_model_bytes("Qwen3-VL-30B-A3B-Instruct")
     h200, h100 = int(139.8 * GIB), int(79.2 * GIB)
-    assert fit(size, h200, 2).one_gpu  # 2 x H200: replicated, ZeRO-2 (what train-lora picks)
+    assert fit(size, h200, 2).one_gpu  # 2 x H200: replicated, DDP (what train-lora picks)
     eight_h100 = fit(size, h100, 8)
     assert not eight_h100.one_gpu and eight_h100.zero3  # 8 x H100: sharded, ZeRO-3
     with pytest.raises(ModelTooLarge) as err:
@@ -251,7 +251,7 @@ def test_strategy_for_the_moe_base_and_a_base_no_strategy_holds():
     from components.train_lora._launch import ModelTooLargeError, choose_strategy
 
     size = known_model_bytes("Qwen3-VL-30B-A3B-Instruct")
-    assert choose_strategy(size, 2, int(139.8 * GIB), {}).name == "zero2"  # 2 x H200
+    assert choose_strategy(size, 2, int(139.8 * GIB), {}).name == "ddp"  # 2 x H200
     assert choose_strategy(size, 8, int(79.2 * GIB), {}).name == "zero3"  # 8 x H100
     assert choose_strategy(size, 1, int(139.8 * GIB), {}).name == "single"  # 1 x H200
     with pytest.raises(

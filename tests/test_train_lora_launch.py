@@ -119,17 +119,24 @@ def test_strategy_single_gpu_uses_no_deepspeed():
     assert la.choose_strategy(8 * GIB, 0, 0, {}).deepspeed is None
 
 
-def test_strategy_zero2_when_the_base_fits_one_gpu():
+def test_strategy_ddp_when_the_base_fits_one_gpu():
+    # LoRA state is too small to shard: ZeRO-2 measured 16 % slower per step than DDP on 2 x H200
     s = la.choose_strategy(9 * GIB, 2, 141 * GIB, {})  # Qwen3-VL-4B bf16 on 2xH200
-    assert (s.name, s.deepspeed) == ("zero2", "zero2")
+    assert (s.name, s.deepspeed) == ("ddp", None) and "fits one GPU -> DDP" in s.reason
     assert la.choose_strategy(9 * GIB, 2, 141 * GIB, {}, deepspeed_available=False).name == "ddp"
-    assert la.choose_strategy(9 * GIB, 1, 141 * GIB, {}, nnodes=2).name == "zero2"
+    assert la.choose_strategy(9 * GIB, 1, 141 * GIB, {}, nnodes=2).name == "ddp"
+
+
+def test_strategy_a_users_zero2_is_kept_and_told_what_it_costs():
+    s = la.choose_strategy(9 * GIB, 2, 141 * GIB, {"deepspeed": "zero2"})
+    assert s.name == "user" and "copies the whole base to host memory" in s.reason
+    assert "host memory" not in la.choose_strategy(9 * GIB, 2, 141 * GIB, {"deepspeed": "zero3"}).reason
 
 
 def test_strategy_zero3_only_when_the_base_does_not_fit():
     s = la.choose_strategy(66 * GIB, 8, 80 * GIB, {})  # 32B bf16 on H100 80GB
     assert (s.name, s.deepspeed) == ("zero3", "zero3")
-    assert la.choose_strategy(66 * GIB, 8, 141 * GIB, {}).name == "zero2"  # same model fits an H200
+    assert la.choose_strategy(66 * GIB, 8, 141 * GIB, {}).name == "ddp"  # same model fits an H200
 
 
 def test_strategy_user_choice_wins():

@@ -6,7 +6,7 @@ Shared by the config check (before anything is submitted: the size from the mode
 Rule, as train-lora's strategy choice applies it (`components.train_lora._launch`): the
 frozen base weights fit one GPU when they take at most `FIT_FRACTION` of its memory (the
 rest holds activations, LoRA state and the CUDA context): then every GPU keeps a copy
-(DDP / ZeRO-2). Otherwise ZeRO-3 shards them over all GPUs of all nodes, which holds when
+(DDP). Otherwise ZeRO-3 shards them over all GPUs of all nodes, which holds when
 weights / GPUs take at most `FIT_FRACTION` of one GPU (ZeRO-3 also gathers one layer at a
 time, inside the same margin). Beyond that no strategy of this pipeline trains the model.
 """
@@ -85,7 +85,7 @@ class Fit:
         weight_bytes: Frozen base weights in the training dtype.
         gpu_bytes: Memory of one GPU.
         gpus: GPUs in all (per node × nodes).
-        one_gpu: The base fits one GPU (replicated: DDP / ZeRO-2).
+        one_gpu: The base fits one GPU (replicated: DDP).
         zero3: The base fits when sharded over all GPUs (ZeRO-3).
     """
 
@@ -119,7 +119,7 @@ def smallest_fitting_profile(weight_bytes: int) -> str:
             f = fit(weight_bytes, int(GPU_MEMORY_GIB[gpu] * GIB), count * nodes)
             if not f.zero3:
                 continue
-            how = "one GPU" if f.gpus == 1 else "replicated, ZeRO-2" if f.one_gpu else "sharded, ZeRO-3"
+            how = "one GPU" if f.gpus == 1 else "replicated, DDP" if f.one_gpu else "sharded, ZeRO-3"
             replicas = f" x {nodes} replicas (resources.replica_count: {nodes})" if nodes > 1 else ""
             return f"{machine}{replicas} ({count} x {gpu} each, {how})"
     return ""

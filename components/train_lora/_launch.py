@@ -12,15 +12,20 @@ ms-swift starts torchrun when NPROC_PER_NODE or NNODES is set and passes NNODES,
 MASTER_ADDR and MASTER_PORT through; `launch_plan` maps the one onto the other. The chief
 (workerpool0[0]) is node 0 and the only node that writes the task's outputs.
 
-Strategy rule (`choose_strategy`), from a 2×H200 measurement of Qwen3-VL LoRA (issue 5): ZeRO-3, batch 1: 0.68 samples/s; DDP, batch 1: 2.72 samples/s;
-ZeRO-2, batch 4 + liger-kernel: 9.10 samples/s. ZeRO-3 shards the frozen base weights and
-gathers them for every layer of every step, which is what makes it 4-13× slower; with
-LoRA the trainable state is tiny, so sharding it (ZeRO-2) costs next to nothing and frees
-memory for a larger batch. Hence:
+Strategy rule (`choose_strategy`), from 2×H200 measurements of Qwen3-VL LoRA. Issue 5: ZeRO-3,
+batch 1: 0.68 samples/s; DDP, batch 1: 2.72 samples/s. ZeRO-3 shards the frozen base weights and
+gathers them for every layer of every step, which is what makes it 4-13× slower. With LoRA the
+trainable state is tiny (tens of MB), so ZeRO-2's sharding of it frees nothing worth having, and
+it costs: 2026-11-26, the 4B with the same plan (8 rows per GPU, no checkpointing), ZeRO-2 0.626
+s/step against DDP 0.540 (+16 %); and each checkpoint save of the 30B-A3B under ZeRO-2 took 42 s
+(steps ~1 s) for a 103 MB checkpoint. The cause, read in the code: for ZeRO-1/2, transformers'
+`save_model` takes accelerate's `get_state_dict`, which clones every tensor of the model, the
+frozen base included, to host memory (`clone_tensors_for_torch_save`) before the adapter is kept;
+DDP saves the adapter alone, as one GPU does. Hence:
 
 * one GPU in all: no deepspeed;
 * the frozen base fits one GPU (weights ≤ FIT_FRACTION of its memory, the rest left for
-  activations, LoRA state and the CUDA context): ZeRO-2 (DDP where deepspeed is missing);
+  activations, LoRA state and the CUDA context): plain DDP (no deepspeed needed);
 * only when it does not fit: ZeRO-3;
 * when it does not fit even sharded over every GPU of the job: ModelTooLargeError before
   `swift sft`, with the size and the smallest profile that fits (`components.common.model_fit`);
@@ -230,7 +235,7 @@ class Strategy:
     """The parallelism choice.
 
     Attributes:
-        name: "single", "ddp", "zero2", "zero3" or "user".
+        name: "single", "ddp", "zero3" or "user" (a ZeRO-1/2 is only ever the user's choice).
         deepspeed: Value for swift's `deepspeed` argument (None = do not set it).
         reason: One line that says why (printed in the task log).
     """
@@ -266,6 +271,12 @@ def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None) ->
     return stored * dst // src
 
 
+# What a user who picks ZeRO-1/2 for LoRA is told (module docstring: measured on 2 x H200).
+ZERO12_SAVE_NOTE = (
+    "note: with LoRA, ZeRO-1/2 shards nothing worth having and each checkpoint save copies the whole base "
+    "to host memory on every rank (42 s per save for a 62 GB base); without swift.deepspeed the task picks DDP"
+)
+
 # `swift.deepspeed` values that mean "no DeepSpeed: plain DDP" (the key is then dropped).
 NO_DEEPSPEED = ("none", "ddp", "", None, False)
 
@@ -278,7 +289,7 @@ def choose_strategy(
     nnodes: int = 1,
     deepspeed_available: bool = True,
 ) -> Strategy:
-    """Chooses DDP / ZeRO-2 / ZeRO-3 (the rule is in the module docstring).
+    """Chooses one GPU / DDP / ZeRO-3 (the rule is in the module docstring).
 
     Args:
         weight_bytes: Frozen base weights in the training dtype (model_weight_bytes).
@@ -299,7 +310,10 @@ def choose_strategy(
             return Strategy("single", None, "one GPU (or CPU): no data parallelism")
         return Strategy("ddp", None, "swift.deepspeed: none set in the config: plain DDP (user choice)")
     if "deepspeed" in swift_args:
-        return Strategy("user", None, f"swift.deepspeed={swift_args['deepspeed']!r} set in the config (user choice)")
+        reason = f"swift.deepspeed={swift_args['deepspeed']!r} set in the config (user choice)"
+        if str(swift_args["deepspeed"]).startswith(("zero1", "zero2")):
+            reason += f"; {ZERO12_SAVE_NOTE}"
+        return Strategy("user", None, reason)
     if gpu_memory_bytes > 0 and weight_bytes > 0:
         try:
             where = f"{max(gpu_count, 1)} GPU(s) per node x {max(nnodes, 1)} node(s)"
@@ -312,9 +326,7 @@ def choose_strategy(
     gib = 1024**3
     size = f"base {weight_bytes / gib:.1f} GiB vs {FIT_FRACTION:.0%} of {gpu_memory_bytes / gib:.1f} GiB per GPU"
     if fits:
-        if deepspeed_available:
-            return Strategy("zero2", "zero2", f"{size}: fits one GPU -> ZeRO-2 (replicated base, sharded LoRA state)")
-        return Strategy("ddp", None, f"{size}: fits one GPU -> DDP (deepspeed not installed)")
+        return Strategy("ddp", None, f"{size}: fits one GPU -> DDP (replicated base; LoRA state too small to shard)")
     if not deepspeed_available:
         return Strategy(
             "ddp", None, f"{size}: does not fit one GPU but deepspeed is not installed; DDP will likely OOM"
