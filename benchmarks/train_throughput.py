@@ -72,6 +72,26 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger": nogc_liger(8),
     # the planner (swift.per_device_train_batch_size / gradient_checkpointing: auto, issue 14)
     "auto_liger": {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True},
+    # across GPUs: ZeRO-2 set by the config (the strategy rule picked it until 2026-11-26), plain DDP (picks it now)
+    "auto_liger_zero2": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "deepspeed": "zero2",
+    },
+    "auto_liger_ddp": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "deepspeed": "none",
+    },
+    # without LoRA dropout (Unsloth's default), to compare with benchmarks/unsloth_peer.py at the same plan
+    "auto_liger_nodrop": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "lora_dropout": 0.0,
+    },
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn
