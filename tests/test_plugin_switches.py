@@ -70,6 +70,7 @@ print(
     plugin._load_sibling("fused_lora").FUSED_BASE,
     plugin.ASYNC_TOKENS, plugin.TORCH_RMS_NORM, flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
     plugin._load_sibling("fused_lora").TRITON,
+    plugin.ADAPTER_ONLY_SAVE, flag(Trainer.save_model, "_vlm_lora_adapter_save"),
 )
 """
 
@@ -86,17 +87,22 @@ SWITCHES_OFF = {
     "VLM_LORA_ASYNC_TOKENS": "0",
     "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
     "VLM_LORA_TRITON_LORA": "0",
+    "VLM_LORA_ADAPTER_ONLY_SAVE": "0",
 }
 
 
 @pytest.mark.parametrize(
     ("flipped", "expected"),
     [
-        (False, "True 3 True True True True True True True False True True True True True True True False False True"),
+        (
+            False,
+            "True 3 True True True True True True True False True True True True True True True False False True "
+            "True True",
+        ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False",
+            "False False False",
         ),
     ],
 )
