@@ -357,3 +357,14 @@ def test_the_wheel_script_says_its_usage_and_refuses_a_folder_git_would_commit(t
     assert done.returncode == 2, done.stderr
     assert "error: .whl is not ignored by git; add '/.whl/' to .git/info/exclude first" in done.stderr
     assert not (tmp_path / ".whl").exists()  # nothing written
+
+
+def test_the_tiny_strategy_check_refuses_bad_arguments_before_any_work(tmp_path, capsys):
+    from benchmarks import strategy_tiny
+
+    with pytest.raises(SystemExit) as exc:
+        strategy_tiny.main(["--out", str(tmp_path / "st"), "--steps", "0"])
+    assert exc.value.code == 2 and "--steps must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        strategy_tiny.main([])
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "st").exists()
