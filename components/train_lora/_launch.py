@@ -273,7 +273,7 @@ def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None) ->
 
 
 # What a user who picks ZeRO-1/2 for LoRA is told (module docstring: measured on 2 x H200).
-ZERO12_SAVE_NOTE = (
+ZERO12_NOTE = (
     "note: with LoRA, ZeRO-1/2 shards only the small adapter state and measured 16 % slower per step than DDP "
     "(2 x H200); without swift.deepspeed the task picks DDP"
 )
@@ -313,7 +313,7 @@ def choose_strategy(
     if "deepspeed" in swift_args:
         reason = f"swift.deepspeed={swift_args['deepspeed']!r} set in the config (user choice)"
         if str(swift_args["deepspeed"]).startswith(("zero1", "zero2")):
-            reason += f"; {ZERO12_SAVE_NOTE}"
+            reason += f"; {ZERO12_NOTE}"
         return Strategy("user", None, reason)
     if gpu_memory_bytes > 0 and weight_bytes > 0:
         try:
