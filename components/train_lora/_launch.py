@@ -18,7 +18,7 @@ gathers them for every layer of every step, which is what makes it 4-13× slower
 trainable state is tiny (tens of MB), so ZeRO-2's sharding of it frees nothing worth having, and
 it costs: 2026-11-26, the 4B with the same plan (8 rows per GPU, no checkpointing), ZeRO-2 0.626
 s/step against DDP 0.540 (+16 %); and each checkpoint save of the 30B-A3B under ZeRO-2 took 42 s
-(steps ~1 s) for a 103 MB checkpoint. The cause, read in the code: for ZeRO-1/2, transformers'
+(a step: 0.77 s) for a 103 MB checkpoint. The cause, read in the code: for ZeRO-1/2, transformers'
 `save_model` takes accelerate's `get_state_dict`, which clones every tensor of the model, the
 frozen base included, to host memory (`clone_tensors_for_torch_save`) before the adapter is kept;
 DDP saves the adapter alone, as one GPU does (the train-lora plugin now spares a user's ZeRO-1/2 that

@@ -4,7 +4,7 @@ Loaded by the train-lora plugin (`swift_plugin.py`, item 12), next to this file.
 `Trainer.save_model` under DeepSpeed below ZeRO-3 takes accelerate's `Accelerator.get_state_dict`,
 which clones every tensor of the model to host memory (`clone_tensors_for_torch_save`), the frozen
 base included, and then saves a PEFT model's adapter only. On 2 x H200 with the Qwen3-VL-30B-A3B
-each save took 42 s (training steps ~1 s) for a 103 MB checkpoint, and the copy is the whole 62 GB
+each save took 42 s (a training step: 0.77 s) for a 103 MB checkpoint, and the copy is the whole 62 GB
 base on every rank (benchmarks/README.md, "Larger models").
 
 While the trainer saves a LoRA model, `adapter_entries` hands that save only the entries of the
