@@ -36,6 +36,12 @@ def test_h100_throughput_reproduces_the_recorded_runs(plan, measured):
     assert per_gpu == pytest.approx(measured, rel=0.02)
 
 
+def test_h200_throughput_reproduces_its_recorded_plan():
+    # auto_liger on one H200, planned 16 x 1 without checkpointing: 19,911 LM tokens/s (2026-11-26, run A)
+    work = Workload(rows=1, mean_tokens=1207, micro_batch=16, checkpointing=False, liger=True)
+    assert cost.gpu_tokens_per_s(work, "NVIDIA_H200_141GB")[0] == pytest.approx(19_911, rel=0.02)
+
+
 def test_time_gpu_hours_and_cost_follow_from_tokens_throughput_and_price():
     work = Workload(rows=10_000, mean_tokens=1207, epochs=2, **TUNED)
     est = estimate(H100_SPOT, work)
