@@ -89,9 +89,11 @@ REF_TOKENS = 1207
 REF_BATCH = 8
 REF_MODEL_B = 4.0  # billions of parameters as the model's name says (Qwen3-VL-4B: 4.44 B)
 # A mixture of experts per *active* parameter, against the 4B dense model: Qwen3-VL-30B-A3B
-# (3.3 B active) trained ~8,300 LM tokens/s on one H200 at 8 x 2 where the 4B does 12,155 on an
-# H100 (benchmarks/README.md, "Larger models"): routing, gathers and 128 small expert matmuls.
-MOE_FACTOR = 0.51
+# (3.3 B active) trained 16 rows in 0.77 s on 2 x H200 (8 rows per GPU, ZeRO-2; single steps from
+# ms-swift's speed figure, 2026-11-26): ~12,500 LM tokens/s per GPU (benchmarks/README.md, "Larger
+# models"; the earlier ~8,300 on one H200 was read on a 1-s clock with a save inside the window):
+# routing, gathers and 128 small expert matmuls.
+MOE_FACTOR = 0.66
 # Speed model: time per sample ∝ T/PLAN_T_REF · (GC_SLOWDOWN with checkpointing) + MICRO_STEP_COST / B,
 # the planner's own (components/train_lora/_plan.py; a test keeps the numbers equal). On 2026-11-24 it
 # gave the seed settings (batch 1, checkpointing) 2.41 samples/s (measured 2.40 in the same run) and
@@ -337,7 +339,7 @@ def gpu_tokens_per_s(workload: Workload, accelerator_type: str) -> tuple[float, 
         notes.append("model size not in its name: the 4B model's figures")
     if workload.moe:
         per_gpu *= MOE_FACTOR
-        notes.append(f"mixture of experts: x{MOE_FACTOR} per active parameter (measured, 30B-A3B on one H200)")
+        notes.append(f"mixture of experts: x{MOE_FACTOR} per active parameter (measured, 30B-A3B on 2 x H200)")
     return per_gpu, notes
 
 
