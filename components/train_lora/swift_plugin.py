@@ -434,8 +434,8 @@ def _install_trainer_init() -> tuple[bool, bool]:
     return language or vision, True
 
 
-# The trainer whose save_model is running, while it saves a LoRA adapter (else None).
-_SAVING_ADAPTER: contextvars.ContextVar = contextvars.ContextVar("vlm_lora_saving_adapter", default=None)
+# True while a trainer's save_model saves a LoRA adapter.
+_SAVING_ADAPTER: contextvars.ContextVar = contextvars.ContextVar("vlm_lora_saving_adapter", default=False)
 
 
 def _install_adapter_only_save() -> bool:
@@ -454,7 +454,7 @@ def _install_adapter_only_save() -> bool:
 
     @functools.wraps(original_save)
     def save_model(self, *args, **kwargs):
-        token = _SAVING_ADAPTER.set(self if helpers.saves_lora_only(self) else None)
+        token = _SAVING_ADAPTER.set(helpers.saves_lora_only(self))
         try:
             return original_save(self, *args, **kwargs)
         finally:
@@ -462,7 +462,7 @@ def _install_adapter_only_save() -> bool:
 
     @functools.wraps(original_state)
     def get_state_dict(self, model, unwrap=True):
-        if _SAVING_ADAPTER.get() is not None and helpers.zero_below_3(self):
+        if _SAVING_ADAPTER.get() and helpers.zero_below_3(self):
             inner = self.unwrap_model(model)
             kept = helpers.adapter_entries(inner)
             if kept is not None:
