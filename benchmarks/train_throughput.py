@@ -92,6 +92,17 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "lora_dropout": 0.0,
     },
+    # the MLP's SiLU-multiply product kept for the down projection's LoRA backward (the plugin computes it again
+    # there from gate and up, VLM_LORA_SILU_MUL_DOWN): the planner's per-token figure then has the product in it
+    "auto_liger_nodrop_keepprod": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "lora_dropout": 0.0,
+        "env": {"VLM_LORA_SILU_MUL_DOWN": "0"},
+    },
+    "b8_nogc_liger_keepprod": nogc_liger(8, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
+    "b8_nogc_liger_nodrop_keepprod": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn

@@ -138,7 +138,7 @@ def test_liger_product_keeps_less_and_matches_gpu():
     pytest.importorskip("liger_kernel")
     from components.train_lora.swift_plugin import _liger_silu_mul
 
-    silu_mul = _liger_silu_mul()
+    silu_mul, kernels = _liger_silu_mul()
     torch.manual_seed(0)
     gate = torch.randn(8, 1200, 9728, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     up = torch.randn_like(gate, requires_grad=True)
@@ -160,3 +160,163 @@ def test_liger_product_keeps_less_and_matches_gpu():
     assert (out_fused - out_ref).abs().max().item() <= 0.02 * out_ref.abs().max().item()
     for g_fused, g_ref in zip(grads_fused, grads_ref):
         assert (g_fused - g_ref).abs().max().item() <= 0.02 * g_ref.abs().max().item()
+    # the kernels the down projection calls (forward, then the backward into gate and up) against PyTorch's
+    from components.train_lora.fused_lora import TorchSiluMul
+
+    a, b = gate.detach().view(-1, 9728), up.detach().view(-1, 9728)
+    dc = torch.randn_like(a)
+    assert torch.allclose(kernels.forward(a, b).float(), TorchSiluMul.forward(a, b).float(), atol=0.02, rtol=0.02)
+    expected = [t.float() for t in TorchSiluMul.backward(a, b, dc)]
+    got = [t.float() for t in kernels.backward(a.clone(), b.clone(), dc)]
+    for g, e in zip(got, expected):
+        assert (g - e).abs().max().item() <= 0.02 * e.abs().max().item()
+
+
+class _SavingSiluMul(torch.autograd.Function):
+    """A SiLU-multiply that keeps gate and up only, as Liger's does (the reference for the down projection)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        from components.train_lora.fused_lora import TorchSiluMul
+
+        ctx.save_for_backward(gate, up)
+        return TorchSiluMul.forward(gate, up)
+
+    @staticmethod
+    def backward(ctx, grad_c):  # autograd's own derivative of F.silu(gate) * up
+        gate, up = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            return torch.autograd.grad(F.silu(gate) * up, (gate, up), grad_c)
+
+
+def _saved_bytes(run):
+    """Bytes of the distinct storages autograd keeps for the backward while `run()` builds the graph."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return out, sum(storages.values())
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
+    """`silu_mul_lora`: the same output and every LoRA gradient as down(silu_mul(gate, up)) through the LoRA
+    function, the same masks from the same seed; autograd keeps one product's bytes less per MLP."""
+    import functools
+
+    from components.train_lora import fused_lora
+
+    def model():
+        torch.manual_seed(0)
+        m = _lora(_text_model())
+        for module in m.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = dropout
+        return m.train()
+
+    reference, fused = model(), model()
+    fused.load_state_dict(reference.state_dict())
+    assert fuse_silu_mul(reference, _SavingSiluMul.apply) == 2
+    down = functools.partial(fused_lora.silu_mul_lora, silu_mul=fused_lora.TorchSiluMul)
+    assert fuse_silu_mul(fused, _SavingSiluMul.apply, down) == 2
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    results = []
+    for m in (reference, fused):
+        # every LoRA layer through the LoRA function (the reference's down projection too: same masks, same arithmetic)
+        with _fused_peft(True):
+            torch.manual_seed(5)
+            out, kept = _saved_bytes(lambda m=m: m(input_ids=ids).last_hidden_state)
+            out.pow(2).mean().backward()
+        grads = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+        results.append((out, kept, grads))
+    (out0, kept0, grads0), (out1, kept1, grads1) = results
+    assert torch.allclose(out0, out1, atol=1e-6)
+    assert grads0.keys() == grads1.keys() and len(grads0) == 12
+    for name, grad in grads0.items():
+        assert torch.allclose(grads1[name], grad, atol=1e-6), name
+    config = reference.base_model.model.config
+    product = 2 * 9 * config.intermediate_size * 4  # one float32 product of 2 x 9 tokens
+    assert kept0 - kept1 == config.num_hidden_layers * product == 2 * product
+
+
+class _fused_peft:
+    """peft's LoRA layers through `fused_forward` while inside (as the train-lora plugin installs it)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self):
+        from peft.tuners.lora import Linear
+
+        from components.train_lora.fused_lora import fused_forward
+
+        self.original = Linear.forward
+        if self.on:
+            original = self.original
+
+            def forward(layer, x, *args, **kwargs):
+                out = fused_forward(layer, x, *args, **kwargs)
+                return original(layer, x, *args, **kwargs) if out is None else out
+
+            Linear.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        from peft.tuners.lora import Linear
+
+        Linear.forward = self.original
+
+
+def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
+    from components.train_lora import fused_lora
+
+    m = _lora(_text_model(layers=1)).train()
+    mlp = m.base_model.model.layers[0].mlp
+    gate = torch.randn(1, 3, mlp.down_proj.in_features, requires_grad=True)
+    up = torch.randn_like(gate)
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is not None
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up[..., :-1], fused_lora.TorchSiluMul) is None
+    with torch.no_grad():  # inference: peft's forward
+        assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+    mlp.down_proj.base_layer.weight.requires_grad_(True)  # a base that trains: not frozen
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+    mlp.down_proj.base_layer.weight.requires_grad_(False)
+    monkeypatch.setattr(fused_lora, "SILU_MUL_DOWN", False)
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+
+
+def test_plan_sizes_without_the_product_where_the_down_projection_recomputes_it():
+    from components.train_lora._plan import GIB, plan_for_run
+    from components.train_lora.core import _silu_mul_down
+
+    assert _silu_mul_down({}, {})  # ms-swift's default targets: all-linear
+    assert _silu_mul_down({"target_modules": ["q_proj", "down_proj"]}, {})
+    assert not _silu_mul_down({"target_modules": ["q_proj", "v_proj"]}, {})  # no LoRA on the down projection
+    assert not _silu_mul_down({}, {"VLM_LORA_SILU_MUL_DOWN": "0"})
+    config = {
+        "text_config": {
+            "num_hidden_layers": 36, "hidden_size": 2560, "intermediate_size": 9728, "vocab_size": 151936,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        }
+    }  # fmt: skip
+    stats = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
+    args = {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True}
+
+    def plan(down, fused_lora=True, **extra):
+        return plan_for_run(
+            {**args, **extra}, model_config=config, weight_bytes=8_880_000_000, token_stats=stats,
+            gpu_bytes=int(79.1 * GIB), world_size=1, fused_lora=fused_lora, fused_silu_mul=True, silu_mul_down=down,
+        )  # fmt: skip
+
+    assert plan(False).micro_batch == plan(True).micro_batch == 8  # with the seed's dropout: 8 x 2 either way
+    assert (plan(False).peak_bytes - plan(True).peak_bytes) / GIB == pytest.approx(
+        7.6 * 8 * 1221 * 36 * 2560 / GIB, rel=1e-3
+    )
+    assert plan(True, fused_lora=False).peak_bytes == plan(False, fused_lora=False).peak_bytes  # peft's forward
+    no_dropout = plan(True, lora_dropout=0)
+    assert (no_dropout.micro_batch, no_dropout.grad_accum, no_dropout.gradient_checkpointing) == (16, 1, False)
+    assert plan(False, lora_dropout=0).micro_batch == 8  # with the product kept 16 rows do not fit an H100

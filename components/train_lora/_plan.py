@@ -32,7 +32,9 @@ query head and sdpa keeps those copies: `kv_copy_bytes` more (4 · heads · head
 6.4 for the 4B, which is what the same runs measured with the mask: 68.29 GiB fused, 75.69 peft,
 58.30 without dropout). With Liger on, the plugin's fused SiLU-multiply (`swiglu.py`) keeps no
 SiLU output: `silu_mul_bytes` less (2 · intermediate / hidden: 7.6 for the 4B; measured 56.54
-GiB at batch 8, predicted 56.6; rows of 2,706 tokens at batch 4: 69.88 measured, 68.5 predicted).
+GiB at batch 8, predicted 56.6; rows of 2,706 tokens at batch 4: 69.88 measured, 68.5 predicted),
+and where the down projection's LoRA computes the product again in its backward instead of
+keeping it (`fused_lora.silu_mul_lora`) the same again: the product is as wide.
 
 Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
 checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
@@ -422,6 +424,7 @@ def plan_for_run(
     fused_lora: bool = True,
     padding_mask: bool = False,
     fused_silu_mul: bool = False,
+    silu_mul_down: bool = False,
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
@@ -432,7 +435,9 @@ def plan_for_run(
     whether attention gets transformers' padding mask (VLM_LORA_RIGHT_PAD_CAUSAL=0 with sdpa, or
     eager attention), which adds `kv_copy_bytes`. Default False. `fused_silu_mul`: whether the
     plugin gives the MLPs Liger's fused SiLU-multiply (`swiglu.py`), which keeps no SiLU output:
-    `silu_mul_bytes` less. Default False.
+    `silu_mul_bytes` less. Default False. `silu_mul_down`: whether, with that product, the down
+    projections' LoRA (plain, through the fused branch) computes the product again in its backward
+    instead of keeping it (`fused_lora.silu_mul_lora`): `silu_mul_bytes` less again. Default False.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -459,6 +464,8 @@ def plan_for_run(
         act_full += kv_copy_bytes(model_config)
     if fused_silu_mul:
         act_full -= silu_mul_bytes(model_config)
+        if silu_mul_down and fused:
+            act_full -= silu_mul_bytes(model_config)  # the product itself, 2 bytes x intermediate, not kept either
     return plan_micro_batch(
         ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act_full),
         stats,

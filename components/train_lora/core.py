@@ -622,6 +622,7 @@ def _micro_batch_plan(
             fused_lora=_job_setting(job_env, "VLM_LORA_FUSED_LORA") != "0",
             padding_mask=_padding_mask_attention(args, job_env),
             fused_silu_mul=_fused_silu_mul(args, job_env, model_config),
+            silu_mul_down=_silu_mul_down(args, job_env),
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
@@ -641,6 +642,15 @@ def _fused_silu_mul(args: dict[str, Any], job_env: dict[str, str], model_config:
         and swiglu.covers(model_config)
         and _job_setting(job_env, "VLM_LORA_LIGER_SWIGLU") != "0"
         and _job_setting(job_env, "VLM_LORA_COMPILE_LAYERS") != "1"
+    )
+
+
+def _silu_mul_down(args: dict[str, Any], job_env: dict[str, str]) -> bool:
+    """Whether the down projections get LoRA and the plugin keeps no SiLU-multiply product for it (fused_lora.py)."""
+    targets = args.get("target_modules") or "all-linear"
+    targets = [targets] if isinstance(targets, str) else [str(t) for t in targets]
+    return _job_setting(job_env, "VLM_LORA_SILU_MUL_DOWN") != "0" and any(
+        t == "all-linear" or t.endswith("down_proj") for t in targets
     )
 
 

@@ -60,6 +60,9 @@ GROUP = os.environ.get("VLM_LORA_GROUP_LORA", "1") != "0"
 # with dropout on a GPU, the backward's two masked passes as Triton kernels (`lora_triton.py`: the mask applied
 # while reading, no full-size product or dropped-out copy written); VLM_LORA_TRITON_LORA=0 keeps PyTorch's kernels
 TRITON = os.environ.get("VLM_LORA_TRITON_LORA", "1") != "0"
+# an MLP's down projection with LoRA reads silu(gate) * up without keeping it (`_SiluMulLoraLinear`: computed
+# again in the backward from gate and up); VLM_LORA_SILU_MUL_DOWN=0 keeps the product for the backward
+SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -157,6 +160,29 @@ class _LoraDelta(torch.autograd.Function):
         return grad_x, grad_base, grad_a, grad_b, None, None, None
 
 
+def _linear_lora_forward(x2, w, bias, a, b, scaling: float, p: float):
+    """`x2 W^T + bias + scaling * B(A(dropout_p(x2)))` (2-D, compute dtype); the output, `h` and the mask."""
+    out = x2 @ w.t() if bias is None else torch.addmm(bias.to(x2.dtype), x2, w.t())
+    h, mask = _rank_r(x2, a, p)
+    out.addmm_(h, b.t(), alpha=scaling)
+    return out, h, mask
+
+
+def _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x: bool, need_a: bool, need_b: bool):
+    """The input gradient built in one buffer (None unless `need_x`), A's and B's gradients."""
+    gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
+    grad_x = None
+    if need_x:
+        grad_x = g @ weight
+        if mask is None:
+            grad_x.addmm_(gh, a)
+        elif (kernels := _masked_kernels(grad_x, gh, a, mask)) is not None:
+            kernels.add_dropped_product(grad_x, gh, a, mask, _keep(ctx.p))
+        else:
+            grad_x.addcmul_(gh @ a, mask, value=_keep(ctx.p))
+    return grad_x, grad_a, grad_b
+
+
 class _LoraLinear(torch.autograd.Function):
     """A frozen Linear and its LoRA branch as one node: `x W^T + b + scaling * B(A(dropout_p(x)))`.
 
@@ -173,9 +199,7 @@ class _LoraLinear(torch.autograd.Function):
         a = weight_a.to(dtype)
         b = weight_b.to(dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-        out = x2 @ w.t() if bias is None else torch.addmm(bias.to(dtype), x2, w.t())
-        h, mask = _rank_r(x2, a, p)
-        out.addmm_(h, b.t(), alpha=scaling)
+        out, h, mask = _linear_lora_forward(x2, w, bias, a, b, scaling, p)
         ctx.save_for_backward(x2, mask, h, a, b, w)
         ctx.scaling, ctx.p = scaling, p
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -187,18 +211,93 @@ class _LoraLinear(torch.autograd.Function):
         x2, mask, h, a, b, weight = ctx.saved_tensors
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, _, _, need_a, need_b = ctx.needs_input_grad[:5]
-        gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
-        grad_x = None
-        if need_x:
-            grad_x = g @ weight
-            if mask is None:
-                grad_x.addmm_(gh, a)
-            elif (kernels := _masked_kernels(grad_x, gh, a, mask)) is not None:
-                kernels.add_dropped_product(grad_x, gh, a, mask, _keep(ctx.p))
-            else:
-                grad_x.addcmul_(gh @ a, mask, value=_keep(ctx.p))
+        grad_x, grad_a, grad_b = _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x, need_a, need_b)
+        if grad_x is not None:
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         return grad_x, None, None, grad_a, grad_b, None, None, None
+
+
+class _SiluMulLoraLinear(torch.autograd.Function):
+    """`down(silu(gate) * up)` for a frozen down projection with LoRA, without keeping `silu(gate) * up`.
+
+    An MLP's down projection reads the SiLU-multiply's output `c` (the intermediate width: 9,728 for
+    the 4B, 3.8 times the hidden size), and LoRA's A gradient needs `c`, so autograd keeps it for every
+    layer next to `gate` and `up`, which the SiLU-multiply's own backward keeps anyway. This node keeps
+    `gate` and `up` only and computes `c` again in its backward (one elementwise pass): 2 bytes ×
+    intermediate per token × layer less. `silu_mul` gives the product's forward `f(gate, up) -> c` and
+    backward `b(gate, up, dc) -> (dgate, dup)`, which may write into `gate` and `up` (Liger's kernels do).
+    """
+
+    @staticmethod
+    def forward(ctx, gate, up, weight, bias, weight_a, weight_b, scaling: float, p: float, dtype, silu_mul):
+        w = weight.to(dtype)
+        a = weight_a.to(dtype)
+        b = weight_b.to(dtype)
+        gate2 = gate.reshape(-1, gate.shape[-1]).to(dtype)
+        up2 = up.reshape(-1, up.shape[-1]).to(dtype)
+        c = silu_mul.forward(gate2, up2)
+        out, h, mask = _linear_lora_forward(c, w, bias, a, b, scaling, p)
+        del c
+        ctx.save_for_backward(gate2, up2, mask, h, a, b, w)
+        ctx.scaling, ctx.p, ctx.silu_mul = scaling, p, silu_mul
+        ctx.shapes, ctx.dtypes = (gate.shape, up.shape), (gate.dtype, up.dtype)
+        ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
+        return out.view(*gate.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        gate2, up2, mask, h, a, b, weight = ctx.saved_tensors
+        g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
+        need_gate, need_up, _, _, need_a, need_b = ctx.needs_input_grad[:6]
+        need_c = need_gate or need_up
+        c = ctx.silu_mul.forward(gate2, up2) if (need_a or need_c) else None
+        grad_c, grad_a, grad_b = _linear_lora_backward(ctx, g, c, mask, h, a, b, weight, need_c, need_a, need_b)
+        del c
+        grad_gate = grad_up = None
+        if need_c:
+            grad_gate, grad_up = ctx.silu_mul.backward(gate2, up2, grad_c)
+            grad_gate = grad_gate.view(ctx.shapes[0]).to(ctx.dtypes[0]) if need_gate else None
+            grad_up = grad_up.view(ctx.shapes[1]).to(ctx.dtypes[1]) if need_up else None
+        return grad_gate, grad_up, None, None, grad_a, grad_b, None, None, None, None
+
+
+class TorchSiluMul:
+    """The SiLU-multiply's forward and backward in PyTorch (SiLU in float32, as Liger's kernels compute it)."""
+
+    @staticmethod
+    def forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(gate.float()).to(up.dtype) * up
+
+    @staticmethod
+    def backward(gate: torch.Tensor, up: torch.Tensor, grad_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = gate.float()
+        sig = torch.sigmoid(a)
+        silu = a * sig
+        grad = grad_c.float()
+        grad_up = (grad * silu).to(up.dtype)
+        grad_gate = (grad * (silu * (1 - sig) + sig) * up.float()).to(gate.dtype)
+        return grad_gate, grad_up
+
+
+def silu_mul_lora(layer, gate, up, silu_mul):
+    """`layer(silu(gate) * up)` for a peft LoRA layer whose adapter is plain LoRA over a frozen plain Linear,
+    through `_SiluMulLoraLinear` (the product not kept for the backward); None where it does not apply."""
+    if not SILU_MUL_DOWN or gate.shape != up.shape:
+        return None
+    plain = _plain_adapter(layer, gate, (), {})
+    if plain is None:
+        return None
+    weight_a, weight_b, scaling, p = plain
+    dtype = _compute_dtype(gate, weight_a)
+    base_layer = layer.base_layer
+    if not _frozen_linear_in(base_layer, dtype, torch.is_autocast_enabled(gate.device.type)):
+        return None
+    if base_layer.weight.shape[1] != gate.shape[-1] or up.dtype != gate.dtype:
+        return None
+    with torch.autocast(gate.device.type, enabled=False):
+        return _SiluMulLoraLinear.apply(
+            gate, up, base_layer.weight, base_layer.bias, weight_a, weight_b, float(scaling), float(p), dtype, silu_mul
+        )
 
 
 def _frozen_linear_in(base_layer, dtype: torch.dtype, autocast: bool) -> bool:

@@ -65,7 +65,9 @@ VLM_LORA_HOST_VISION_SEQLENS=0 turns it off.
 8. Liger's fused SiLU-multiply in Qwen3-VL's MLPs (`swiglu.py`, next to this file), with
 `use_liger_kernel` (Liger has no SwiGLU patch for Qwen3-VL): one kernel instead of three each way
 and no SiLU output kept per layer. VLM_LORA_LIGER_SWIGLU=0 turns it off; not with compiled layers
-(inductor fuses them there).
+(inductor fuses them there). A down projection with plain LoRA then computes the product itself and
+keeps only gate and up for its backward, which computes the product again (`fused_lora.silu_mul_lora`):
+2 bytes x intermediate per token and layer less. VLM_LORA_SILU_MUL_DOWN=0 keeps the product.
 
 9. Opt-in (VLM_LORA_TORCH_RMS_NORM=1): PyTorch's fused RMSNorm in place of Liger's (`rms_norm.py`,
 next to this file), with `use_liger_kernel`, on CUDA: the same normalisation with one dispatcher call
@@ -360,13 +362,28 @@ def keep_liger_out_of_layers(training_args) -> None:
     training_args.liger_kernel_config = config
 
 
+class _LigerSiluMul:
+    """Liger's SiLU-multiply kernels as `forward(gate, up) -> c` and `backward(gate, up, dc) -> (dgate, dup)`
+    (the backward writes into gate and up), for the down projection that keeps no product."""
+
+    def __init__(self, ops) -> None:
+        self._ops = ops
+
+    def forward(self, gate, up):
+        return self._ops.swiglu_forward(gate, up)[2]
+
+    def backward(self, gate, up, grad_c):
+        return self._ops.swiglu_backward(gate, up, grad_c)
+
+
 def _liger_silu_mul():
-    """Liger's fused SiLU-multiply as f(gate, up), or None without Liger."""
+    """Liger's fused SiLU-multiply as f(gate, up) and its kernels (`_LigerSiluMul`), or None without Liger."""
     try:
         from liger_kernel.ops import LigerSiLUMulFunction
+        from liger_kernel.ops import swiglu as ops
     except ImportError:
         return None
-    return lambda gate, up: LigerSiLUMulFunction.apply(gate, up)
+    return (lambda gate, up: LigerSiLUMulFunction.apply(gate, up)), _LigerSiluMul(ops)
 
 
 def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
@@ -401,10 +418,13 @@ def patch_model(model, training_args, language: bool = False, vision: bool = Fal
                 "that read one input (q/k/v, gate/up; without dropout)",
                 flush=True,
             )
-    silu_mul = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
-    if silu_mul is not None:
-        counts["silu_mul"] = _load_sibling("swiglu").fuse_silu_mul(model, silu_mul)
-        print(f"train-lora plugin: Liger's fused SiLU-multiply in {counts['silu_mul']} MLPs", flush=True)
+    liger = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
+    if liger is not None:
+        silu_mul, kernels = liger
+        down = functools.partial(fused.silu_mul_lora, silu_mul=kernels) if FUSED_LORA and fused.SILU_MUL_DOWN else None
+        counts["silu_mul"] = _load_sibling("swiglu").fuse_silu_mul(model, silu_mul, down)
+        kept = "; down projections with LoRA keep no product for the backward" if down else ""
+        print(f"train-lora plugin: Liger's fused SiLU-multiply in {counts['silu_mul']} MLPs{kept}", flush=True)
     return counts
 
 

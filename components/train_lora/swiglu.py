@@ -8,7 +8,10 @@ layer × hidden (6.8 GiB at the tuned plan). Liger's `LigerSiLUMulFunction` comp
 one kernel, keeps only gate(x) and up(x) and recomputes the SiLU in its backward kernel.
 
 `fuse_silu_mul(model, silu_mul)` gives each MLP of a known class whose activation is SiLU a forward
-`down(silu_mul(gate(x), up(x)))`; the projections (and their LoRA layers) are untouched.
+`down(silu_mul(gate(x), up(x)))`; the projections (and their LoRA layers) are untouched. With
+`down` (the train-lora plugin passes `fused_lora.silu_mul_lora`), a down projection that `down`
+takes computes the product itself and does not keep it for its backward (`down(layer, gate, up)`,
+None where it does not apply: then the product as above).
 """
 
 from __future__ import annotations
@@ -27,17 +30,24 @@ SWIGLU_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_text"})
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 
 
-def _forward(silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+SiluMul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Down = Callable[[Any, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+
+
+def _forward(silu_mul: SiluMul, down: Down | None) -> Callable[..., torch.Tensor]:
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if down is not None and (out := down(self.down_proj, gate, up)) is not None:
+            return out
+        return self.down_proj(silu_mul(gate, up))
 
     forward._vlm_lora_silu_mul = True
     return forward
 
 
-def fuse_silu_mul(model: torch.nn.Module, silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> int:
+def fuse_silu_mul(model: torch.nn.Module, silu_mul: SiluMul, down: Down | None = None) -> int:
     """Gives the SiLU MLPs of `model` the fused forward (in place); returns how many."""
-    forward = _forward(silu_mul)
+    forward = _forward(silu_mul, down)
     count = 0
     for module in model.modules():
         if type(module).__name__ not in SWIGLU_MLP_CLASSES:
