@@ -11,6 +11,10 @@ For each input width of a Qwen3-VL-4B decoder layer's adapted projections (2,560
 - A's gradient `gh^T @ (keep * mask * x)`: PyTorch's masked-scale kernel and a matmul, and
   `lora_triton.dropped_weight_grad` at each tile shape and programs count.
 
+- with masks given by a seed (`lora_triton.Seeded`, the default since session 13: no mask kept), at the
+  default tiles: the forward's rank-r product `keep * (mask * x) @ A^T` against PyTorch's dropout kernel
+  and a matmul (and a plain matmul without dropout), and both backward kernels computing the mask again.
+
 Each result is first checked against float32 arithmetic (relative error printed), then timed with
 `triton.testing.do_bench` (median; inputs rotated over three sets so that the L2 cache holds none).
 The bandwidth column counts the bytes a kernel must move at least (dx: read dx and mask, write dx;
@@ -113,7 +117,38 @@ def measure_width(lt, rows: int, width: int, rank: int, tiles: list[tuple[int, i
     finally:
         lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = default
     row["dx_min_bytes"], row["da_min_bytes"] = dx_bytes, da_bytes
+    row.update(measure_seeded(lt, sets))
     return row
+
+
+def measure_seeded(lt, sets) -> dict[str, float]:
+    """The three seeded kernels (each set its own seed) and PyTorch's forward, with their errors against float32."""
+    import torch
+
+    for s in sets:
+        s["seed"] = lt.seeded(P)
+    s = sets[0]
+    kept = lt.kept_mask(tuple(s["x"].shape), s["seed"], "cuda").float()
+    keep = s["seed"].keep
+    ref_h = (keep * kept * s["x"].float()) @ s["a"].float().t()
+    ref_dx = s["dx"].float() + keep * kept * (s["gh"].float() @ s["a"].float())
+    ref_da = s["gh"].float().t() @ (keep * kept * s["x"].float())
+    out = {
+        "seeded_drop_rate": float(1 - kept.mean()),
+        "h_seeded_error": _error(lt.dropped_rank_product(s["x"], s["a"], s["seed"]), ref_h),
+        "dx_seeded_error": _error(lt.add_dropped_product(s["dx"].clone(), s["gh"], s["a"], s["seed"], keep), ref_dx),
+        "da_seeded_error": _error(lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep), ref_da),
+    }
+    timings = {
+        "h_torch_plain": lambda s: s["x"] @ s["a"].t(),
+        "h_torch_dropout": lambda s: torch.native_dropout(s["x"], P, True)[0] @ s["a"].t(),
+        "h_seeded": lambda s: lt.dropped_rank_product(s["x"], s["a"], s["seed"]),
+        "dx_seeded": lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["seed"], keep),
+        "da_seeded": lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep),
+    }
+    for name, fn in timings.items():
+        out[name] = _time(_rotating(sets, fn))
+    return out
 
 
 def _tiles(text: str) -> list[tuple[int, int]]:
@@ -165,8 +200,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row = measure_width(lt, args.rows, width, args.rank, tiles, programs)
         rows.append(row)
         for name, value in row.items():
-            if name.startswith(("dx_t", "da_t")):
+            if name.startswith(("dx_t", "da_t", "dx_s", "da_s", "h_")) and not name.endswith("error"):
                 moved = row["dx_min_bytes"] if name.startswith("dx") else row["da_min_bytes"]
+                if name.startswith(("h_", "dx_s", "da_s")):  # no mask read: x (h, A's gradient) or dx twice
+                    moved = moved * 4 // 5 if name.startswith("dx") else moved * 2 // 3
                 print(f"width {width:5d}  {name:28s} {value:8.1f} us  {moved / value / 1e3:7.0f} GB/s", flush=True)
         errors = {k: f"{v:.2e}" for k, v in row.items() if k.endswith("error")}
         print(f"width {width:5d}  errors against float32: {errors}", flush=True)

@@ -102,6 +102,15 @@ PROFILES: dict[str, dict[str, Any]] = {
         "env": {"VLM_LORA_SILU_MUL_DOWN": "0"},
     },
     "b8_nogc_liger_keepprod": nogc_liger(8, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
+    # LoRA's dropout masks by PyTorch's kernel, kept for the backward (the plugin computes them from seeds in its
+    # Triton kernels, VLM_LORA_SEEDED_DROPOUT): the planner's figure then has the masks in it
+    "auto_liger_storedmask": {
+        "batch": "auto",
+        "gradient_checkpointing": "auto",
+        "use_liger_kernel": True,
+        "env": {"VLM_LORA_SEEDED_DROPOUT": "0"},
+    },
+    "b8_nogc_liger_storedmask": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
     "b8_nogc_liger_nodrop_keepprod": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others

@@ -69,6 +69,90 @@ def test_the_lora_function_through_the_kernels_equals_it_through_pytorchs(interp
     assert difference["x"] < 1e-6 and difference["a"] < 1e-6, difference
 
 
+def _assert_seeded_cases(cases: list[dict]) -> None:
+    assert len(cases) == 12 and {tuple(c["shape"]) for c in cases} >= {(0, 64, 8), (257, 300, 8), (3, 130, 4)}
+    for case in cases:
+        assert case["da_error"] < 1e-6, case  # float32 accumulation
+        assert case["h_dtype"] == case["dtype"], case
+        bound = 1e-6 if case["dtype"] == "torch.float32" else 6e-3  # bf16: the result rounded once
+        assert case["h_error"] < bound and case["dx_error"] < bound, case
+
+
+def _assert_seeded_stats(stats: dict) -> None:
+    p = stats["p"]
+    assert p == pytest.approx(0.05, abs=1 / 65536) and stats["keep"] == pytest.approx(1 / (1 - p))
+    sigma = (p * (1 - p) / 512_000) ** 0.5
+    assert abs(stats["drop_rate"] - p) < 5 * sigma, stats  # 512,000 draws
+    for key in ("adjacent_both_dropped", "rows_both_dropped"):  # independent neighbours: p^2
+        assert stats[key] == pytest.approx(p * p, rel=0.15), (key, stats)
+    assert stats["same_seed_same_mask"] is True
+    assert stats["other_seed_differs"] == pytest.approx(2 * p * (1 - p), rel=0.05)
+
+
+def test_seeded_masks_under_the_interpreter(interpreted):
+    """The forward's product and both backward kernels agree on the mask a seed gives (tiles of 64 and 128
+    columns), it drops at the rate asked, neighbours independently, and the layers train as autograd says."""
+    seeded = interpreted["seeded"]
+    _assert_seeded_cases(seeded["kernels"])
+    _assert_seeded_stats(seeded["stats"])
+    assert seeded["layer"]["seeds_drawn"] == 2
+    for name, difference in seeded["layer"]["differences"].items():
+        assert max(difference.values()) < 1e-6, (name, difference)
+
+
+def test_seeded_masks_keep_no_mask_for_the_backward(monkeypatch):
+    """With a seed the LoRA function saves no mask tensor: 1 byte per input element less than PyTorch's dropout."""
+    from tests.triton_interpret_checks import _Recorded
+
+    class FakeKernels:  # the seeded path's bookkeeping without Triton: a mask from a generator of our own
+        def usable(self, *tensors):
+            return True
+
+        def seeded(self, p):
+            return lora_seed(p)
+
+        def dropped_rank_product(self, x, a, mask):
+            return (x * mask.kept(x.shape) * mask.keep) @ a.t()
+
+        def dropped_weight_grad(self, gh, x, mask, keep):
+            return gh.t() @ (x * _kept(mask, x.shape) * keep)
+
+        def add_dropped_product(self, dx, gh, a, mask, keep):
+            return dx.add_((gh @ a) * _kept(mask, dx.shape) * keep)
+
+    def _kept(mask, shape):
+        return mask.float() if isinstance(mask, torch.Tensor) else mask.kept(shape)
+
+    class lora_seed:
+        def __init__(self, p):
+            self.keep, self.seed = 1 / (1 - p), int(torch.randint(1 << 30, ()))
+
+        def kept(self, shape):
+            return (torch.rand(shape, generator=torch.Generator().manual_seed(self.seed)) >= 0.2).float()
+
+    recorded = _Recorded(FakeKernels())
+    monkeypatch.setattr(fused_lora, "_kernels", recorded)
+    monkeypatch.setattr(fused_lora, "TRITON", True)
+    sizes = {}
+    for seeded in (False, True):
+        monkeypatch.setattr(fused_lora, "SEEDED", seeded)
+        saved: list[int] = []
+
+        def pack(t, saved=saved):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        x = torch.randn(4, 32, requires_grad=True)
+        w, a, b = torch.randn(16, 32), torch.randn(8, 32, requires_grad=True), torch.randn(16, 8, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fused_lora._LoraLinear.apply(x, w, None, a, b, 2.0, 0.2, x.dtype)
+        out.sum().backward()
+        sizes[seeded] = sum(saved)
+        assert x.grad is not None and a.grad is not None and b.grad is not None
+    assert len(recorded.seeds) == 1
+    assert sizes[False] - sizes[True] == 4 * 32  # the boolean mask of the 4 x 32 input
+
+
 def test_the_kernels_are_not_used_off_the_gpu():
     tensors = [torch.randn(4, 8), torch.randn(4, 2), torch.rand(4, 8) > 0.5]
     assert fused_lora._load_kernels()  # Triton is installed with torch (requirements.lock)
@@ -80,11 +164,12 @@ def test_with_the_switch_off_the_kernels_are_not_called(interpreted):
     assert interpreted["layer"]["calls_with_switch_off"] == {"add_dropped_product": 0, "dropped_weight_grad": 0}
 
 
-def test_the_switch_is_allowed_with_its_values():
-    job_env.check_job_env({"VLM_LORA_TRITON_LORA": "0"})
-    job_env.check_job_env({"VLM_LORA_TRITON_LORA": 1})
-    with pytest.raises(job_env.JobEnvError, match="VLM_LORA_TRITON_LORA"):
-        job_env.check_job_env({"VLM_LORA_TRITON_LORA": "yes"})
+@pytest.mark.parametrize("name", ["VLM_LORA_TRITON_LORA", "VLM_LORA_SEEDED_DROPOUT"])
+def test_the_switch_is_allowed_with_its_values(name):
+    job_env.check_job_env({name: "0"})
+    job_env.check_job_env({name: 1})
+    with pytest.raises(job_env.JobEnvError, match=name):
+        job_env.check_job_env({name: "yes"})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -94,6 +179,23 @@ def test_on_a_gpu_the_compiled_kernels_equal_float64():
 
     torch.manual_seed(7)
     _assert_kernel_cases(kernel_cases(lora_triton, device="cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_seeded_kernels_agree_and_drop_at_the_rate_asked():
+    from components.train_lora import lora_triton
+    from tests.triton_interpret_checks import seeded_kernel_cases, seeded_layer_case, seeded_mask_stats
+
+    torch.manual_seed(7)
+    _assert_seeded_cases(seeded_kernel_cases(lora_triton, device="cuda"))
+    _assert_seeded_stats(seeded_mask_stats(lora_triton, device="cuda"))
+    saved = fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED
+    try:
+        layer = seeded_layer_case(fused_lora, lora_triton, device="cuda")
+    finally:
+        fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = saved
+    for name, difference in layer["differences"].items():
+        assert max(difference.values()) < 1e-5, (name, difference)  # float32 on the GPU (no TF32)
 
 
 def test_the_kernel_benchmark_says_it_needs_a_gpu(monkeypatch):

@@ -71,7 +71,7 @@ print(
     plugin.ASYNC_TOKENS, plugin.TORCH_RMS_NORM, flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
     plugin._load_sibling("fused_lora").TRITON,
     plugin.ADAPTER_ONLY_SAVE, flag(Trainer.save_model, "_vlm_lora_adapter_save"),
-    plugin._load_sibling("fused_lora").SILU_MUL_DOWN,
+    plugin._load_sibling("fused_lora").SILU_MUL_DOWN, plugin._load_sibling("fused_lora").SEEDED,
 )
 """
 
@@ -90,6 +90,7 @@ SWITCHES_OFF = {
     "VLM_LORA_TRITON_LORA": "0",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0",
     "VLM_LORA_SILU_MUL_DOWN": "0",
+    "VLM_LORA_SEEDED_DROPOUT": "0",
 }
 
 
@@ -99,12 +100,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True",
+            "True True True True",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False",
+            "False False False False False",
         ),
     ],
 )

@@ -46,6 +46,7 @@ QWEN3_VL_4B_CONFIG = {
     "text_config": {
         "num_hidden_layers": 36,
         "hidden_size": 2560,
+        "intermediate_size": 9728,
         "vocab_size": 151936,
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
@@ -110,6 +111,33 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
     # ZeRO-3 keeps peft's branch (partitioned adapters): its figure, with the weights split over 2 GPUs
     z3 = peak(args, world_size=2, zero3=True, padding_mask=True)
     assert z3 == pytest.approx(75.7 - 8_880_000_000 / 2 / GIB, abs=0.4)
+
+
+def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():
+    from components.train_lora._plan import dropout_mask_bytes, plan_for_run
+    from components.train_lora.core import _seeded_dropout
+
+    assert dropout_mask_bytes(QWEN3_VL_4B_CONFIG) == pytest.approx((5 * 2560 + 4096 + 9728) / 2560)  # 10.4
+    assert dropout_mask_bytes({"hidden_size": 2560}) == 0.0
+    assert _seeded_dropout({}, {}) and _seeded_dropout({"target_modules": "all-linear"}, {})
+    assert not _seeded_dropout({"target_modules": ["q_proj", "v_proj"]}, {})  # fewer masks than the figure
+    assert not _seeded_dropout({}, {"VLM_LORA_SEEDED_DROPOUT": "0"})
+    assert not _seeded_dropout({}, {"VLM_LORA_TRITON_LORA": "0"})  # PyTorch's kernels keep the masks
+    stats = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
+    args = {"per_device_train_batch_size": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True}
+
+    def plan(seeded, **extra):
+        return plan_for_run(
+            {**args, **extra}, model_config=QWEN3_VL_4B_CONFIG, weight_bytes=8_880_000_000, token_stats=stats,
+            gpu_bytes=H100, world_size=1, fused_silu_mul=True, silu_mul_down=True, seeded_dropout=seeded,
+        )  # fmt: skip
+
+    kept, seeded = plan(False), plan(True)
+    assert (kept.micro_batch, kept.grad_accum) == (8, 2)  # the masks kept: 16 rows do not fit
+    assert (seeded.micro_batch, seeded.grad_accum, seeded.gradient_checkpointing) == (16, 1, False)
+    assert seeded.peak_bytes / GIB == pytest.approx(71.5, abs=0.2)
+    assert plan(True, lora_dropout=0).peak_bytes == plan(False, lora_dropout=0).peak_bytes  # no masks either way
+    assert plan(True, use_dora=True).peak_bytes == plan(False, use_dora=True).peak_bytes  # peft's forward
 
 
 def test_seed_rows_on_an_h100_get_the_tuned_profile():

@@ -9,7 +9,10 @@ their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
   not multiples of the tiles, ranks 4 / 8 / 16, no rows), the relative error per case;
 - "layer": `_LoraLinear` with dropout through the kernels against the same function through PyTorch's
   kernels (the same masks: the same seed), the largest relative difference of each gradient, and how
-  often each kernel ran with the switch on and off.
+  often each kernel ran with the switch on and off;
+- "seeded": masks given by a seed — the forward's rank-r product and both backward kernels against float64
+  with the mask written out (`kept_mask`), the drop rate and neighbouring columns' joint drops on a large
+  mask, and `_LoraLinear` / `_SiluMulLoraLinear` with seeded masks against autograd on the written-out masks.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def layer_case(fused_lora, kernels) -> dict:
     }
     x = torch.randn(3, 45, d_in)
     counted = _Counted(kernels)
-    fused_lora._kernels, fused_lora.TRITON = counted, True
+    fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = counted, True, False  # PyTorch's masks either way
     on = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
     calls = dict(counted.calls)
     counted.calls = dict.fromkeys(calls, 0)
@@ -122,6 +125,101 @@ def layer_case(fused_lora, kernels) -> dict:
         "calls_with_switch_off": counted.calls,
         "difference": {name: _relative(on[name], off[name].double()) for name in on},
     }
+
+
+def seeded_kernel_cases(kernels, device: str = "cpu") -> list[dict]:
+    """The three kernels with a seed against float64 with the same mask written out."""
+    cases = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, k, r in SHAPES:
+            mask = kernels.seeded(0.1 + 0.3 * torch.rand(()).item())
+            kept = kernels.kept_mask((m, k), mask, device).double()
+            x, gh, a = (torch.randn(*shape, device=device).to(dtype) for shape in ((m, k), (m, r), (r, k)))
+            dx = torch.randn(m, k, device=device).to(dtype)
+            h_ref = (mask.keep * kept * x.double()) @ a.double().t()
+            dx_ref = dx.double() + mask.keep * kept * (gh.double() @ a.double())
+            da_ref = gh.double().t() @ (mask.keep * kept * x.double())
+            h_out = kernels.dropped_rank_product(x, a, mask)
+            dx_out = kernels.add_dropped_product(dx.clone(), gh, a, mask, mask.keep)
+            cases.append(
+                {
+                    "dtype": str(dtype),
+                    "shape": [m, k, r],
+                    "h_error": _relative(h_out, h_ref),
+                    "h_dtype": str(h_out.dtype),
+                    "dx_error": _relative(dx_out, dx_ref),
+                    "da_error": _relative(kernels.dropped_weight_grad(gh, x, mask, mask.keep), da_ref),
+                }
+            )
+    return cases
+
+
+def seeded_mask_stats(kernels, device: str = "cpu") -> dict:
+    """A 512 x 1,000 mask at p = 0.05: drop rate, neighbouring columns dropped together, the same seed again."""
+    mask = kernels.seeded(0.05)
+    kept = kernels.kept_mask((512, 1000), mask, device)
+    dropped = ~kept
+    other = kernels.kept_mask((512, 1000), kernels.seeded(0.05), device)
+    return {
+        "p": mask.threshold / 65536,
+        "keep": mask.keep,
+        "drop_rate": float(dropped.double().mean()),
+        "adjacent_both_dropped": float((dropped[:, 1:] & dropped[:, :-1]).double().mean()),
+        "rows_both_dropped": float((dropped[1:] & dropped[:-1]).double().mean()),
+        "same_seed_same_mask": bool(torch.equal(kept, kernels.kept_mask((512, 1000), mask, device))),
+        "other_seed_differs": float((kept != other).double().mean()),
+    }
+
+
+class _Recorded:
+    """The kernels module recording each seed the forward draws."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels, self.seeds = kernels, []
+
+    def __getattr__(self, name):
+        return getattr(self.kernels, name)
+
+    def seeded(self, p):
+        self.seeds.append(self.kernels.seeded(p))
+        return self.seeds[-1]
+
+
+def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
+    """`_LoraLinear` and `_SiluMulLoraLinear` with seeded masks against autograd over the written-out masks."""
+    torch.manual_seed(0)
+    d_in, d_out, r, p, scaling = 96, 80, 8, 0.2, 2.0
+    w, bias = torch.randn(d_out, d_in, device=device) / d_in**0.5, torch.randn(d_out, device=device)
+    a0 = torch.randn(r, d_in, device=device) / d_in**0.5
+    b0 = torch.randn(d_out, r, device=device) * 0.2
+    recorded = _Recorded(kernels)
+    fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = recorded, True, True
+    differences = {}
+    for name in ("linear", "silu_mul"):
+        inputs = [
+            torch.randn(3, 45, d_in, device=device).requires_grad_(True) for _ in range(2 if name == "silu_mul" else 1)
+        ]
+        a, b = a0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
+        if name == "linear":
+            out = fused_lora._LoraLinear.apply(inputs[0], w, bias, a, b, scaling, p, inputs[0].dtype)
+        else:
+            out = fused_lora._SiluMulLoraLinear.apply(
+                *inputs, w, bias, a, b, scaling, p, inputs[0].dtype, fused_lora.TorchSiluMul
+            )
+        out.square().sum().backward()
+        got = {"out": out.detach(), "a": a.grad, "b": b.grad, **{f"x{i}": t.grad for i, t in enumerate(inputs)}}
+        mask = recorded.seeds[-1]
+        ref_inputs = [t.detach().double().requires_grad_(True) for t in inputs]
+        ra, rb = a0.double().requires_grad_(True), b0.double().requires_grad_(True)
+        x = ref_inputs[0] if name == "linear" else torch.nn.functional.silu(ref_inputs[0]) * ref_inputs[1]
+        x2 = x.reshape(-1, d_in)
+        kept = kernels.kept_mask(tuple(x2.shape), mask, device).double()
+        ref = x2 @ w.double().t() + bias.double() + scaling * ((x2 * kept * mask.keep) @ ra.t()) @ rb.t()
+        ref.square().sum().backward()
+        want = {"out": ref.detach().view(out.shape), "a": ra.grad, "b": rb.grad}
+        want.update({f"x{i}": t.grad for i, t in enumerate(ref_inputs)})
+        differences[name] = {key: _relative(got[key], want[key]) for key in want}
+    return {"differences": differences, "seeds_drawn": len(recorded.seeds)}
 
 
 def interpreter_gap() -> str:
@@ -157,6 +255,11 @@ def main() -> dict:
     torch.manual_seed(1234)
     result = {"interpreting": lora_triton.INTERPRETING, "kernels": kernel_cases(lora_triton)}
     result["layer"] = layer_case(fused_lora, lora_triton)
+    result["seeded"] = {
+        "kernels": seeded_kernel_cases(lora_triton),
+        "stats": seeded_mask_stats(lora_triton),
+        "layer": seeded_layer_case(fused_lora, lora_triton),
+    }
     print(json.dumps(result))
     return result
 

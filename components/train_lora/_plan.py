@@ -34,7 +34,9 @@ query head and sdpa keeps those copies: `kv_copy_bytes` more (4 · heads · head
 SiLU output: `silu_mul_bytes` less (2 · intermediate / hidden: 7.6 for the 4B; measured 56.54
 GiB at batch 8, predicted 56.6; rows of 2,706 tokens at batch 4: 69.88 measured, 68.5 predicted),
 and where the down projection's LoRA computes the product again in its backward instead of
-keeping it (`fused_lora.silu_mul_lora`) the same again: the product is as wide.
+keeping it (`fused_lora.silu_mul_lora`) the same again: the product is as wide. With dropout on a
+GPU the fused branch computes the masks from seeds (`lora_triton.Seeded`) instead of keeping them:
+`dropout_mask_bytes` less (one byte per input element of every adapted layer: 10.4 for the 4B).
 
 Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
 checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
@@ -144,6 +146,18 @@ def kv_copy_bytes(model_config: Mapping[str, Any]) -> float:
         return 0.0
     head_dim = text.get("head_dim") if isinstance(text.get("head_dim"), int) else hidden // heads
     return 4.0 * heads * head_dim / hidden  # k and v, bf16
+
+
+def dropout_mask_bytes(model_config: Mapping[str, Any]) -> float:
+    """Bytes per token x layer x hidden of the boolean dropout masks LoRA on every linear layer keeps: one byte per
+    input element of q, k, v, gate and up (hidden wide), o (heads x head_dim) and down (intermediate): 10.4 for
+    the 4B. 0 where the config does not say."""
+    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
+    hidden, heads, inter = (text.get(k) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, heads, inter)):
+        return 0.0
+    head_dim = text.get("head_dim") if isinstance(text.get("head_dim"), int) else hidden // heads
+    return (5.0 * hidden + heads * head_dim + inter) / hidden
 
 
 def act_bytes_full(lora_dropout: float, fused: bool) -> float:
@@ -425,6 +439,7 @@ def plan_for_run(
     padding_mask: bool = False,
     fused_silu_mul: bool = False,
     silu_mul_down: bool = False,
+    seeded_dropout: bool = False,
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
@@ -438,6 +453,9 @@ def plan_for_run(
     `silu_mul_bytes` less. Default False. `silu_mul_down`: whether, with that product, the down
     projections' LoRA (plain, through the fused branch) computes the product again in its backward
     instead of keeping it (`fused_lora.silu_mul_lora`): `silu_mul_bytes` less again. Default False.
+    `seeded_dropout`: whether, with dropout, LoRA on every linear layer (all-linear) and the fused branch,
+    the masks are computed from seeds on the GPU (`lora_triton.Seeded`) instead of kept: `dropout_mask_bytes`
+    less. Default False.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -459,7 +477,10 @@ def plan_for_run(
     # the fused branch takes plain LoRA only (fused_lora.py): DoRA and LoRA bias stay on peft, as under ZeRO-3
     plain = not swift_args.get("use_dora") and str(swift_args.get("lora_bias") or "none") == "none"
     fused = fused_lora and plain and not zero3
-    act_full = act_bytes_full(SWIFT_LORA_DROPOUT if dropout is None else float(dropout), fused)
+    dropout = SWIFT_LORA_DROPOUT if dropout is None else float(dropout)
+    act_full = act_bytes_full(dropout, fused)
+    if seeded_dropout and fused and dropout > 0:
+        act_full -= dropout_mask_bytes(model_config)
     if padding_mask:
         act_full += kv_copy_bytes(model_config)
     if fused_silu_mul:

@@ -623,6 +623,7 @@ def _micro_batch_plan(
             padding_mask=_padding_mask_attention(args, job_env),
             fused_silu_mul=_fused_silu_mul(args, job_env, model_config),
             silu_mul_down=_silu_mul_down(args, job_env),
+            seeded_dropout=_seeded_dropout(args, job_env),
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
@@ -645,12 +646,25 @@ def _fused_silu_mul(args: dict[str, Any], job_env: dict[str, str], model_config:
     )
 
 
+def _lora_targets(args: dict[str, Any]) -> list[str]:
+    targets = args.get("target_modules") or "all-linear"  # ms-swift's default
+    return [targets] if isinstance(targets, str) else [str(t) for t in targets]
+
+
 def _silu_mul_down(args: dict[str, Any], job_env: dict[str, str]) -> bool:
     """Whether the down projections get LoRA and the plugin keeps no SiLU-multiply product for it (fused_lora.py)."""
-    targets = args.get("target_modules") or "all-linear"
-    targets = [targets] if isinstance(targets, str) else [str(t) for t in targets]
     return _job_setting(job_env, "VLM_LORA_SILU_MUL_DOWN") != "0" and any(
-        t == "all-linear" or t.endswith("down_proj") for t in targets
+        t == "all-linear" or t.endswith("down_proj") for t in _lora_targets(args)
+    )
+
+
+def _seeded_dropout(args: dict[str, Any], job_env: dict[str, str]) -> bool:
+    """Whether every linear layer gets LoRA and the plugin computes its dropout masks from seeds on the GPU
+    (fused_lora.py, lora_triton.py) instead of keeping them: the planner then counts no masks."""
+    return (
+        "all-linear" in _lora_targets(args)
+        and _job_setting(job_env, "VLM_LORA_SEEDED_DROPOUT") != "0"
+        and _job_setting(job_env, "VLM_LORA_TRITON_LORA") != "0"
     )
 
 

@@ -63,17 +63,34 @@ TRITON = os.environ.get("VLM_LORA_TRITON_LORA", "1") != "0"
 # an MLP's down projection with LoRA reads silu(gate) * up without keeping it (`_SiluMulLoraLinear`: computed
 # again in the backward from gate and up); VLM_LORA_SILU_MUL_DOWN=0 keeps the product for the backward
 SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
+# with dropout on a GPU, the masks given by a seed and computed in the Triton kernels wherever needed (`lora_triton`:
+# `Seeded`) instead of a boolean mask per adapted layer kept until the backward; VLM_LORA_SEEDED_DROPOUT=0 keeps
+# PyTorch's dropout kernel and its masks
+SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "1") != "0"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def _rank_r(x2: torch.Tensor, a: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`h = dropout_p(x2) A^T` and the dropout mask (None without dropout): the kernel and masks of nn.Dropout."""
-    if p > 0:
-        dropped, mask = torch.native_dropout(x2, p, True)
-    else:
-        dropped, mask = x2, None
+def _rank_r(x2: torch.Tensor, a: torch.Tensor, p: float):
+    """`h = dropout_p(x2) A^T` and the dropout mask: None without dropout; with the seeded kernels (`SEEDED`, on a
+    GPU) a `lora_triton.Seeded`; else nn.Dropout's kernel and its boolean mask."""
+    if p <= 0:
+        return x2 @ a.t(), None
+    if SEEDED and (kernels := _masked_kernels(x2, a)) is not None:
+        mask = kernels.seeded(p)
+        return kernels.dropped_rank_product(x2, a, mask), mask
+    dropped, mask = torch.native_dropout(x2, p, True)
     return dropped @ a.t(), mask
+
+
+def _saved_mask(ctx, mask):
+    """The mask for `save_for_backward` (a tensor or None); a seed is kept on `ctx` instead."""
+    ctx.seeded_mask = None if mask is None or isinstance(mask, torch.Tensor) else mask
+    return mask if ctx.seeded_mask is None else None
+
+
+def _mask_of(ctx, saved):
+    return saved if ctx.seeded_mask is None else ctx.seeded_mask
 
 
 _kernels = None  # lora_triton, loaded at first use (False where Triton is missing)
@@ -88,8 +105,12 @@ def _load_kernels():
             if name not in sys.modules:
                 spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("lora_triton.py"))
                 module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                sys.modules[name] = module
+                sys.modules[name] = module  # before running it: its dataclass looks itself up there
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
             _kernels = sys.modules[name]
         except ImportError:
             _kernels = False
@@ -104,15 +125,30 @@ def _masked_kernels(*tensors: torch.Tensor):
     return kernels if kernels and kernels.usable(*tensors) else None
 
 
+def _kernels_for(mask, *tensors: torch.Tensor):
+    """The kernels for a backward pass with `mask`: always for a seed (only they know its mask), else
+    `_masked_kernels` (None: PyTorch's kernels with the boolean mask)."""
+    if mask is None:
+        return None
+    if isinstance(mask, torch.Tensor):
+        return _masked_kernels(*tensors, mask)
+    return _load_kernels()
+
+
+def _mask_keep(ctx, mask) -> float:
+    """The scale of a kept element: from the seed's rounded p, else 1 / (1 - p)."""
+    return _keep(ctx.p) if mask is None or isinstance(mask, torch.Tensor) else mask.keep
+
+
 def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool):
     """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes)."""
-    scaling, keep = ctx.scaling, _keep(ctx.p)
+    scaling, keep = ctx.scaling, _mask_keep(ctx, mask)
     gh = (g @ b) * scaling if (need_x or need_a) else None
     grad_a = grad_b = None
     if need_b:
         grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
     if need_a:
-        kernels = None if mask is None else _masked_kernels(gh, x2, mask)
+        kernels = _kernels_for(mask, gh, x2)
         if kernels is not None:
             grad_a = kernels.dropped_weight_grad(gh, x2, mask, keep).to(ctx.weight_dtypes[0])
         else:
@@ -133,7 +169,7 @@ class _LoraDelta(torch.autograd.Function):
         b = weight_b.to(dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         h, mask = _rank_r(x2, a, p)
-        ctx.save_for_backward(x2, mask, h, a, b)
+        ctx.save_for_backward(x2, _saved_mask(ctx, mask), h, a, b)
         ctx.scaling, ctx.p = scaling, p
         ctx.x_shape, ctx.x_dtype, ctx.base_shape = x.shape, x.dtype, base.shape
         ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
@@ -147,14 +183,18 @@ class _LoraDelta(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x2, mask, h, a, b = ctx.saved_tensors
+        mask = _mask_of(ctx, mask)
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, need_base, need_a, need_b = ctx.needs_input_grad[:4]
         gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
         grad_x = None
         if need_x:
-            grad_x = gh @ a
-            if mask is not None:
-                grad_x = torch.ops.aten.native_dropout_backward(grad_x, mask, _keep(ctx.p))
+            if mask is None:
+                grad_x = gh @ a
+            elif isinstance(mask, torch.Tensor):
+                grad_x = torch.ops.aten.native_dropout_backward(gh @ a, mask, _keep(ctx.p))
+            else:
+                grad_x = _load_kernels().add_dropped_product(torch.zeros_like(x2), gh, a, mask, mask.keep)
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         grad_base = grad_out.view(ctx.base_shape) if need_base else None
         return grad_x, grad_base, grad_a, grad_b, None, None, None
@@ -176,8 +216,8 @@ def _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x: bool, need_
         grad_x = g @ weight
         if mask is None:
             grad_x.addmm_(gh, a)
-        elif (kernels := _masked_kernels(grad_x, gh, a, mask)) is not None:
-            kernels.add_dropped_product(grad_x, gh, a, mask, _keep(ctx.p))
+        elif (kernels := _kernels_for(mask, grad_x, gh, a)) is not None:
+            kernels.add_dropped_product(grad_x, gh, a, mask, _mask_keep(ctx, mask))
         else:
             grad_x.addcmul_(gh @ a, mask, value=_keep(ctx.p))
     return grad_x, grad_a, grad_b
@@ -200,7 +240,7 @@ class _LoraLinear(torch.autograd.Function):
         b = weight_b.to(dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         out, h, mask = _linear_lora_forward(x2, w, bias, a, b, scaling, p)
-        ctx.save_for_backward(x2, mask, h, a, b, w)
+        ctx.save_for_backward(x2, _saved_mask(ctx, mask), h, a, b, w)
         ctx.scaling, ctx.p = scaling, p
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
@@ -209,6 +249,7 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x2, mask, h, a, b, weight = ctx.saved_tensors
+        mask = _mask_of(ctx, mask)
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, _, _, need_a, need_b = ctx.needs_input_grad[:5]
         grad_x, grad_a, grad_b = _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x, need_a, need_b)
@@ -238,7 +279,7 @@ class _SiluMulLoraLinear(torch.autograd.Function):
         c = silu_mul.forward(gate2, up2)
         out, h, mask = _linear_lora_forward(c, w, bias, a, b, scaling, p)
         del c
-        ctx.save_for_backward(gate2, up2, mask, h, a, b, w)
+        ctx.save_for_backward(gate2, up2, _saved_mask(ctx, mask), h, a, b, w)
         ctx.scaling, ctx.p, ctx.silu_mul = scaling, p, silu_mul
         ctx.shapes, ctx.dtypes = (gate.shape, up.shape), (gate.dtype, up.dtype)
         ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
@@ -247,6 +288,7 @@ class _SiluMulLoraLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         gate2, up2, mask, h, a, b, weight = ctx.saved_tensors
+        mask = _mask_of(ctx, mask)
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_gate, need_up, _, _, need_a, need_b = ctx.needs_input_grad[:6]
         need_c = need_gate or need_up
