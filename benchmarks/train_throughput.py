@@ -136,6 +136,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "env": {"VLM_LORA_GPU_MEMORY_GIB": "39.4"},
     },
     "seed_40g": {"batch": 1, "env": {"VLM_LORA_GPU_MEMORY_GIB": "39.4"}},
+    "b4_nogc_liger_40g": nogc_liger(4, env={"VLM_LORA_GPU_MEMORY_GIB": "39.4"}),
     "b16_gc_liger_w8": {
         "batch": 16,
         "vit_gradient_checkpointing": False,
