@@ -24,7 +24,8 @@ The per-token figure without checkpointing depends on LoRA's dropout and on who 
 LoRA branches (`act_bytes_full`): with dropout, peft keeps a dropped-out copy of the input and
 its mask for every adapted layer (70.2); the train-lora plugin's fused branch (`fused_lora.py`)
 keeps the shared input once and the masks (61.4); without dropout nothing but the input is kept
-either way (49.5). With checkpointing only one layer's branches are alive at a time. Those are
+either way (51.0: fitted at 16 rows on one H100 on 2026-11-26, 71.89 GiB measured against 71.5
+predicted; the 8-row runs before measured 2-3 % less, which the figure then over-predicts). With checkpointing only one layer's branches are alive at a time. Those are
 the figures with sdpa's causal flag (the plugin's `right_padding.py`, measured on one H100 on
 2026-11-25: batch 8 peaked 62.93 GiB fused, 52.93 without dropout). With a padding mask (the
 plugin's switch off, or eager attention) transformers expands the grouped k / v heads to every
@@ -36,7 +37,10 @@ GiB at batch 8, predicted 56.6; rows of 2,706 tokens at batch 4: 69.88 measured,
 and where the down projection's LoRA computes the product again in its backward instead of
 keeping it (`fused_lora.silu_mul_lora`) the same again: the product is as wide. With dropout on a
 GPU the fused branch computes the masks from seeds (`lora_triton.Seeded`) instead of keeping them:
-`dropout_mask_bytes` less (one byte per input element of every adapted layer: 10.4 for the 4B).
+`dropout_mask_bytes` less (one byte per input element of every adapted layer: 10.4 for the 4B;
+measured: the same 71.89 GiB at 16 rows as without dropout). The seeds cost `SEEDED_COST` per step
+at the same plan, so the planner asks for them only where they let a plan fit that its speed model
+puts ahead by more (one H100, 4B, dropout: 16 x 1 instead of 8 x 2, -10 to -12 % per step).
 
 Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
 checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
@@ -45,8 +49,8 @@ checkpointing 10.74 samples/s, batch 16 with it 8.80, batch 1 with it 2.40).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.train_lora._errors import TrainError
@@ -59,7 +63,9 @@ SAMPLES_PER_STEP = 16  # the seed's samples per optimizer step (batch 1 x ms-swi
 # Calibrated constants (see the module docstring).
 ACT_BYTES_FULL = 70.2  # bytes per token x layer x hidden without checkpointing (peft's LoRA with dropout)
 ACT_BYTES_FULL_FUSED = 61.4  # the same with the plugin's fused LoRA branch (dropout masks, no copies)
-ACT_BYTES_FULL_NO_DROPOUT = 49.5  # lora_dropout 0: only the layers' inputs are kept
+# lora_dropout 0 (or the masks from seeds): only the layers' inputs are kept. 49.5 was fitted at 8 rows (46.34 GiB
+# measured, 2026-11-25); at 16 rows both paths measured 71.89 GiB (2026-11-26, one H100), which 51.0 reproduces (71.5)
+ACT_BYTES_FULL_NO_DROPOUT = 51.0
 SWIFT_LORA_DROPOUT = 0.05  # ms-swift's default lora_dropout
 ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpointing (each layer's bf16 input)
 FIXED_BYTES = int(3.2 * GIB)  # CUDA context, allocator reserve, LoRA weights + Adam state, buffers
@@ -68,6 +74,9 @@ T_REF = 1221  # tokens per row of the calibration runs
 GC_SLOWDOWN = 1.76  # time per sample with checkpointing / without, at the same batch
 MICRO_STEP_COST = 6.0  # per-micro-step host cost, in units of one reference sample's compute
 MAX_OOM_REPLANS = 3
+# time per step with dropout masks from seeds / kept, at the same plan: the Philox draws in the backward's A-gradient
+# kernel (one H100, 2026-11-26: 8 x 2 medians 1.177 vs 1.156 s and 1.204 vs 1.165 s in two runs)
+SEEDED_COST = 0.025
 # Bytes held per byte of a parameter LoRA wraps directly (ParamWrapper: its update, materialised
 # every forward, kept for backward). Fitted on one H200 with the Qwen3-VL-30B-A3B architecture,
 # LoRA on the experts (54.0 GiB of expert weights): micro-batch 1 peaked 59 GiB above the same
@@ -228,6 +237,11 @@ class Plan:
     budget_bytes: int
     reasons: tuple[str, ...] = field(default_factory=tuple)
     conservative: bool = False
+    seeded_dropout: bool | None = None  # LoRA's dropout masks from seeds (True), kept (False), not the planner's (None)
+
+    def job_env(self) -> dict[str, str]:
+        """The plugin switches this plan decided (VLM_LORA_SEEDED_DROPOUT), for the training job's environment."""
+        return {} if self.seeded_dropout is None else {"VLM_LORA_SEEDED_DROPOUT": "1" if self.seeded_dropout else "0"}
 
     def swift_args(self) -> dict[str, Any]:
         """The `swift sft` arguments of this plan."""
@@ -245,6 +259,7 @@ class Plan:
             "plan_gradient_checkpointing": int(self.gradient_checkpointing),
             "plan_peak_gib": round(self.peak_bytes / GIB, 1),
             "plan_budget_gib": round(self.budget_bytes / GIB, 1),
+            **({} if self.seeded_dropout is None else {"plan_seeded_dropout": int(self.seeded_dropout)}),
         }
 
 
@@ -390,10 +405,13 @@ def replan_after_oom(plan: Plan, per_gpu_samples: int) -> Plan | None:
     if plan.micro_batch > 1:
         b = max(d for d in _divisors(per_gpu_samples) if d < plan.micro_batch)
         why = f"out of memory with micro-batch {plan.micro_batch}: micro-batch {b}"
-        return Plan(b, per_gpu_samples // b, plan.gradient_checkpointing, 0, plan.budget_bytes, (*plan.reasons, why))
+        return replace(plan, micro_batch=b, grad_accum=per_gpu_samples // b, peak_bytes=0, reasons=(*plan.reasons, why))
     if not plan.gradient_checkpointing:
         why = "out of memory with micro-batch 1: gradient checkpointing on"
-        return Plan(1, per_gpu_samples, True, 0, plan.budget_bytes, (*plan.reasons, why))
+        return replace(
+            plan, micro_batch=1, grad_accum=per_gpu_samples, gradient_checkpointing=True, peak_bytes=0,
+            reasons=(*plan.reasons, why),
+        )  # fmt: skip
     return None
 
 
@@ -439,7 +457,7 @@ def plan_for_run(
     padding_mask: bool = False,
     fused_silu_mul: bool = False,
     silu_mul_down: bool = False,
-    seeded_dropout: bool = False,
+    seeded_dropout: str = "off",
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
@@ -453,9 +471,10 @@ def plan_for_run(
     `silu_mul_bytes` less. Default False. `silu_mul_down`: whether, with that product, the down
     projections' LoRA (plain, through the fused branch) computes the product again in its backward
     instead of keeping it (`fused_lora.silu_mul_lora`): `silu_mul_bytes` less again. Default False.
-    `seeded_dropout`: whether, with dropout, LoRA on every linear layer (all-linear) and the fused branch,
-    the masks are computed from seeds on the GPU (`lora_triton.Seeded`) instead of kept: `dropout_mask_bytes`
-    less. Default False.
+    `seeded_dropout`: with dropout, LoRA on every linear layer (all-linear) and the fused branch, whether the
+    masks are computed from seeds on the GPU (`lora_triton.Seeded`) instead of kept (`dropout_mask_bytes` less
+    memory, `SEEDED_COST` more time per step): "on", "off", or "auto" (seeds only where they let a faster plan
+    fit; `Plan.job_env` tells the plugin). Default "off".
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -479,22 +498,55 @@ def plan_for_run(
     fused = fused_lora and plain and not zero3
     dropout = SWIFT_LORA_DROPOUT if dropout is None else float(dropout)
     act_full = act_bytes_full(dropout, fused)
-    if seeded_dropout and fused and dropout > 0:
-        act_full -= dropout_mask_bytes(model_config)
     if padding_mask:
         act_full += kv_copy_bytes(model_config)
     if fused_silu_mul:
         act_full -= silu_mul_bytes(model_config)
         if silu_mul_down and fused:
             act_full -= silu_mul_bytes(model_config)  # the product itself, 2 bytes x intermediate, not kept either
-    return plan_micro_batch(
-        ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act_full),
-        stats,
-        gpu_bytes,
-        samples_per_step=samples_per_step(swift_args, world_size),
-        world_size=world_size,
-        liger=bool(swift_args.get("use_liger_kernel")),
-        batch=batch if batch != AUTO and batch is not None else AUTO,
-        checkpointing=AUTO if checkpointing == AUTO else bool(checkpointing),
-        shards=world_size if zero3 else 1,
+
+    def plan(act: float) -> Plan:
+        return plan_micro_batch(
+            ModelShape.from_config(model_config, weight_bytes, wrapped_bytes, act),
+            stats,
+            gpu_bytes,
+            samples_per_step=samples_per_step(swift_args, world_size),
+            world_size=world_size,
+            liger=bool(swift_args.get("use_liger_kernel")),
+            batch=batch if batch != AUTO and batch is not None else AUTO,
+            checkpointing=AUTO if checkpointing == AUTO else bool(checkpointing),
+            shards=world_size if zero3 else 1,
+        )
+
+    if seeded_dropout not in ("on", "auto") or not fused or dropout <= 0 or not dropout_mask_bytes(model_config):
+        return plan(act_full)
+    seeded = plan(act_full - dropout_mask_bytes(model_config))
+    if seeded_dropout == "on":
+        return _with_masks(seeded, True, "dropout masks from seeds (VLM_LORA_SEEDED_DROPOUT=1)")
+    return _choose_masks(seeded, act_full, plan, stats)
+
+
+def _with_masks(plan: Plan, seeded: bool, why: str) -> Plan:
+    return replace(plan, seeded_dropout=seeded, reasons=(*plan.reasons, why))
+
+
+def _choose_masks(seeded: Plan, act_kept: float, plan: Callable[[float], Plan], stats: TokenStats) -> Plan:
+    """Kept masks unless seeds let a plan fit that the speed model puts ahead by more than `SEEDED_COST`."""
+    try:
+        kept = plan(act_kept)
+    except PlanError:
+        return _with_masks(seeded, True, "dropout masks from seeds: no plan fits with the masks kept")
+    tokens = max(int(stats.max_tokens), 1)
+
+    def step(p: Plan) -> float:
+        return relative_time(p.micro_batch, tokens, p.gradient_checkpointing)
+
+    if kept.conservative or step(seeded) * (1 + SEEDED_COST) >= step(kept):
+        return _with_masks(kept, False, "dropout masks kept: seeds would not let a faster plan fit")
+    return _with_masks(
+        seeded,
+        True,
+        f"dropout masks from seeds, none kept: micro-batch {seeded.micro_batch} "
+        f"(checkpointing {'on' if seeded.gradient_checkpointing else 'off'}) fits instead of {kept.micro_batch} "
+        f"(checkpointing {'on' if kept.gradient_checkpointing else 'off'})",
     )

@@ -658,14 +658,14 @@ def _silu_mul_down(args: dict[str, Any], job_env: dict[str, str]) -> bool:
     )
 
 
-def _seeded_dropout(args: dict[str, Any], job_env: dict[str, str]) -> bool:
-    """Whether every linear layer gets LoRA and the plugin computes its dropout masks from seeds on the GPU
-    (fused_lora.py, lora_triton.py) instead of keeping them: the planner then counts no masks."""
-    return (
-        "all-linear" in _lora_targets(args)
-        and _job_setting(job_env, "VLM_LORA_SEEDED_DROPOUT") != "0"
-        and _job_setting(job_env, "VLM_LORA_TRITON_LORA") != "0"
-    )
+def _seeded_dropout(args: dict[str, Any], job_env: dict[str, str]) -> str:
+    """Whether the plugin may compute LoRA's dropout masks from seeds on the GPU (fused_lora.py, lora_triton.py)
+    instead of keeping them: "auto" (the planner decides), "on" (VLM_LORA_SEEDED_DROPOUT=1 set), or "off" (set to
+    0, PyTorch's kernels, or LoRA not on every linear layer: the planner's mask figure assumes all-linear)."""
+    switch = _job_setting(job_env, "VLM_LORA_SEEDED_DROPOUT")
+    if switch == "0" or _job_setting(job_env, "VLM_LORA_TRITON_LORA") == "0" or "all-linear" not in _lora_targets(args):
+        return "off"
+    return "on" if switch == "1" else "auto"
 
 
 def _train_until_it_fits(
@@ -697,7 +697,8 @@ def _train_until_it_fits(
         cmd[0] = swift_executable()
         print("train-lora:", " ".join(cmd), flush=True)
         try:
-            return _Run(_run_swift(cmd, inputs, launch.plan, durable, job_env), resume, plan, replans)
+            run_env = {**job_env, **(plan.job_env() if plan else {})}
+            return _Run(_run_swift(cmd, inputs, launch.plan, durable, run_env), resume, plan, replans)
         except SwiftFailed as exc:
             nxt = _plan.replan_after_oom(plan, per_gpu) if plan and _plan.is_out_of_memory(exc.log_tail) else None
             if nxt is None or launch.plan.nnodes > 1 or replans >= _plan.MAX_OOM_REPLANS:

@@ -23,7 +23,9 @@ input gradient in one buffer); without dropout under autocast the branch is thre
 autograd's own backward (`lean_delta`), where q/k/v and gate/up share one rank-r matmul
 (`SharedInput`); the product is added into the layer's fresh output in place (no copy first); and
 on a GPU the backward's two masked passes (the input gradient, A's gradient) are Triton kernels
-that apply the mask while reading (`lora_triton.py`).
+that apply the mask while reading (`lora_triton.py`). Two more save memory: on a GPU the dropout masks
+come from a seed and are computed again where needed (`SEEDED`; nothing kept per layer), and an MLP's
+down projection computes `silu(gate) * up` itself and again in its backward (`_SiluMulLoraLinear`).
 
 The matmuls run in the compute dtype (autocast's, else the adapter weights'), the adapter
 weights and their gradients stay in their own dtype (float32 master weights), as with peft.

@@ -30,6 +30,10 @@ Over a frozen plain Linear the function runs the layer's own matmul too (`_LoraL
 gradient buffer instead of two added by autograd; VLM_LORA_FUSED_BASE=0 keeps the layer outside),
 and LoRA's product is added into the layer's output in place (where the layer runs outside the
 function, VLM_LORA_INPLACE_ADD=0 adds it out of place).
+With dropout on a GPU the masks come from seeds: the Triton kernels compute them where the forward and
+the backward need them (`lora_triton.py`), so no mask is kept per adapted layer (10.4 bytes per token ×
+layer × hidden less for the 4B; the task's planner turns this on only where it lets a faster plan fit,
+as it costs about 2.5 % per step at the same plan; VLM_LORA_SEEDED_DROPOUT=0 keeps PyTorch's masks).
 Without dropout the branch is autograd's own nodes (VLM_LORA_LEAN_LORA=0 keeps the function),
 and LoRA layers that read one input (q / k / v, gate / up) compute their rank-r projections in
 one matmul (`SharedInput`; VLM_LORA_GROUP_LORA=0 keeps one per layer; not with compiled layers).
@@ -395,6 +399,12 @@ def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
     return (getattr(training_args, "liger_kernel_config", None) or {}).get("swiglu", True) is not False
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def patch_model(model, training_args, language: bool = False, vision: bool = False) -> dict[str, int]:
     """What the plugin changes on the model the trainer holds; how many modules each change reached."""
     counts: dict[str, int] = {}
@@ -418,6 +428,12 @@ def patch_model(model, training_args, language: bool = False, vision: bool = Fal
                 "that read one input (q/k/v, gate/up; without dropout)",
                 flush=True,
             )
+    if FUSED_LORA and fused.TRITON and fused.SEEDED and not language and _cuda():
+        print(
+            "train-lora plugin: LoRA's dropout masks from seeds in the Triton kernels, none kept for the backward "
+            "(VLM_LORA_SEEDED_DROPOUT=0 keeps PyTorch's)",
+            flush=True,
+        )
     liger = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
     if liger is not None:
         silu_mul, kernels = liger
