@@ -102,8 +102,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "env": {"VLM_LORA_SILU_MUL_DOWN": "0"},
     },
     "b8_nogc_liger_keepprod": nogc_liger(8, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
-    # LoRA's dropout masks by PyTorch's kernel, kept for the backward (the plugin computes them from seeds in its
-    # Triton kernels, VLM_LORA_SEEDED_DROPOUT): the planner's figure then has the masks in it
+    # LoRA's dropout masks by PyTorch's kernel, kept for the backward, forced (the planner asks the plugin for masks
+    # from seeds, VLM_LORA_SEEDED_DROPOUT=1, where they let a faster plan fit) / seeds forced at a fixed plan
+    "b8_nogc_liger_seeded": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "1"}),
     "auto_liger_storedmask": {
         "batch": "auto",
         "gradient_checkpointing": "auto",

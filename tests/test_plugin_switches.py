@@ -90,7 +90,7 @@ SWITCHES_OFF = {
     "VLM_LORA_TRITON_LORA": "0",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0",
     "VLM_LORA_SILU_MUL_DOWN": "0",
-    "VLM_LORA_SEEDED_DROPOUT": "0",
+    "VLM_LORA_SEEDED_DROPOUT": "1",  # opt-in (the planner sets it): on here
 }
 
 
@@ -100,12 +100,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True True",
+            "True True True False",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False False",
+            "False False False False True",
         ),
     ],
 )

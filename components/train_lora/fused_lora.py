@@ -65,10 +65,11 @@ TRITON = os.environ.get("VLM_LORA_TRITON_LORA", "1") != "0"
 # an MLP's down projection with LoRA reads silu(gate) * up without keeping it (`_SiluMulLoraLinear`: computed
 # again in the backward from gate and up); VLM_LORA_SILU_MUL_DOWN=0 keeps the product for the backward
 SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
-# with dropout on a GPU, the masks given by a seed and computed in the Triton kernels wherever needed (`lora_triton`:
-# `Seeded`) instead of a boolean mask per adapted layer kept until the backward; VLM_LORA_SEEDED_DROPOUT=0 keeps
-# PyTorch's dropout kernel and its masks
-SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "1") != "0"
+# with dropout on a GPU, VLM_LORA_SEEDED_DROPOUT=1: the masks given by a seed and computed in the Triton kernels
+# wherever needed (`lora_triton`: `Seeded`) instead of a boolean mask per adapted layer kept until the backward
+# (less memory, about 2.5 % more time per step at the same plan: the train-lora planner sets it where it lets a
+# faster plan fit); unset or 0: PyTorch's dropout kernel and its masks
+SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "0") == "1"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 

@@ -44,8 +44,8 @@ _PLUGIN_SWITCHES = {
     "or 1 (into the layer's output in place, the default)",
     "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
     "VLM_LORA_TRITON_LORA": "0 (PyTorch's kernels for LoRA's backward with dropout) or 1 (Triton's, on a GPU, the default)",
-    "VLM_LORA_SEEDED_DROPOUT": "0 (PyTorch's dropout kernel, a boolean mask kept per adapted layer) "
-    "or 1 (masks computed from a seed in the Triton kernels on a GPU, none kept, the default)",
+    "VLM_LORA_SEEDED_DROPOUT": "1 (LoRA's dropout masks computed from seeds in the Triton kernels on a GPU, none kept) "
+    "or 0 (PyTorch's dropout kernel, a mask kept per adapted layer); unset: the planner decides with auto, else 0",
     "VLM_LORA_SILU_MUL_DOWN": "0 (the MLP's SiLU-multiply output kept for the down projection's LoRA backward) "
     "or 1 (computed again there from gate and up, the default)",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0 (ZeRO-1/2 saves copy the whole model to host memory) "

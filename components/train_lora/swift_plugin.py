@@ -30,10 +30,10 @@ Over a frozen plain Linear the function runs the layer's own matmul too (`_LoraL
 gradient buffer instead of two added by autograd; VLM_LORA_FUSED_BASE=0 keeps the layer outside),
 and LoRA's product is added into the layer's output in place (where the layer runs outside the
 function, VLM_LORA_INPLACE_ADD=0 adds it out of place).
-With dropout on a GPU the masks come from seeds: the Triton kernels compute them where the forward and
+With dropout on a GPU the masks may come from seeds: the Triton kernels compute them where the forward and
 the backward need them (`lora_triton.py`), so no mask is kept per adapted layer (10.4 bytes per token ×
-layer × hidden less for the 4B; the task's planner turns this on only where it lets a faster plan fit,
-as it costs about 2.5 % per step at the same plan; VLM_LORA_SEEDED_DROPOUT=0 keeps PyTorch's masks).
+layer × hidden less for the 4B) with VLM_LORA_SEEDED_DROPOUT=1, which the task's planner sets only where
+it lets a faster plan fit, as the seeds cost about 2.5 % per step at the same plan; unset or 0: PyTorch's masks.
 Without dropout the branch is autograd's own nodes (VLM_LORA_LEAN_LORA=0 keeps the function),
 and LoRA layers that read one input (q / k / v, gate / up) compute their rank-r projections in
 one matmul (`SharedInput`; VLM_LORA_GROUP_LORA=0 keeps one per layer; not with compiled layers).
@@ -431,7 +431,7 @@ def patch_model(model, training_args, language: bool = False, vision: bool = Fal
     if FUSED_LORA and fused.TRITON and fused.SEEDED and not language and _cuda():
         print(
             "train-lora plugin: LoRA's dropout masks from seeds in the Triton kernels, none kept for the backward "
-            "(VLM_LORA_SEEDED_DROPOUT=0 keeps PyTorch's)",
+            "(VLM_LORA_SEEDED_DROPOUT=1)",
             flush=True,
         )
     liger = _liger_silu_mul() if wants_liger_swiglu(training_args, language) else None
