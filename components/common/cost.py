@@ -412,14 +412,15 @@ def estimate(profile: Profile, workload: Workload) -> Estimate:
 def planned_micro_batch(batch: object, checkpointing: object, mean_tokens: float, gpu_gib: float) -> tuple[int, bool]:
     """The micro-batch and checkpointing an `auto` config will most likely get, before train-lora plans.
 
-    What the planner chose on the recorded runs: 8 rows without checkpointing for ~1.2k-token rows
-    on 80 GB or more, 16 with checkpointing for longer rows or on a 40 GB card. Fixed values win.
+    What the planner chose on the recorded runs: 16 rows without checkpointing for ~1.2k-token rows
+    on 80 GB or more (an H100 since 2026-11-26, with the plugin's memory levers; 8 rows before), 16 with
+    checkpointing for longer rows or on a 40 GB card. Fixed values win.
     """
     if batch != "auto" and checkpointing != "auto":
         return int(batch or 1), bool(checkpointing)
     roomy = gpu_gib >= 75 and (mean_tokens or REF_TOKENS) <= 1.5 * REF_TOKENS
-    b = int(batch) if batch != "auto" else (8 if roomy and checkpointing is not True else 16)
-    gc = bool(checkpointing) if checkpointing != "auto" else not (roomy and b <= 8)
+    b = int(batch) if batch != "auto" else 16
+    gc = bool(checkpointing) if checkpointing != "auto" else not (roomy and b <= 16)
     return b, gc
 
 
