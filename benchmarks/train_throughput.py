@@ -58,6 +58,11 @@ def nogc_liger(batch: int, **settings: Any) -> dict[str, Any]:
     return {"batch": batch, "gradient_checkpointing": False, "use_liger_kernel": True, **settings}
 
 
+def auto_liger(**settings: Any) -> dict[str, Any]:
+    """A profile that leaves micro-batch and checkpointing to the planner, with Liger, plus `settings`."""
+    return {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True, **settings}
+
+
 PROFILES: dict[str, dict[str, Any]] = {
     "seed": {"batch": 1},
     # the seed's multi-GPU default (DESIGN: ZeRO-3 when more than one GPU)
@@ -71,71 +76,35 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b4_nogc_liger": nogc_liger(4),
     "b8_nogc_liger": nogc_liger(8),
     # the planner (swift.per_device_train_batch_size / gradient_checkpointing: auto, issue 14)
-    "auto_liger": {"batch": "auto", "gradient_checkpointing": "auto", "use_liger_kernel": True},
+    "auto_liger": auto_liger(),
     # across GPUs: ZeRO-2 set by the config (the strategy rule picked it until 2026-11-26), plain DDP (picks it now)
-    "auto_liger_zero2": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "deepspeed": "zero2",
-    },
-    "auto_liger_ddp": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "deepspeed": "none",
-    },
+    "auto_liger_zero2": auto_liger(deepspeed="zero2"),
+    "auto_liger_ddp": auto_liger(deepspeed="none"),
     # without LoRA dropout (Unsloth's default), to compare with benchmarks/unsloth_peer.py at the same plan
-    "auto_liger_nodrop": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "lora_dropout": 0.0,
-    },
+    "auto_liger_nodrop": auto_liger(lora_dropout=0.0),
     # the MLP's SiLU-multiply product kept for the down projection's LoRA backward (the plugin computes it again
     # there from gate and up, VLM_LORA_SILU_MUL_DOWN): the planner's per-token figure then has the product in it
-    "auto_liger_nodrop_keepprod": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "lora_dropout": 0.0,
-        "env": {"VLM_LORA_SILU_MUL_DOWN": "0"},
-    },
+    "auto_liger_nodrop_keepprod": auto_liger(lora_dropout=0.0, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
     "b8_nogc_liger_keepprod": nogc_liger(8, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
+    "b8_nogc_liger_nodrop_keepprod": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
     # LoRA's dropout masks by PyTorch's kernel, kept for the backward, forced (the planner asks the plugin for masks
     # from seeds, VLM_LORA_SEEDED_DROPOUT=1, where they let a faster plan fit) / seeds forced at a fixed plan
     "b8_nogc_liger_seeded": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "1"}),
-    "auto_liger_storedmask": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_SEEDED_DROPOUT": "0"},
-    },
+    "auto_liger_storedmask": auto_liger(env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
     "b8_nogc_liger_storedmask": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
-    "b8_nogc_liger_nodrop_keepprod": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_SILU_MUL_DOWN": "0"}),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn
     # package: transformers 5 builds packed-sequence masks for sdpa from the position ids
     "b8_nogc_liger_padfree": nogc_liger(8, padding_free=True),
     # length grouping (ms-swift's group_by_length: batches of similar lengths, less padding)
-    "auto_liger_grouped": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "group_by_length": True,
-    },
+    "auto_liger_grouped": auto_liger(group_by_length=True),
     "b4_nogc_liger_eager": nogc_liger(4, attn_impl="eager"),
     "b4_nogc_liger_sdpa": nogc_liger(4, attn_impl="sdpa"),
     "b4_nogc_liger_flex": nogc_liger(4, attn_impl="flex_attention"),
     "b8_nogc_liger_flex": nogc_liger(8, attn_impl="flex_attention"),
     # a 40 GB card (the seed's A100 40GB) stood in for by a memory cap on a larger GPU
-    "auto_liger_40g": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_GPU_MEMORY_GIB": "39.4"},
-    },
+    "auto_liger_40g": auto_liger(env={"VLM_LORA_GPU_MEMORY_GIB": "39.4"}),
     "seed_40g": {"batch": 1, "env": {"VLM_LORA_GPU_MEMORY_GIB": "39.4"}},
     "b4_nogc_liger_40g": nogc_liger(4, env={"VLM_LORA_GPU_MEMORY_GIB": "39.4"}),
     "b16_gc_liger_w8": {
@@ -180,12 +149,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger_exp": nogc_liger(8, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
     # peft's own LoRA forward (the train-lora plugin's fused LoRA branch turned off)
     "b8_nogc_liger_peftfwd": nogc_liger(8, env={"VLM_LORA_FUSED_LORA": "0"}),
-    "auto_liger_peftfwd": {
-        "batch": "auto",
-        "gradient_checkpointing": "auto",
-        "use_liger_kernel": True,
-        "env": {"VLM_LORA_FUSED_LORA": "0"},
-    },
+    "auto_liger_peftfwd": auto_liger(env={"VLM_LORA_FUSED_LORA": "0"}),
     # regional torch.compile of the decoder layers (train-lora plugin, VLM_LORA_COMPILE_LAYERS=1); the
     # plugin keeps Liger to its fused loss (its in-layer kernels cannot be traced); fused LoRA branch on / off
     "b8_nogc_compile": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
