@@ -100,39 +100,50 @@ def test_seeded_masks_under_the_interpreter(interpreted):
         assert max(difference.values()) < 1e-6, (name, difference)
 
 
-def test_seeded_masks_keep_no_mask_for_the_backward(monkeypatch):
-    """With a seed the LoRA function saves no mask tensor: 1 byte per input element less than PyTorch's dropout."""
+class _FakeSeed:
+    """A seed's mask from a CPU generator of our own: the seeded path's bookkeeping without Triton."""
+
+    def __init__(self, p):
+        self.p, self.keep, self.seed = p, 1 / (1 - p), int(torch.randint(1 << 30, ()))
+
+    def kept(self, shape):
+        return (torch.rand(shape, generator=torch.Generator().manual_seed(self.seed)) >= self.p).float()
+
+
+def _kept(mask, shape):
+    return mask.float() if isinstance(mask, torch.Tensor) else mask.kept(shape)
+
+
+class _FakeKernels:
+    def usable(self, *tensors):
+        return True
+
+    def seeded(self, p):
+        return _FakeSeed(p)
+
+    def dropped_rank_product(self, x, a, mask):
+        return (x * mask.kept(x.shape) * mask.keep) @ a.t()
+
+    def dropped_weight_grad(self, gh, x, mask, keep):
+        return gh.t() @ (x * _kept(mask, x.shape) * keep)
+
+    def add_dropped_product(self, dx, gh, a, mask, keep):
+        return dx.add_((gh @ a) * _kept(mask, dx.shape) * keep)
+
+
+def _seeded_layer(monkeypatch, seeded: bool = True):
     from tests.triton_interpret_checks import _Recorded
 
-    class FakeKernels:  # the seeded path's bookkeeping without Triton: a mask from a generator of our own
-        def usable(self, *tensors):
-            return True
-
-        def seeded(self, p):
-            return lora_seed(p)
-
-        def dropped_rank_product(self, x, a, mask):
-            return (x * mask.kept(x.shape) * mask.keep) @ a.t()
-
-        def dropped_weight_grad(self, gh, x, mask, keep):
-            return gh.t() @ (x * _kept(mask, x.shape) * keep)
-
-        def add_dropped_product(self, dx, gh, a, mask, keep):
-            return dx.add_((gh @ a) * _kept(mask, dx.shape) * keep)
-
-    def _kept(mask, shape):
-        return mask.float() if isinstance(mask, torch.Tensor) else mask.kept(shape)
-
-    class lora_seed:
-        def __init__(self, p):
-            self.keep, self.seed = 1 / (1 - p), int(torch.randint(1 << 30, ()))
-
-        def kept(self, shape):
-            return (torch.rand(shape, generator=torch.Generator().manual_seed(self.seed)) >= 0.2).float()
-
-    recorded = _Recorded(FakeKernels())
+    recorded = _Recorded(_FakeKernels())
     monkeypatch.setattr(fused_lora, "_kernels", recorded)
     monkeypatch.setattr(fused_lora, "TRITON", True)
+    monkeypatch.setattr(fused_lora, "SEEDED", seeded)
+    return recorded
+
+
+def test_seeded_masks_keep_no_mask_for_the_backward(monkeypatch):
+    """With a seed the LoRA function saves no mask tensor: 1 byte per input element less than PyTorch's dropout."""
+    recorded = _seeded_layer(monkeypatch)
     sizes = {}
     for seeded in (False, True):
         monkeypatch.setattr(fused_lora, "SEEDED", seeded)
@@ -151,6 +162,33 @@ def test_seeded_masks_keep_no_mask_for_the_backward(monkeypatch):
         assert x.grad is not None and a.grad is not None and b.grad is not None
     assert len(recorded.seeds) == 1
     assert sizes[False] - sizes[True] == 4 * 32  # the boolean mask of the 4 x 32 input
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_seeded_masks_under_gradient_checkpointing_draw_the_same_seed_again(monkeypatch, reentrant):
+    """Checkpointing runs the forward again in the backward: it restores PyTorch's CPU generator, so the seed drawn
+    again is the first one and the gradients equal the run without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    recorded = _seeded_layer(monkeypatch)
+    w = torch.randn(16, 32)
+    a0, b0 = torch.randn(8, 32), torch.randn(16, 8)
+    x0 = torch.randn(4, 32)
+    grads = []
+    for use_checkpoint in (False, True):
+        x, a, b = x0.clone().requires_grad_(True), a0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
+
+        def layer(x, a=a, b=b):
+            return fused_lora._LoraLinear.apply(x, w, None, a, b, 2.0, 0.2, x.dtype).tanh()
+
+        torch.manual_seed(11)
+        out = checkpoint(layer, x, use_reentrant=reentrant) if use_checkpoint else layer(x)
+        torch.rand(5)  # the generator moves on between the forward and the backward
+        out.square().sum().backward()
+        grads.append((x.grad, a.grad, b.grad))
+    assert [s.seed for s in recorded.seeds][0] == recorded.seeds[1].seed == recorded.seeds[2].seed  # 1 + 2 draws
+    for got, want in zip(grads[1], grads[0]):
+        assert torch.equal(got, want)
 
 
 def test_the_kernels_are_not_used_off_the_gpu():
