@@ -287,6 +287,19 @@ def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
     mlp.down_proj.base_layer.weight.requires_grad_(False)
     monkeypatch.setattr(fused_lora, "SILU_MUL_DOWN", False)
     assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+    # a down projection without LoRA (not among the targets): the MLP runs the product and the plain layer
+    monkeypatch.setattr(fused_lora, "SILU_MUL_DOWN", True)
+    from peft import LoraConfig, get_peft_model
+
+    only_gate_up = get_peft_model(_text_model(layers=1), LoraConfig(r=4, target_modules=["gate_proj", "up_proj"]))
+    down = only_gate_up.base_model.model.layers[0].mlp.down_proj
+    assert type(down) is torch.nn.Linear
+    assert fused_lora.silu_mul_lora(down, gate, up, fused_lora.TorchSiluMul) is None
+    import functools
+
+    wrapped = functools.partial(fused_lora.silu_mul_lora, silu_mul=fused_lora.TorchSiluMul)
+    assert fuse_silu_mul(only_gate_up, lambda a, b: F.silu(a) * b, wrapped) == 1
+    only_gate_up.train()(input_ids=torch.randint(0, 64, (1, 5))).last_hidden_state.sum().backward()
 
 
 def test_plan_sizes_without_the_product_where_the_down_projection_recomputes_it():

@@ -327,8 +327,8 @@ class TorchSiluMul:
 def silu_mul_lora(layer, gate, up, silu_mul):
     """`layer(silu(gate) * up)` for a peft LoRA layer whose adapter is plain LoRA over a frozen plain Linear,
     through `_SiluMulLoraLinear` (the product not kept for the backward); None where it does not apply."""
-    if not SILU_MUL_DOWN or gate.shape != up.shape:
-        return None
+    if not SILU_MUL_DOWN or gate.shape != up.shape or not hasattr(layer, "lora_A") or not hasattr(layer, "base_layer"):
+        return None  # no LoRA on the down projection (not a target): the product as before
     plain = _plain_adapter(layer, gate, (), {})
     if plain is None:
         return None
