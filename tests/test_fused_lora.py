@@ -10,6 +10,8 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 from components.train_lora import fused_lora
+from tests.peft_routing import peft_forward as _peft_forward
+from tests.peft_routing import routed
 
 
 class Block(torch.nn.Module):
@@ -37,29 +39,12 @@ def _models(dropout=0.0, **config):
     return peft_model, copy.deepcopy(peft_model)
 
 
-def _peft_forward():
-    """peft's own forward, also where the plugin has patched it in this process."""
-    return getattr(LoraLinear.forward, "_vlm_lora_original", LoraLinear.forward)
-
-
 def _run(model, x, fused: bool, seed=1):
-    original = LoraLinear.forward
-    peft_forward = _peft_forward()
-    LoraLinear.forward = peft_forward
-    if fused:
-
-        def forward(self, inp, *args, **kwargs):
-            out = fused_lora.fused_forward(self, inp, *args, **kwargs)
-            return peft_forward(self, inp, *args, **kwargs) if out is None else out
-
-        LoraLinear.forward = forward
-    try:
+    with routed(fused):
         torch.manual_seed(seed)
         x = x.clone().requires_grad_(True)
         out = model(x)
         out.square().sum().backward()
-    finally:
-        LoraLinear.forward = original
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.detach(), x.grad, grads
 

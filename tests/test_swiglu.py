@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from components.train_lora.swiglu import fuse_silu_mul, silu_mul_bytes
+from tests.peft_routing import routed
 from tests.tiny_text import qwen3_vl_text_model
 
 
@@ -227,7 +228,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
     results = []
     for m in (reference, fused):
         # every LoRA layer through the LoRA function (the reference's down projection too: same masks, same arithmetic)
-        with _fused_peft(True):
+        with routed(True):
             torch.manual_seed(5)
             out, kept = _saved_bytes(lambda m=m: m(input_ids=ids).last_hidden_state)
             out.pow(2).mean().backward()
@@ -241,34 +242,6 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
     config = reference.base_model.model.config
     product = 2 * 9 * config.intermediate_size * 4  # one float32 product of 2 x 9 tokens
     assert kept0 - kept1 == config.num_hidden_layers * product == 2 * product
-
-
-class _fused_peft:
-    """peft's LoRA layers through `fused_forward` while inside (as the train-lora plugin installs it)."""
-
-    def __init__(self, on: bool) -> None:
-        self.on = on
-
-    def __enter__(self):
-        from peft.tuners.lora import Linear
-
-        from components.train_lora.fused_lora import fused_forward
-
-        self.original = Linear.forward
-        if self.on:
-            original = self.original
-
-            def forward(layer, x, *args, **kwargs):
-                out = fused_forward(layer, x, *args, **kwargs)
-                return original(layer, x, *args, **kwargs) if out is None else out
-
-            Linear.forward = forward
-        return self
-
-    def __exit__(self, *exc):
-        from peft.tuners.lora import Linear
-
-        Linear.forward = self.original
 
 
 def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
