@@ -92,6 +92,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger_seeded": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "1"}),
     "auto_liger_storedmask": auto_liger(env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
     "b8_nogc_liger_storedmask": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
+    # the vision tower as transformers runs it (Conv3d patch embedding, float32 rotary and norms under autocast):
+    # the plugin's fewer-kernel forward off (VLM_LORA_FAST_VISION=0)
+    "auto_liger_slowvis": auto_liger(env={"VLM_LORA_FAST_VISION": "0"}),
+    "auto_liger_nodrop_slowvis": auto_liger(lora_dropout=0.0, env={"VLM_LORA_FAST_VISION": "0"}),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn

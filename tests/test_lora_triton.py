@@ -21,12 +21,17 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def interpreted() -> dict:
+def run_interpreted(*args: str) -> dict:
+    """tests/triton_interpret_checks.py's JSON (with `args`) under Triton's interpreter; skips where this Triton's
+    interpreter cannot run the kernels (the GPU machine's 3.6: the GPU tests check the kernels there)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.triton_interpret_checks"], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "tests.triton_interpret_checks", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -34,6 +39,11 @@ def interpreted() -> dict:
         assert not triton_3_8_or_later(), result["unsupported"]  # the locked 3.8 must run them
         pytest.skip(result["unsupported"])
     return result
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    return run_interpreted()
 
 
 def triton_3_8_or_later() -> bool:

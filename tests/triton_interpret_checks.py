@@ -12,7 +12,9 @@ their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
   often each kernel ran with the switch on and off;
 - "seeded": masks given by a seed — the forward's rank-r product and both backward kernels against float64
   with the mask written out (`kept_mask`), the drop rate and neighbouring columns' joint drops on a large
-  mask, and `_LoraLinear` / `_SiluMulLoraLinear` with seeded masks against autograd on the written-out masks.
+  mask, and `_LoraLinear` / `_SiluMulLoraLinear` with seeded masks against autograd on the written-out masks;
+- "vision_rotary": the vision tower's rotary kernel (components/train_lora/vision_triton.py) against
+  transformers' `apply_rotary_pos_emb_vision` on strided q / k (tests/test_vision_tower.py reads it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 
 import torch
 
@@ -222,6 +225,44 @@ def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
     return {"differences": differences, "seeds_drawn": len(recorded.seeds)}
 
 
+def _strided_qk(seq: int, heads: int, dim: int, dtype: torch.dtype, device: str):
+    """q, k as the vision attention has them: views of one (seq, 3, heads, dim) projection output."""
+    q, k, _v = torch.randn(seq, 3, heads, dim, device=device).to(dtype).permute(1, 0, 2, 3).unbind(0)
+    angles = torch.randn(seq, dim // 2, device=device) * 3
+    cos, sin = torch.cat([angles.cos(), angles.cos()], -1), torch.cat([angles.sin(), angles.sin()], -1)
+    return q, k, cos, sin
+
+
+def vision_rotary_cases(kernels, device: str = "cpu") -> list[dict]:
+    """`vision_triton.rotary` against transformers' `apply_rotary_pos_emb_vision`: bit-equal outputs where the
+    rounding to the dtype is the GPU's (float32 here; every dtype on a GPU), else the largest difference in
+    units of the last place (the interpreter truncates to 16 bits)."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision as reference
+
+    cases = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for seq, heads, dim in ((37, 16, 64), (5, 3, 10), (130, 2, 128), (0, 4, 8)):
+            q, k, cos, sin = _strided_qk(seq, heads, dim, dtype, device)
+            got, want = kernels.rotary(q, k, cos, sin), reference(q, k, cos, sin)
+            ulp = torch.finfo(dtype).eps
+            worst = max(
+                (
+                    float(((g.double() - w.double()).abs() / (w.double().abs() * ulp).clamp_min(1e-30)).max())
+                    if w.numel()
+                    else 0.0
+                )
+                for g, w in zip(got, want)
+            )
+            cases.append(
+                {
+                    "dtype": str(dtype), "shape": [seq, heads, dim], "usable": kernels.usable(q, k, cos, sin),
+                    "equal": all(bool(g.equal(w)) for g, w in zip(got, want)), "ulps": worst,
+                    "contiguous": all(g.is_contiguous() for g in got),
+                }
+            )  # fmt: skip
+    return cases
+
+
 def interpreter_gap() -> str:
     """Why this Triton's interpreter cannot run the kernels ("" if it can): Triton 3.6's (the GPU machine's)
     fails on a loop whose bound is a kernel argument (`int()` of a one-element array), which 3.8's runs."""
@@ -243,16 +284,21 @@ def interpreter_gap() -> str:
     return "" if int(out[0]) == 6 else f"Triton {triton.__version__}'s interpreter summed 0..3 to {int(out[0])}"
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    """All checks, or with the argument `vision` the vision rotary kernel's only."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (Triton's interpreter; the kernels run on the CPU)")
-    from components.train_lora import fused_lora, lora_triton
+    from components.train_lora import fused_lora, lora_triton, vision_triton
 
     gap = interpreter_gap()
     if gap:
         print(json.dumps({"unsupported": gap}))
         return {"unsupported": gap}
     torch.manual_seed(1234)
+    if (sys.argv[1:] if argv is None else argv) == ["vision"]:
+        result = {"vision_rotary": vision_rotary_cases(vision_triton)}
+        print(json.dumps(result))
+        return result
     result = {"interpreting": lora_triton.INTERPRETING, "kernels": kernel_cases(lora_triton)}
     result["layer"] = layer_case(fused_lora, lora_triton)
     result["seeded"] = {
@@ -260,6 +306,7 @@ def main() -> dict:
         "stats": seeded_mask_stats(lora_triton),
         "layer": seeded_layer_case(fused_lora, lora_triton),
     }
+    result["vision_rotary"] = vision_rotary_cases(vision_triton)
     print(json.dumps(result))
     return result
 

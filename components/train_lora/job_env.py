@@ -48,6 +48,8 @@ _PLUGIN_SWITCHES = {
     "or 0 (PyTorch's dropout kernel, a mask kept per adapted layer); unset: the planner decides with auto, else 0",
     "VLM_LORA_SILU_MUL_DOWN": "0 (the MLP's SiLU-multiply output kept for the down projection's LoRA backward) "
     "or 1 (computed again there from gate and up, the default)",
+    "VLM_LORA_FAST_VISION": "0 (the vision tower's own Conv3d patch embedding, float32 rotary and norms) "
+    "or 1 (one matmul, one Triton rotary kernel, 16-bit norms: the same values, the default)",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0 (ZeRO-1/2 saves copy the whole model to host memory) "
     "or 1 (only what the adapter save keeps, the default)",
 }

@@ -94,6 +94,14 @@ picks DDP or ZeRO-3) without a host copy of the frozen base (`adapter_save.py`, 
 transformers' save clones every tensor of the model to host memory, then keeps the adapter; the plugin
 hands it only the tensors peft's adapter save keeps (the same adapter file). 42 s per save of the
 30B-A3B on 2 x H200 before. VLM_LORA_ADAPTER_ONLY_SAVE=0 turns it off.
+
+13. The frozen vision tower's forward in fewer kernels (`vision_tower.py` and `vision_triton.py`, next to
+this file): the patch embedding's Conv3d as one matmul, the rotary embedding's eleven float32 elementwise
+kernels per block as one Triton kernel (on a GPU), and its LayerNorms in 16 bits with autocast off instead
+of float32 copies (each feeds a linear layer, which would round to 16 bits anyway). The rotary and the
+norms compute the same numbers; the patch embedding sums the same products in another order. 249 -> about
+165 ms per forward of 16 drawings of 1024² on an H100 (benchmarks/README.md). VLM_LORA_FAST_VISION=0 turns
+it off.
 """
 
 from __future__ import annotations
@@ -240,7 +248,11 @@ def _load_sibling(stem: str):
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:  # e.g. Triton missing: no half-run module left for the next call
+        del sys.modules[name]
+        raise
     return module
 
 
@@ -405,9 +417,29 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def fast_vision(model) -> dict[str, int]:
+    """Item 13 of the module docstring on `model` (the rotary kernel only with Triton and a GPU)."""
+    kernels = None
+    if _cuda():
+        try:
+            kernels = _load_sibling("vision_triton")
+        except ImportError:
+            kernels = None
+    modeling = [
+        m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.qwen3_vl") and m is not None
+    ]
+    return _load_sibling("vision_tower").install(model, modeling, kernels)
+
+
 def patch_model(model, training_args, language: bool = False, vision: bool = False) -> dict[str, int]:
     """What the plugin changes on the model the trainer holds; how many modules each change reached."""
     counts: dict[str, int] = {}
+    if os.environ.get("VLM_LORA_FAST_VISION") != "0":
+        fast = fast_vision(model)
+        counts.update({f"vision_{k}": v for k, v in fast.items()})
+        if fast:
+            done = ", ".join(f"{k} {v}" for k, v in fast.items())
+            print(f"train-lora plugin: vision tower in fewer kernels ({done}; rotary = modeling files)", flush=True)
     if language or vision:
         counts["compiled"] = compile_decoder_layers(model, language=language, vision=vision)
         what = " and ".join(w for w, on in (("decoder layers", language), ("vision blocks", vision)) if on)
