@@ -147,8 +147,12 @@ def test_install_reaches_only_a_qwen3_vl_vision_tower():
 
 
 def test_the_plugin_installs_it_unless_switched_off(monkeypatch):
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
     from components.train_lora import swift_plugin
 
+    # on a GPU the plugin wraps the modeling file's rotary: put transformers' own back afterwards
+    monkeypatch.setattr(modeling_qwen3_vl, "apply_rotary_pos_emb_vision", modeling_qwen3_vl.apply_rotary_pos_emb_vision)
     tower, _ = tiny_tower()
     monkeypatch.setenv("VLM_LORA_FAST_VISION", "0")
     assert not [k for k in swift_plugin.patch_model(tower, None) if k.startswith("vision_")]
@@ -187,7 +191,7 @@ def interpreted():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu():
+def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch):
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
     from components.train_lora import vision_triton
@@ -197,15 +201,13 @@ def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu():
     assert all(c["usable"] and c["equal"] for c in cases), [c for c in cases if not c["equal"]]
     tower, config = tiny_tower(torch.bfloat16, device="cuda")
     pixels, grid = tower_inputs(config, torch.bfloat16, "cuda")
+    own = modeling_qwen3_vl.apply_rotary_pos_emb_vision
+    monkeypatch.setattr(modeling_qwen3_vl, "apply_rotary_pos_emb_vision", getattr(own, "__wrapped__", own))
     before = outputs(tower, pixels, grid, autocast=True)
-    original = modeling_qwen3_vl.apply_rotary_pos_emb_vision
-    try:
-        assert vision_tower.install_fused_rotary([modeling_qwen3_vl], vision_triton) == 1
-        assert vision_tower.bf16_layer_norms(tower) == 8
-        after = outputs(tower, pixels, grid, autocast=True)
-        assert all(a.equal(b) for a, b in zip(after, before))
-        vision_tower.linear_patch_embed(tower)  # the sums in another order: close, not equal
-        for got, want in zip(outputs(tower, pixels, grid, autocast=True), before):
-            torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
-    finally:
-        modeling_qwen3_vl.apply_rotary_pos_emb_vision = original
+    assert vision_tower.install_fused_rotary([modeling_qwen3_vl], vision_triton) == 1
+    assert vision_tower.bf16_layer_norms(tower) == 8
+    after = outputs(tower, pixels, grid, autocast=True)
+    assert all(a.equal(b) for a, b in zip(after, before))
+    vision_tower.linear_patch_embed(tower)  # the sums in another order: close, not equal
+    for got, want in zip(outputs(tower, pixels, grid, autocast=True), before):
+        torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
