@@ -96,10 +96,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the plugin's fewer-kernel forward off (VLM_LORA_FAST_VISION=0)
     "auto_liger_slowvis": auto_liger(env={"VLM_LORA_FAST_VISION": "0"}),
     "auto_liger_nodrop_slowvis": auto_liger(lora_dropout=0.0, env={"VLM_LORA_FAST_VISION": "0"}),
-    # each batch copied to the GPU when its step starts (ms-swift's blocking copy; the plugin's prefetch off)
-    "auto_liger_noprefetch": auto_liger(env={"VLM_LORA_PREFETCH_BATCH": "0"}),
-    "auto_liger_nodrop_noprefetch": auto_liger(lora_dropout=0.0, env={"VLM_LORA_PREFETCH_BATCH": "0"}),
-    "auto_liger_ddp_noprefetch": auto_liger(deepspeed="none", env={"VLM_LORA_PREFETCH_BATCH": "0"}),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn

@@ -50,8 +50,6 @@ _PLUGIN_SWITCHES = {
     "or 1 (computed again there from gate and up, the default)",
     "VLM_LORA_FAST_VISION": "0 (the vision tower's own Conv3d patch embedding, float32 rotary and norms) "
     "or 1 (one matmul, one Triton rotary kernel, 16-bit norms: the same values, the default)",
-    "VLM_LORA_PREFETCH_BATCH": "0 (each batch copied to the GPU when its step starts, ms-swift's way) "
-    "or 1 (the next batch's copy under way during the current step, the default)",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0 (ZeRO-1/2 saves copy the whole model to host memory) "
     "or 1 (only what the adapter save keeps, the default)",
 }

@@ -102,12 +102,6 @@ of float32 copies (each feeds a linear layer, which would round to 16 bits anywa
 norms compute the same numbers; the patch embedding sums the same products in another order. 249 -> about
 165 ms per forward of 16 drawings of 1024² on an H100 (benchmarks/README.md). VLM_LORA_FAST_VISION=0 turns
 it off.
-
-14. The next batch copied to the GPU while the current step computes (`prefetch.py`, next to this file):
-ms-swift's data loader moves each batch with a blocking copy when the step starts (400 MB of float32
-pixels for 16 drawings of 1024²), while the GPU, drained by the step's logging, waits. The plugin starts
-the next batch's copy on a side stream as soon as the current batch is handed out; the same batches in
-the same order, one more batch's inputs held on the GPU. VLM_LORA_PREFETCH_BATCH=0 turns it off.
 """
 
 from __future__ import annotations
@@ -553,33 +547,6 @@ def _install_adapter_only_save() -> bool:
     return True
 
 
-def _install_prefetch() -> bool:
-    """Wraps ms-swift's DataLoaderShard.__iter__ (item 14 of the module docstring)."""
-    if os.environ.get("VLM_LORA_PREFETCH_BATCH") == "0":
-        return False
-    try:
-        from swift.dataloader import shard
-        from torch.utils.data import DataLoader
-    except ImportError:
-        return False
-    loader = shard.DataLoaderShard
-    if getattr(loader.__iter__, "_vlm_lora_prefetch", False):
-        return True
-    original = loader.__iter__
-    prefetch = _load_sibling("prefetch")
-
-    @functools.wraps(original)
-    def __iter__(self):
-        if not prefetch.applies(self.device, self.pin_memory):
-            yield from original(self)
-            return
-        yield from prefetch.prefetched(DataLoader.__iter__(self), self.device, shard.to_device)
-
-    __iter__._vlm_lora_prefetch = True
-    loader.__iter__ = __iter__
-    return True
-
-
 INSTALLED = _install()
 MEMORY_FRACTION = _install_memory_cap()
 AUTOCAST_INPUT = _install_autocast_input()
@@ -590,4 +557,3 @@ RIGHT_PAD_CAUSAL = _install_right_padding_causal()
 HOST_VISION_SEQLENS = _install_host_vision_seqlens()
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
-PREFETCH_BATCH = _install_prefetch()
