@@ -4,6 +4,8 @@ The 4B's vision tower (random bf16 weights, sdpa, bf16 autocast as in training, 
 sequence boundaries) over `--images` drawings of `--size`² pixels (16 × 1024² = the planner's H100 micro-step):
 
 - `stock`: transformers' forward (the patch embedding's Conv3d, one sdpa call per image in every block);
+- `liger`: stock with Liger's vision rotary (`liger_rotary_pos_emb_vision`), which transformers puts in place when
+  training starts with `use_liger_kernel` (float32 copies of q and k, Liger's rope kernel, copies back);
 - `linear`: the patch embedding as one matmul (`linear_patch_embed`);
 - `rotary`: the rotary embedding as one Triton kernel (`fused_rotary`);
 - `lnorm`: the LayerNorms in bf16 with autocast off (`bf16_layer_norms`);
@@ -28,6 +30,7 @@ from benchmarks.qwen3_vl_4b import QWEN3_VL_4B_CONFIG
 from benchmarks.throughput import ArchShape
 
 DEVICE = "cuda"
+TRANSFORMERS_ROTARY = None  # transformers' own apply_rotary_pos_emb_vision, put back before each variant
 
 
 def build_tower():
@@ -122,14 +125,24 @@ def relative_difference(outs, reference) -> float:
     return max(float((o.float() - r.float()).abs().max() / r.float().abs().max()) for o, r in zip(outs, reference))
 
 
+def _transformers_rotary():
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    return modeling_qwen3_vl.apply_rotary_pos_emb_vision
+
+
 def apply_variant(tower, name: str) -> dict[str, int]:
     """The variant's changes on a fresh tower (`fast`: all of them, as the train-lora plugin installs them)."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
     from components.train_lora import vision_tower, vision_triton
 
-    if hasattr(modeling_qwen3_vl.apply_rotary_pos_emb_vision, "__wrapped__"):  # an earlier variant's
-        modeling_qwen3_vl.apply_rotary_pos_emb_vision = modeling_qwen3_vl.apply_rotary_pos_emb_vision.__wrapped__
+    modeling_qwen3_vl.apply_rotary_pos_emb_vision = TRANSFORMERS_ROTARY  # not an earlier variant's
+    if name == "liger":
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb_vision
+
+        modeling_qwen3_vl.apply_rotary_pos_emb_vision = liger_rotary_pos_emb_vision
+        return {"liger_rotary": 1}
     if name == "fast":
         return vision_tower.install(tower, [modeling_qwen3_vl], vision_triton)
     counts = {}
@@ -151,13 +164,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--variants", default="stock,linear,rotary,lnorm,fast")
+    parser.add_argument("--variants", default="stock,liger,linear,rotary,lnorm,fast")
     parser.add_argument("--kernels", action="store_true")
     parser.add_argument("--compile", action="store_true", help="add the compiled-blocks reference")
     args = parser.parse_args(argv)
     import torch
 
     install_host_seqlens()
+    global TRANSFORMERS_ROTARY
+    TRANSFORMERS_ROTARY = _transformers_rotary()
     variants = args.variants.split(",") + (["compiled"] if args.compile else [])
     flops = vision_flops(args.images, args.size)
     results: dict[str, Any] = {"images": args.images, "size": args.size, "tflop": flops / 1e12, "variants": {}}

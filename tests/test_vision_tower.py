@@ -132,6 +132,33 @@ def test_the_rotary_kernel_refuses_what_it_cannot_take():
     assert not vision_triton.usable(*meta)
 
 
+def test_the_rotary_is_wrapped_again_before_each_forward_over_whatever_replaced_it(monkeypatch):
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    class Kernels:  # never takes the tensors here: the function it wraps runs
+        @staticmethod
+        def usable(q, k, cos, sin):
+            return False
+
+    own = getattr(modeling_qwen3_vl.apply_rotary_pos_emb_vision, "__wrapped__", None)
+    own = own or modeling_qwen3_vl.apply_rotary_pos_emb_vision
+    monkeypatch.setattr(modeling_qwen3_vl, "apply_rotary_pos_emb_vision", own)
+    seen = []
+
+    def liger_like(q, k, cos, sin):  # what transformers' Liger patch puts in place when training starts
+        seen.append(q.shape[0])
+        return own(q, k, cos, sin)
+
+    tower, config = tiny_tower()
+    pixels, grid = tower_inputs(config)
+    assert vision_tower.rotary_before_each_forward(tower, [modeling_qwen3_vl], Kernels) == 1
+    assert vision_tower.rotary_before_each_forward(tower, [modeling_qwen3_vl], Kernels) == 0  # one hook per tower
+    modeling_qwen3_vl.apply_rotary_pos_emb_vision = liger_like  # replaced after the plugin patched the model
+    outputs(tower, pixels, grid)
+    assert modeling_qwen3_vl.apply_rotary_pos_emb_vision.__wrapped__ is liger_like
+    assert seen == [int(grid.prod(-1).sum())] * 3  # every block went through the wrapper to it
+
+
 def test_install_reaches_only_a_qwen3_vl_vision_tower():
     from types import SimpleNamespace
 

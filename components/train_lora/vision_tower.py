@@ -14,7 +14,10 @@ a shape the GPU handles badly:
    multiplies and adds in separate kernels: about 70 ms of a 250 ms forward for 16 drawings on an H100.
    `fused_rotary` runs it as one Triton kernel (`vision_triton.py`) with the same float32 operations and
    one rounding: the same numbers. Where q or k wants a gradient (a vision tower being trained) or the
-   kernel cannot take the tensors, transformers' function runs.
+   kernel cannot take the tensors, the function it wraps runs. With Liger (`use_liger_kernel`) transformers
+   puts Liger's vision rotary in place when training starts (float32 copies of q and k, its rope kernel,
+   copies back to bf16: 20-25 ms per step of 16 drawings), after the plugin has patched the model; so the
+   wrapper is put back, over whatever function is there, before each forward of the tower.
 3. Under bf16 autocast every LayerNorm of the tower (two per block, one per patch merger) runs in float32:
    a float32 copy of its input, a float32 output, then a cast back to bf16 by the linear layer that reads
    it. Each of those norms feeds only a linear layer, so `bf16_layer_norms` runs it on the bf16 input
@@ -26,7 +29,8 @@ forward; the matmul patch embedding −8 ms, the rotary kernel −58 ms, the 16-
 and the norms give bit-equal outputs. (PyTorch's variable-length flash attention, one call per block for
 all images, was slower than cuDNN's per-image sdpa there: 85 against 57 ms of attention kernels.)
 
-They apply to Qwen3-VL's vision classes by name (`PATCH_EMBED_CLASSES`, `BLOCK_CLASSES`, `MERGER_CLASSES`)
+They apply to Qwen3-VL's vision classes by name (`PATCH_EMBED_CLASSES`, `BLOCK_CLASSES`, `MERGER_CLASSES`,
+`TOWER_CLASSES`)
 and to the modeling files' `apply_rotary_pos_emb_vision`; the train-lora plugin installs them when
 training starts (`install`; switch `VLM_LORA_FAST_VISION=0` turns them off).
 """
@@ -43,6 +47,7 @@ import torch.nn.functional as F
 
 PATCH_EMBED_CLASSES = frozenset({"Qwen3VLVisionPatchEmbed", "Qwen3VLMoeVisionPatchEmbed"})
 BLOCK_CLASSES = frozenset({"Qwen3VLVisionBlock", "Qwen3VLMoeVisionBlock"})
+TOWER_CLASSES = frozenset({"Qwen3VLVisionModel", "Qwen3VLMoeVisionModel"})
 MERGER_CLASSES = frozenset({"Qwen3VLVisionPatchMerger", "Qwen3VLMoeVisionPatchMerger"})
 # the norms of those classes, each read by a linear layer only
 NORMS = {"block": ("norm1", "norm2"), "merger": ("norm",)}
@@ -110,6 +115,20 @@ def install_fused_rotary(modules: list[Any], kernels: Any) -> int:
     return count
 
 
+def rotary_before_each_forward(model: torch.nn.Module, modules: list[Any], kernels: Any) -> int:
+    """Wraps the rotary now and again before each forward of every Qwen3-VL vision tower in `model` (transformers
+    puts Liger's vision rotary in place when training starts, replacing an earlier wrapper); how many towers."""
+    install_fused_rotary(modules, kernels)
+    count = 0
+    for module in model.modules():
+        if type(module).__name__ not in TOWER_CLASSES or getattr(module, "_vlm_lora_rotary_hook", False):
+            continue
+        module.register_forward_pre_hook(lambda _module, _args: install_fused_rotary(modules, kernels) and None)
+        module._vlm_lora_rotary_hook = True
+        count += 1
+    return count
+
+
 def bf16_layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor | None:
     """The norm of a 16-bit `x` in x's dtype with autocast off, where autocast would run it in float32 for a
     linear layer to cast back: the same value. None where that does not hold (no autocast, other dtypes)."""
@@ -152,5 +171,5 @@ def install(model: torch.nn.Module, modeling_modules: list[Any], kernels: Any = 
     `kernels` = vision_triton, or None without Triton / a GPU); how many modules each reached, zeros left out."""
     counts = {"patch_embed": linear_patch_embed(model), "layer_norm": bf16_layer_norms(model)}
     if kernels is not None and any(counts.values()):
-        counts["rotary"] = install_fused_rotary(modeling_modules, kernels)
+        counts["rotary"] = rotary_before_each_forward(model, modeling_modules, kernels)
     return {k: v for k, v in counts.items() if v}
