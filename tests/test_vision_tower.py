@@ -153,10 +153,12 @@ def test_the_rotary_is_wrapped_again_before_each_forward_over_whatever_replaced_
     pixels, grid = tower_inputs(config)
     assert vision_tower.rotary_before_each_forward(tower, [modeling_qwen3_vl], Kernels) == 1
     assert vision_tower.rotary_before_each_forward(tower, [modeling_qwen3_vl], Kernels) == 0  # one hook per tower
+    want = outputs(tower, pixels, grid)  # nothing to wrap again: the forward's arguments untouched
     modeling_qwen3_vl.apply_rotary_pos_emb_vision = liger_like  # replaced after the plugin patched the model
-    outputs(tower, pixels, grid)
+    for _ in range(2):
+        assert all(a.equal(b) for a, b in zip(outputs(tower, pixels, grid), want))
     assert modeling_qwen3_vl.apply_rotary_pos_emb_vision.__wrapped__ is liger_like
-    assert seen == [int(grid.prod(-1).sum())] * 3  # every block went through the wrapper to it
+    assert seen == [int(grid.prod(-1).sum())] * 6  # every block of both forwards went through the wrapper to it
 
 
 def test_install_reaches_only_a_qwen3_vl_vision_tower():
@@ -231,10 +233,11 @@ def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch)
     own = modeling_qwen3_vl.apply_rotary_pos_emb_vision
     monkeypatch.setattr(modeling_qwen3_vl, "apply_rotary_pos_emb_vision", getattr(own, "__wrapped__", own))
     before = outputs(tower, pixels, grid, autocast=True)
-    assert vision_tower.install_fused_rotary([modeling_qwen3_vl], vision_triton) == 1
+    assert vision_tower.rotary_before_each_forward(tower, [modeling_qwen3_vl], vision_triton) == 1
     assert vision_tower.bf16_layer_norms(tower) == 8
-    after = outputs(tower, pixels, grid, autocast=True)
-    assert all(a.equal(b) for a, b in zip(after, before))
+    for _ in range(2):  # the hook before each forward leaves the arguments alone
+        after = outputs(tower, pixels, grid, autocast=True)
+        assert all(a.equal(b) for a, b in zip(after, before))
     vision_tower.linear_patch_embed(tower)  # the sums in another order: close, not equal
     for got, want in zip(outputs(tower, pixels, grid, autocast=True), before):
         torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)

@@ -119,11 +119,15 @@ def rotary_before_each_forward(model: torch.nn.Module, modules: list[Any], kerne
     """Wraps the rotary now and again before each forward of every Qwen3-VL vision tower in `model` (transformers
     puts Liger's vision rotary in place when training starts, replacing an earlier wrapper); how many towers."""
     install_fused_rotary(modules, kernels)
+
+    def before_forward(_module: Any, _args: Any) -> None:  # returns None: the forward's arguments stay as they are
+        install_fused_rotary(modules, kernels)
+
     count = 0
     for module in model.modules():
         if type(module).__name__ not in TOWER_CLASSES or getattr(module, "_vlm_lora_rotary_hook", False):
             continue
-        module.register_forward_pre_hook(lambda _module, _args: install_fused_rotary(modules, kernels) and None)
+        module.register_forward_pre_hook(before_forward)
         module._vlm_lora_rotary_hook = True
         count += 1
     return count
