@@ -59,6 +59,19 @@ def test_the_patch_embedding_as_one_matmul_equals_the_convolution():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_partitioned_by_zero3_keeps_the_convolution():
+    tower, config = tiny_tower(torch.float64)
+    pixels, _ = tower_inputs(config, torch.float64)
+    vision_tower.linear_patch_embed(tower)
+    calls = []
+    tower.patch_embed.proj.register_forward_hook(lambda *_: calls.append("conv"))
+    tower.patch_embed(pixels)
+    assert calls == []
+    tower.patch_embed.proj.weight.ds_id = 7  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
+    tower.patch_embed(pixels)
+    assert calls == ["conv"]  # the module's own call: DeepSpeed's hooks on it would gather the weight
+
+
 def test_a_convolution_that_overlaps_or_pads_keeps_its_own_forward():
     tower, _ = tiny_tower()
     proj = tower.patch_embed.proj

@@ -9,7 +9,8 @@ a shape the GPU handles badly:
    algorithm for it (on some GPU / cuDNN / dtype combinations a very slow one; transformers' own opt-in
    `fusion_config={"patch_embeddings": True}` makes the same change at load time, renaming the weight).
    `linear_patch_embed` gives the module a forward that calls `F.linear` on views of the same input and
-   the same weight: the checkpoint, the parameter names and saving are untouched.
+   the same weight: the checkpoint, the parameter names and saving are untouched. A weight partitioned by
+   DeepSpeed ZeRO-3 (gathered only when the convolution module itself is called) keeps the convolution.
 2. The rotary embedding (`apply_rotary_pos_emb_vision`) casts q and k to float32, concatenates halves and
    multiplies and adds in separate kernels: about 70 ms of a 250 ms forward for 16 drawings on an H100.
    `fused_rotary` runs it as one Triton kernel (`vision_triton.py`) with the same float32 operations and
@@ -25,14 +26,13 @@ a shape the GPU handles badly:
    is the value the linear layer would have cast it to.
 
 Measured on an H100 (`benchmarks/vision_forward.py`, 16 drawings of 1024², bf16 autocast): 249 ms per
-forward; the matmul patch embedding −8 ms, the rotary kernel −58 ms, the 16-bit norms −18 ms; the rotary
-and the norms give bit-equal outputs. (PyTorch's variable-length flash attention, one call per block for
+forward; the matmul patch embedding −8 ms, the rotary kernel −58 ms, the 16-bit norms −18 ms, all three 161 ms;
+the rotary and the norms give bit-equal outputs. (PyTorch's variable-length flash attention, one call per block for
 all images, was slower than cuDNN's per-image sdpa there: 85 against 57 ms of attention kernels.)
 
 They apply to Qwen3-VL's vision classes by name (`PATCH_EMBED_CLASSES`, `BLOCK_CLASSES`, `MERGER_CLASSES`,
-`TOWER_CLASSES`)
-and to the modeling files' `apply_rotary_pos_emb_vision`; the train-lora plugin installs them when
-training starts (`install`; switch `VLM_LORA_FAST_VISION=0` turns them off).
+`TOWER_CLASSES`) and to the modeling files' `apply_rotary_pos_emb_vision`; the train-lora plugin installs
+them when the trainer holds the model (`install`; switch `VLM_LORA_FAST_VISION=0` turns them off).
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def linear_patch_embed(model: torch.nn.Module) -> int:
         if getattr(module.forward, "_vlm_lora_linear_patch", False):
             continue
 
-        def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        def forward(self: Any, hidden_states: torch.Tensor, _original: Any = module.forward) -> torch.Tensor:
+            if hasattr(self.proj.weight, "ds_id"):  # partitioned by ZeRO-3: only proj's own call gathers it
+                return _original(hidden_states)
             return patch_embed_linear(self.proj, hidden_states).view(-1, self.proj.out_channels)
 
         forward._vlm_lora_linear_patch = True

@@ -42,7 +42,7 @@ def _rotary_kernel(
     q_s, q_h, q_d, k_s, k_h, k_d, c_s, c_d, n_s, n_d,
     HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rows = (tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)  # row * stride may pass 2^31
     hs = tl.arange(0, BLOCK_H)
     ds = tl.arange(0, BLOCK_D)
     r3 = rows[:, None, None]
