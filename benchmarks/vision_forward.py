@@ -31,6 +31,7 @@ from benchmarks.throughput import ArchShape
 
 DEVICE = "cuda"
 TRANSFORMERS_ROTARY = None  # transformers' own apply_rotary_pos_emb_vision, put back before each variant
+VARIANTS = ("stock", "liger", "linear", "rotary", "lnorm", "fast", "compiled")
 
 
 def build_tower():
@@ -170,10 +171,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     import torch
 
+    variants = args.variants.split(",") + (["compiled"] if args.compile else [])
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if args.images < 1 or args.size < 32 or args.size % 32 or args.iters < 1:
+        parser.error("--images and --iters at least 1, --size a multiple of 32 (two merged 16-pixel patches)")
+    if not torch.cuda.is_available():
+        raise SystemExit("vision_forward: needs a CUDA GPU")
     install_host_seqlens()
     global TRANSFORMERS_ROTARY
     TRANSFORMERS_ROTARY = _transformers_rotary()
-    variants = args.variants.split(",") + (["compiled"] if args.compile else [])
     flops = vision_flops(args.images, args.size)
     results: dict[str, Any] = {"images": args.images, "size": args.size, "tflop": flops / 1e12, "variants": {}}
     reference = None

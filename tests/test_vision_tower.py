@@ -254,3 +254,17 @@ def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch)
     vision_tower.linear_patch_embed(tower)  # the sums in another order: close, not equal
     for got, want in zip(outputs(tower, pixels, grid, autocast=True), before):
         torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
+
+
+def test_the_vision_benchmark_checks_its_arguments_and_says_it_needs_a_gpu(monkeypatch):
+    import benchmarks.vision_forward as bench
+
+    for bad in (["--variants", "stock,nope"], ["--size", "100"], ["--images", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(bad)
+        assert exit_info.value.code == 2, bad
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        bench.main([])
+    # the FLOPs it divides by: the tower's 24 blocks over 16 drawings of 1024² (69.75 TFLOP, as printed on the H100)
+    assert bench.vision_flops(16, 1024) == pytest.approx(69.750e12, rel=1e-4)
