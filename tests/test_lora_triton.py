@@ -248,12 +248,8 @@ def test_on_a_gpu_the_seeded_kernels_agree_and_drop_at_the_rate_asked():
 
 def test_the_kernel_benchmark_says_it_needs_a_gpu(monkeypatch):
     import benchmarks.lora_kernels as bench
+    from tests.benchmark_cli import assert_refuses_then_needs_a_gpu
 
     assert bench._tiles("64x128,32x256") == [(64, 128), (32, 256)]
-    for bad in (["--tiles", "64x100"], ["--tiles", "64"], ["--programs", "0"], ["--rows", "0"]):
-        with pytest.raises(SystemExit) as exit_info:
-            bench.main(bad)
-        assert exit_info.value.code == 2, bad
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        bench.main([])
+    bad = [["--tiles", "64x100"], ["--tiles", "64"], ["--programs", "0"], ["--rows", "0"]]
+    assert_refuses_then_needs_a_gpu(bench.main, bad, monkeypatch)

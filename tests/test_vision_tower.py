@@ -258,13 +258,10 @@ def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch)
 
 def test_the_vision_benchmark_checks_its_arguments_and_says_it_needs_a_gpu(monkeypatch):
     import benchmarks.vision_forward as bench
+    from tests.benchmark_cli import assert_refuses_then_needs_a_gpu
 
-    for bad in (["--variants", "stock,nope"], ["--size", "100"], ["--images", "0"]):
-        with pytest.raises(SystemExit) as exit_info:
-            bench.main(bad)
-        assert exit_info.value.code == 2, bad
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        bench.main([])
+    assert_refuses_then_needs_a_gpu(
+        bench.main, [["--variants", "stock,nope"], ["--size", "100"], ["--images", "0"]], monkeypatch
+    )
     # the FLOPs it divides by: the tower's 24 blocks over 16 drawings of 1024² (69.75 TFLOP, as printed on the H100)
     assert bench.vision_flops(16, 1024) == pytest.approx(69.750e12, rel=1e-4)
