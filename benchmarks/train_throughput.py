@@ -96,6 +96,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the plugin's fewer-kernel forward off (VLM_LORA_FAST_VISION=0)
     "auto_liger_slowvis": auto_liger(env={"VLM_LORA_FAST_VISION": "0"}),
     "auto_liger_nodrop_slowvis": auto_liger(lora_dropout=0.0, env={"VLM_LORA_FAST_VISION": "0"}),
+    # LoRA's input and A gradients with dropout as two Triton kernels (before session 15: one kernel, the mask once)
+    "auto_liger_twograds": auto_liger(env={"VLM_LORA_FUSED_MASK_GRADS": "0"}),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn
