@@ -98,6 +98,12 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_nodrop_slowvis": auto_liger(lora_dropout=0.0, env={"VLM_LORA_FAST_VISION": "0"}),
     # LoRA's input and A gradients with dropout as two Triton kernels (before session 15: one kernel, the mask once)
     "auto_liger_twograds": auto_liger(env={"VLM_LORA_FUSED_MASK_GRADS": "0"}),
+    # the loss logged every 2nd step (the configs log every 5th): a logging step makes the host wait for the GPU
+    # (`.item()`) before it prepares the next step; and without transformers' NaN / Inf filter of the logged loss,
+    # which makes the host wait for each micro-step's backward (`torch.isnan(loss)` in a Python `if`)
+    "auto_liger_log2": auto_liger(logging_steps=2),
+    "auto_liger_log2_nonan": auto_liger(logging_steps=2, logging_nan_inf_filter=False),
+    "auto_liger_nonan": auto_liger(logging_nan_inf_filter=False),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn
@@ -275,8 +281,8 @@ def profile_args(
         args.update(
             per_device_train_batch_size="auto",
             gradient_accumulation_steps=samples_per_step // gpus,
-            max_steps=steps, save_steps=steps, logging_steps=1, save_only_model=True, report_to="none",
-            eval_strategy="no",
+            max_steps=steps, save_steps=steps, logging_steps=overrides.get("logging_steps", 1), save_only_model=True,
+            report_to="none", eval_strategy="no",
         )  # fmt: skip
         for key in ("eval_steps", "save_total_limit", "num_train_epochs"):
             args.pop(key, None)
@@ -292,7 +298,7 @@ def profile_args(
         gradient_accumulation_steps=samples_per_step // (batch * gpus),
         max_steps=steps,
         save_steps=steps,
-        logging_steps=1,
+        logging_steps=overrides.get("logging_steps", 1),
         save_only_model=True,
         report_to="none",
         eval_strategy="no",
