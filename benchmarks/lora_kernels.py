@@ -13,11 +13,7 @@ For each input width of a Qwen3-VL-4B decoder layer's adapted projections (2,560
 
 - with masks given by a seed (`lora_triton.Seeded`, the default since session 13: no mask kept), at the
   default tiles: the forward's rank-r product `keep * (mask * x) @ A^T` against PyTorch's dropout kernel
-  and a matmul (and a plain matmul without dropout), and both backward kernels computing the mask again;
-- both backward passes in one kernel (`lora_triton.dropped_grads`: the mask computed or read once), with a
-  seed and with a stored mask, at the default tiles;
-- `--forward-tiles` / `--grads-tiles`: the seeded forward and the one-kernel backward at each tile shape
-  (`--grads-programs`: programs wanted for the latter's row splits).
+  and a matmul (and a plain matmul without dropout), and both backward kernels computing the mask again.
 
 Each result is first checked against float32 arithmetic (relative error printed), then timed with
 `triton.testing.do_bench` (median; inputs rotated over three sets so that the L2 cache holds none).
@@ -122,20 +118,7 @@ def measure_width(lt, rows: int, width: int, rank: int, tiles: list[tuple[int, i
         lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = default
     row["dx_min_bytes"], row["da_min_bytes"] = dx_bytes, da_bytes
     row.update(measure_seeded(lt, sets))
-    return row, sets
-
-
-def _moved(row: dict[str, Any], name: str) -> int:
-    """The bytes a kernel must move at least (see the module docstring)."""
-    if name.startswith(("h_", "da_s")):  # read x
-        return row["da_min_bytes"] * 2 // 3
-    if name.startswith("dx_s"):  # read and write dx
-        return row["dx_min_bytes"] * 4 // 5
-    if name.startswith("grads_seeded"):  # read and write dx, read x
-        return row["dx_min_bytes"] * 6 // 5
-    if name.startswith(("grads_stored", "dx_da")):  # the same and the mask (dx_da: without one)
-        return row["dx_min_bytes"] * 7 // 5
-    return row["dx_min_bytes"] if name.startswith("dx") else row["da_min_bytes"]
+    return row
 
 
 def measure_seeded(lt, sets) -> dict[str, float]:
@@ -150,15 +133,11 @@ def measure_seeded(lt, sets) -> dict[str, float]:
     ref_h = (keep * kept * s["x"].float()) @ s["a"].float().t()
     ref_dx = s["dx"].float() + keep * kept * (s["gh"].float() @ s["a"].float())
     ref_da = s["gh"].float().t() @ (keep * kept * s["x"].float())
-    both_dx = s["dx"].clone()
-    both_da = lt.dropped_grads(both_dx, s["gh"], s["x"], s["a"], s["seed"], keep)
     out = {
         "seeded_drop_rate": float(1 - kept.mean()),
         "h_seeded_error": _error(lt.dropped_rank_product(s["x"], s["a"], s["seed"]), ref_h),
         "dx_seeded_error": _error(lt.add_dropped_product(s["dx"].clone(), s["gh"], s["a"], s["seed"], keep), ref_dx),
         "da_seeded_error": _error(lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep), ref_da),
-        "grads_seeded_dx_error": _error(both_dx, ref_dx),
-        "grads_seeded_da_error": _error(both_da, ref_da),
     }
     timings = {
         "h_torch_plain": lambda s: s["x"] @ s["a"].t(),
@@ -166,34 +145,9 @@ def measure_seeded(lt, sets) -> dict[str, float]:
         "h_seeded": lambda s: lt.dropped_rank_product(s["x"], s["a"], s["seed"]),
         "dx_seeded": lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["seed"], keep),
         "da_seeded": lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep),
-        "grads_seeded": lambda s: lt.dropped_grads(s["dx"], s["gh"], s["x"], s["a"], s["seed"], keep),
-        "grads_stored": lambda s: lt.dropped_grads(s["dx"], s["gh"], s["x"], s["a"], s["mask"], keep),
-        "dx_da_torch_plain": lambda s: (s["dx"].addmm_(s["gh"], s["a"]), s["gh"].t() @ s["x"]),  # no dropout
     }
     for name, fn in timings.items():
         out[name] = _time(_rotating(sets, fn))
-    return out
-
-
-def measure_tiles(lt, sets, forward: list[tuple[int, int]], grads: list[tuple[int, int]], programs: list[int]):
-    """The seeded forward (`h_seeded_MxK`) and the one-kernel backward (`grads_seeded_MxK_pN`) at each tile."""
-    keep = sets[0]["seed"].keep
-    out: dict[str, float] = {}
-    default = (lt._H_BLOCK_M, lt._H_BLOCK_K, lt._DG_BLOCK_M, lt._DG_BLOCK_K, lt._DG_PROGRAMS)
-    try:
-        for bm, bk in forward:
-            lt._H_BLOCK_M, lt._H_BLOCK_K = bm, bk
-            out[f"h_seeded_{bm}x{bk}"] = _time(
-                _rotating(sets, lambda s: lt.dropped_rank_product(s["x"], s["a"], s["seed"]))
-            )
-        for bm, bk in grads:
-            for n in programs:
-                lt._DG_BLOCK_M, lt._DG_BLOCK_K, lt._DG_PROGRAMS = bm, bk, n
-                out[f"grads_seeded_{bm}x{bk}_p{n}"] = _time(
-                    _rotating(sets, lambda s: lt.dropped_grads(s["dx"], s["gh"], s["x"], s["a"], s["seed"], keep))
-                )
-    finally:
-        lt._H_BLOCK_M, lt._H_BLOCK_K, lt._DG_BLOCK_M, lt._DG_BLOCK_K, lt._DG_PROGRAMS = default
     return out
 
 
@@ -228,17 +182,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--tiles", default="64x128,128x64,64x64,128x128,32x256")
     parser.add_argument("--programs", default="264,528,1056")
-    parser.add_argument("--forward-tiles", default="", help="e.g. 32x64,64x64,64x128 (none by default)")
-    parser.add_argument("--grads-tiles", default="", help="e.g. 64x64,64x128 (none by default)")
-    parser.add_argument("--grads-programs", default="264")
     args = parser.parse_args(argv)
     try:
         tiles, programs = _tiles(args.tiles), _programs(args.programs)
-        forward = _tiles(args.forward_tiles) if args.forward_tiles else []
-        grads = _tiles(args.grads_tiles) if args.grads_tiles else []
-        grads_programs = _programs(args.grads_programs)
     except ValueError as err:
-        parser.error(f"--tiles / --programs / --forward-tiles / --grads-tiles / --grads-programs: {err}")
+        parser.error(f"--tiles / --programs: {err}")
     if args.rows < 1 or args.rank < 1:
         parser.error(f"--rows {args.rows} / --rank {args.rank}: both must be at least 1")
     import torch
@@ -249,15 +197,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("lora_kernels: needs a CUDA GPU")
     rows = []
     for width in WIDTHS:
-        row, sets = measure_width(lt, args.rows, width, args.rank, tiles, programs)
-        row.update(measure_tiles(lt, sets, forward, grads, grads_programs))
-        del sets
+        row = measure_width(lt, args.rows, width, args.rank, tiles, programs)
         rows.append(row)
         for name, value in row.items():
-            if name.startswith(("dx_t", "da_t", "dx_s", "da_s", "h_", "grads_", "dx_da")) and not name.endswith(
-                "error"
-            ):
-                moved = _moved(row, name)
+            if name.startswith(("dx_t", "da_t", "dx_s", "da_s", "h_")) and not name.endswith("error"):
+                moved = row["dx_min_bytes"] if name.startswith("dx") else row["da_min_bytes"]
+                if name.startswith(("h_", "dx_s", "da_s")):  # no mask read: x (h, A's gradient) or dx twice
+                    moved = moved * 4 // 5 if name.startswith("dx") else moved * 2 // 3
                 print(f"width {width:5d}  {name:28s} {value:8.1f} us  {moved / value / 1e3:7.0f} GB/s", flush=True)
         errors = {k: f"{v:.2e}" for k, v in row.items() if k.endswith("error")}
         print(f"width {width:5d}  errors against float32: {errors}", flush=True)

@@ -96,8 +96,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the plugin's fewer-kernel forward off (VLM_LORA_FAST_VISION=0)
     "auto_liger_slowvis": auto_liger(env={"VLM_LORA_FAST_VISION": "0"}),
     "auto_liger_nodrop_slowvis": auto_liger(lora_dropout=0.0, env={"VLM_LORA_FAST_VISION": "0"}),
-    # LoRA's input and A gradients with dropout as two Triton kernels (before session 15: one kernel, the mask once)
-    "auto_liger_twograds": auto_liger(env={"VLM_LORA_FUSED_MASK_GRADS": "0"}),
     # the loss logged every 2nd step (the configs log every 5th): a logging step makes the host wait for the GPU
     # (`.item()`) before it prepares the next step; and without transformers' NaN / Inf filter of the logged loss,
     # which makes the host wait for each micro-step's backward (`torch.isnan(loss)` in a Python `if`)

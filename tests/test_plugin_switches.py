@@ -72,7 +72,6 @@ print(
     plugin._load_sibling("fused_lora").TRITON,
     plugin.ADAPTER_ONLY_SAVE, flag(Trainer.save_model, "_vlm_lora_adapter_save"),
     plugin._load_sibling("fused_lora").SILU_MUL_DOWN, plugin._load_sibling("fused_lora").SEEDED,
-    plugin._load_sibling("fused_lora").FUSED_MASK_GRADS,
 )
 """
 
@@ -92,7 +91,6 @@ SWITCHES_OFF = {
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0",
     "VLM_LORA_SILU_MUL_DOWN": "0",
     "VLM_LORA_SEEDED_DROPOUT": "1",  # opt-in (the planner sets it): on here
-    "VLM_LORA_FUSED_MASK_GRADS": "0",
 }
 
 
@@ -102,12 +100,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True False True",
+            "True True True False",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True False",
+            "False False False False True",
         ),
     ],
 )

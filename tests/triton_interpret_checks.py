@@ -7,9 +7,9 @@ their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
 
 - "kernels": each kernel against a float64 reference on fresh random inputs (shapes that are and are
   not multiples of the tiles, ranks 4 / 8 / 16, no rows), the relative error per case;
-- "layer": `_LoraLinear` with dropout through the kernels (the backward's two masked passes in one kernel,
-  `dropped_grads`, and in two) against the same function through PyTorch's kernels (the same masks: the
-  same seed), the largest relative difference of each gradient, and how often each kernel ran;
+- "layer": `_LoraLinear` with dropout through the kernels against the same function through PyTorch's
+  kernels (the same masks: the same seed), the largest relative difference of each gradient, and how
+  often each kernel ran with the switch on and off;
 - "seeded": masks given by a seed — the forward's rank-r product and both backward kernels against float64
   with the mask written out (`kept_mask`), the drop rate and neighbouring columns' joint drops on a large
   mask, and `_LoraLinear` / `_SiluMulLoraLinear` with seeded masks against autograd on the written-out masks;
@@ -62,8 +62,6 @@ def kernel_cases(kernels, device: str = "cpu") -> list[dict]:
             dx_out = kernels.add_dropped_product(dx.clone(), gh, a, mask, keep)
             da_ref = gh.double().t() @ (keep * mask.double() * x.double())
             da_out = kernels.dropped_weight_grad(gh, x, mask, keep)
-            both_dx = dx.clone()
-            both_da = kernels.dropped_grads(both_dx, gh, x, a, mask, keep)
             cases.append(
                 {
                     "dtype": str(dtype),
@@ -74,29 +72,16 @@ def kernel_cases(kernels, device: str = "cpu") -> list[dict]:
                     "da_error": _relative(da_out, da_ref),
                     "da_shape": list(da_out.shape),
                     "da_dtype": str(da_out.dtype),
-                    **_both(both_dx, both_da, dx_ref, da_ref, dtype),
                 }
             )
     return cases
-
-
-def _both(dx_out: torch.Tensor, da_out: torch.Tensor, dx_ref, da_ref, dtype: torch.dtype) -> dict:
-    """`dropped_grads`' two results (dx updated in place, A's gradient returned) against float64."""
-    return {
-        "both_dx_error": _relative(dx_out, dx_ref),
-        "both_dx_beyond_rounding": _beyond_rounding(dx_out, dx_ref, dtype),
-        "both_dx_dtype": str(dx_out.dtype),
-        "both_da_error": _relative(da_out, da_ref),
-        "both_da_shape": list(da_out.shape),
-        "both_da_dtype": str(da_out.dtype),
-    }
 
 
 class _Counted:
     """The kernels module with a count of each kernel's calls."""
 
     def __init__(self, kernels) -> None:
-        self.kernels, self.calls = kernels, {"add_dropped_product": 0, "dropped_weight_grad": 0, "dropped_grads": 0}
+        self.kernels, self.calls = kernels, {"add_dropped_product": 0, "dropped_weight_grad": 0}
 
     def usable(self, *tensors):
         return self.kernels.usable(*tensors)
@@ -108,10 +93,6 @@ class _Counted:
     def dropped_weight_grad(self, *args):
         self.calls["dropped_weight_grad"] += 1
         return self.kernels.dropped_weight_grad(*args)
-
-    def dropped_grads(self, *args):
-        self.calls["dropped_grads"] += 1
-        return self.kernels.dropped_grads(*args)
 
 
 def _lora_linear_grads(fused_lora, layer, x, seed: int):
@@ -137,22 +118,15 @@ def layer_case(fused_lora, kernels) -> dict:
     x = torch.randn(3, 45, d_in)
     counted = _Counted(kernels)
     fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = counted, True, False  # PyTorch's masks either way
-    fused_lora.FUSED_MASK_GRADS = True
     on = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
     calls = dict(counted.calls)
     counted.calls = dict.fromkeys(calls, 0)
-    fused_lora.FUSED_MASK_GRADS = False
-    apart = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
-    calls_apart = dict(counted.calls)
-    counted.calls = dict.fromkeys(calls, 0)
-    fused_lora.TRITON, fused_lora.FUSED_MASK_GRADS = False, True
+    fused_lora.TRITON = False
     off = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
     return {
         "calls": calls,
-        "calls_two_kernels": calls_apart,
         "calls_with_switch_off": counted.calls,
         "difference": {name: _relative(on[name], off[name].double()) for name in on},
-        "difference_two_kernels": {name: _relative(apart[name], off[name].double()) for name in on},
     }
 
 
@@ -170,8 +144,6 @@ def seeded_kernel_cases(kernels, device: str = "cpu") -> list[dict]:
             da_ref = gh.double().t() @ (mask.keep * kept * x.double())
             h_out = kernels.dropped_rank_product(x, a, mask)
             dx_out = kernels.add_dropped_product(dx.clone(), gh, a, mask, mask.keep)
-            both_dx = dx.clone()
-            both_da = kernels.dropped_grads(both_dx, gh, x, a, mask, mask.keep)
             cases.append(
                 {
                     "dtype": str(dtype),
@@ -180,7 +152,6 @@ def seeded_kernel_cases(kernels, device: str = "cpu") -> list[dict]:
                     "h_dtype": str(h_out.dtype),
                     "dx_error": _relative(dx_out, dx_ref),
                     "da_error": _relative(kernels.dropped_weight_grad(gh, x, mask, mask.keep), da_ref),
-                    **_both(both_dx, both_da, dx_ref, da_ref, dtype),
                 }
             )
     return cases
@@ -227,8 +198,7 @@ def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
     recorded = _Recorded(kernels)
     fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = recorded, True, True
     differences = {}
-    for name, one_kernel in (("linear", True), ("silu_mul", True), ("linear", False), ("silu_mul", False)):
-        fused_lora.FUSED_MASK_GRADS = one_kernel  # the backward's two masked passes in one kernel or in two
+    for name in ("linear", "silu_mul"):
         inputs = [
             torch.randn(3, 45, d_in, device=device).requires_grad_(True) for _ in range(2 if name == "silu_mul" else 1)
         ]
@@ -251,10 +221,7 @@ def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
         ref.square().sum().backward()
         want = {"out": ref.detach().view(out.shape), "a": ra.grad, "b": rb.grad}
         want.update({f"x{i}": t.grad for i, t in enumerate(ref_inputs)})
-        differences[name if one_kernel else f"{name}_two_kernels"] = {
-            key: _relative(got[key], want[key]) for key in want
-        }
-    fused_lora.FUSED_MASK_GRADS = True
+        differences[name] = {key: _relative(got[key], want[key]) for key in want}
     return {"differences": differences, "seeds_drawn": len(recorded.seeds)}
 
 

@@ -70,9 +70,6 @@ SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
 # (less memory, about 2.5 % more time per step at the same plan: the train-lora planner sets it where it lets a
 # faster plan fit); unset or 0: PyTorch's dropout kernel and its masks
 SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "0") == "1"
-# with the Triton kernels, the backward's input gradient and A's gradient in one kernel that computes (or reads) each
-# mask element once (`lora_triton.dropped_grads`); VLM_LORA_FUSED_MASK_GRADS=0 runs them as two kernels
-FUSED_MASK_GRADS = os.environ.get("VLM_LORA_FUSED_MASK_GRADS", "1") != "0"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -146,27 +143,21 @@ def _mask_keep(ctx, mask) -> float:
     return _keep(ctx.p) if mask is None or isinstance(mask, torch.Tensor) else mask.keep
 
 
-def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool, dx=None):
-    """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes), and whether
-    LoRA's part of the input gradient was added into `dx` (given with dropout where the input gradient is wanted:
-    with the Triton kernels and `FUSED_MASK_GRADS`, in the same kernel as A's gradient)."""
+def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool):
+    """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes)."""
     scaling, keep = ctx.scaling, _mask_keep(ctx, mask)
     gh = (g @ b) * scaling if (need_x or need_a) else None
     grad_a = grad_b = None
-    added = False
     if need_b:
         grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
     if need_a:
-        fuse = dx is not None and FUSED_MASK_GRADS
-        kernels = _kernels_for(mask, gh, x2, a, dx) if fuse else _kernels_for(mask, gh, x2)
-        if kernels is not None and fuse:
-            grad_a, added = kernels.dropped_grads(dx, gh, x2, a, mask, keep).to(ctx.weight_dtypes[0]), True
-        elif kernels is not None:
+        kernels = _kernels_for(mask, gh, x2)
+        if kernels is not None:
             grad_a = kernels.dropped_weight_grad(gh, x2, mask, keep).to(ctx.weight_dtypes[0])
         else:
             dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
             grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
-    return gh, grad_a, grad_b, added
+    return gh, grad_a, grad_b
 
 
 def _keep(p: float) -> float:
@@ -198,16 +189,15 @@ class _LoraDelta(torch.autograd.Function):
         mask = _mask_of(ctx, mask)
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, need_base, need_a, need_b = ctx.needs_input_grad[:4]
-        seeded = need_x and mask is not None and not isinstance(mask, torch.Tensor)
-        grad_x = torch.zeros_like(x2) if seeded else None  # a seed's mask: only the kernels add into it
-        gh, grad_a, grad_b, added = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b, grad_x)
+        gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
+        grad_x = None
         if need_x:
             if mask is None:
                 grad_x = gh @ a
             elif isinstance(mask, torch.Tensor):
                 grad_x = torch.ops.aten.native_dropout_backward(gh @ a, mask, _keep(ctx.p))
-            elif not added:
-                _load_kernels().add_dropped_product(grad_x, gh, a, mask, mask.keep)
+            else:
+                grad_x = _load_kernels().add_dropped_product(torch.zeros_like(x2), gh, a, mask, mask.keep)
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
         grad_base = grad_out.view(ctx.base_shape) if need_base else None
         return grad_x, grad_base, grad_a, grad_b, None, None, None
@@ -223,10 +213,10 @@ def _linear_lora_forward(x2, w, bias, a, b, scaling: float, p: float):
 
 def _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x: bool, need_a: bool, need_b: bool):
     """The input gradient built in one buffer (None unless `need_x`), A's and B's gradients."""
-    grad_x = g @ weight if need_x else None
-    dx = grad_x if mask is not None else None  # with dropout: LoRA's part maybe added with A's gradient
-    gh, grad_a, grad_b, added = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b, dx)
-    if need_x and not added:
+    gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
+    grad_x = None
+    if need_x:
+        grad_x = g @ weight
         if mask is None:
             grad_x.addmm_(gh, a)
         elif (kernels := _kernels_for(mask, grad_x, gh, a)) is not None:

@@ -46,8 +46,6 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_TRITON_LORA": "0 (PyTorch's kernels for LoRA's backward with dropout) or 1 (Triton's, on a GPU, the default)",
     "VLM_LORA_SEEDED_DROPOUT": "1 (LoRA's dropout masks computed from seeds in the Triton kernels on a GPU, none kept) "
     "or 0 (PyTorch's dropout kernel, a mask kept per adapted layer); unset: the planner decides with auto, else 0",
-    "VLM_LORA_FUSED_MASK_GRADS": "0 (LoRA's input and A gradients with dropout as two Triton kernels) "
-    "or 1 (one kernel that computes each mask element once, the default)",
     "VLM_LORA_SILU_MUL_DOWN": "0 (the MLP's SiLU-multiply output kept for the down projection's LoRA backward) "
     "or 1 (computed again there from gate and up, the default)",
     "VLM_LORA_FAST_VISION": "0 (the vision tower's own Conv3d patch embedding, float32 rotary and norms) "

@@ -14,9 +14,7 @@ and scaled, into `dx` in place: one pass that reads `dx` and the mask and writes
 `dropped_weight_grad` reads `x` and the mask once and reduces over the rows in a fixed number of
 row splits (each program one split and one column block; the splits are summed afterwards, so the
 result does not depend on scheduling). Both accumulate in float32: they round once where PyTorch
-rounds the full-size product to the compute dtype first. `dropped_grads` does both in one kernel
-(the reduction's programs also update their tiles of `dx`): each mask element computed or read once,
-`gh` read once, one launch.
+rounds the full-size product to the compute dtype first.
 
 Seeded masks (`Seeded`, `dropped_rank_product`): instead of a boolean mask kept per adapted layer
 until the backward (1 byte per input element: 10.4 bytes per token × layer × hidden for the 4B's
@@ -52,8 +50,6 @@ _DX_BLOCK_M, _DX_BLOCK_K = 64, 64
 _DA_BLOCK_M, _DA_BLOCK_K = 64, 128
 # programs wanted for the weight gradient's reduction (264, 528, 1,056 measured: 264 = two per multiprocessor)
 _DA_PROGRAMS = 264
-# both backward passes in one kernel (`dropped_grads`): its tiles and programs
-_DG_BLOCK_M, _DG_BLOCK_K, _DG_PROGRAMS = 64, 128, 264
 
 
 # the forward's tiles for `dropped_rank_product` (one program per BLOCK_M rows, a loop over the input's width)
@@ -164,50 +160,6 @@ def _dropped_weight_grad_kernel(
     tl.store(out, acc * keep, mask=(ranks[:, None] < RP) & col_in[None, :])
 
 
-@triton.jit(do_not_specialize=["seed"])
-def _dropped_grads_kernel(
-    dx_ptr, part_ptr, gh_ptr, x_ptr, a_ptr, mask_ptr, M, K, R, keep, rows_per_split, seed, groups, threshold,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RP: tl.constexpr, F32_DOT: tl.constexpr, PRECISION: tl.constexpr,
-    SEEDED: tl.constexpr,
-):  # fmt: skip
-    """Both masked passes in one: for each tile, the mask once, `dx += keep * mask * (gh A)` and the tile's
-    share of `gh^T (keep * mask * x)` (the A gradient's row splits as in `_dropped_weight_grad_kernel`)."""
-    first_col = tl.program_id(0) * BLOCK_K
-    cols = first_col + tl.arange(0, BLOCK_K)
-    split = tl.program_id(1)
-    ranks = tl.arange(0, RP)
-    col_in, rank_in = cols < K, ranks < R
-    a = tl.load(a_ptr + ranks[:, None] * K + cols[None, :], mask=rank_in[:, None] & col_in[None, :], other=0.0)
-    if F32_DOT:
-        a = a.to(tl.float32)
-    start = split.to(tl.int64) * rows_per_split
-    stop = tl.minimum(start + rows_per_split, M)
-    acc = tl.zeros((RP, BLOCK_K), dtype=tl.float32)
-    for first in range(start, stop, BLOCK_M):
-        rows = first + tl.arange(0, BLOCK_M)
-        row_in = rows < stop
-        gh = tl.load(gh_ptr + rows[:, None] * R + ranks[None, :], mask=row_in[:, None] & rank_in[None, :], other=0.0)
-        if F32_DOT:
-            gh = gh.to(tl.float32)
-        at = rows[:, None] * K + cols[None, :]
-        inside = row_in[:, None] & col_in[None, :]
-        if SEEDED:
-            kept = _kept(seed, rows, first_col, groups, threshold, BLOCK_M, BLOCK_K)
-        else:
-            kept = tl.load(mask_ptr + at, mask=inside, other=0) != 0
-        product = tl.dot(gh, a, input_precision=PRECISION, out_dtype=tl.float32)
-        dx = tl.load(dx_ptr + at, mask=inside, other=0.0).to(tl.float32)
-        dx += tl.where(kept, product * keep, 0.0)
-        tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=inside)
-        x = tl.load(x_ptr + at, mask=inside, other=0.0)
-        x = tl.where(kept, x, tl.zeros_like(x))
-        if F32_DOT:
-            x = x.to(tl.float32)
-        acc += tl.dot(tl.trans(gh), x, input_precision=PRECISION, out_dtype=tl.float32)
-    out = part_ptr + split.to(tl.int64) * RP * K + ranks[:, None] * K + cols[None, :]
-    tl.store(out, acc * keep, mask=(ranks[:, None] < RP) & col_in[None, :])
-
-
 def _precision(dtype: torch.dtype) -> str:
     """float32 operands multiply in full float32 ("ieee"), as torch's matmul does by default, not TF32."""
     return "ieee" if dtype == torch.float32 or INTERPRETING else "tf32"
@@ -292,25 +244,15 @@ def add_dropped_product(
     return dx
 
 
-def _row_splits(m: int, k: int, block_m: int, block_k: int, programs: int) -> tuple[int, int, int]:
-    """(column blocks, row splits, rows per split) for a reduction over `m` rows with about `programs` programs."""
-    col_blocks = triton.cdiv(k, block_k)
-    row_blocks = max(1, triton.cdiv(m, block_m))
-    splits = max(1, min(row_blocks, triton.cdiv(programs, col_blocks)))
-    rows_per_split = triton.cdiv(row_blocks, splits) * block_m
-    return col_blocks, (triton.cdiv(m, rows_per_split) if m else 1), rows_per_split
-
-
-def _summed(part: torch.Tensor, r: int) -> torch.Tensor:
-    """The row splits' partial A gradients (splits × rank pad × K, float32) summed: r × K."""
-    return part.sum(0)[:r] if part.shape[0] > 1 else part[0, :r]
-
-
 def dropped_weight_grad(gh: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | Seeded, keep: float) -> torch.Tensor:
     """`gh^T @ (keep * mask * x)` in float32 (gh: M × r; x, mask: M × K): A's gradient, r × K."""
     (m, k), r = x.shape, gh.shape[1]
     rp = _rank_pad(r)
-    col_blocks, splits, rows_per_split = _row_splits(m, k, _DA_BLOCK_M, _DA_BLOCK_K, _DA_PROGRAMS)
+    col_blocks = triton.cdiv(k, _DA_BLOCK_K)
+    row_blocks = max(1, triton.cdiv(m, _DA_BLOCK_M))
+    splits = max(1, min(row_blocks, triton.cdiv(_DA_PROGRAMS, col_blocks)))
+    rows_per_split = triton.cdiv(row_blocks, splits) * _DA_BLOCK_M
+    splits = triton.cdiv(m, rows_per_split) if m else 1
     part = torch.empty((splits, rp, k), dtype=torch.float32, device=x.device)
     mask_t, seed, groups, threshold, is_seeded = _mask_args(mask, k, x)
     _dropped_weight_grad_kernel[(col_blocks, splits)](
@@ -318,23 +260,4 @@ def dropped_weight_grad(gh: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | 
         BLOCK_M=_DA_BLOCK_M, BLOCK_K=_DA_BLOCK_K, RP=rp, F32_DOT=INTERPRETING, PRECISION=_precision(x.dtype),
         SEEDED=is_seeded,
     )  # fmt: skip
-    return _summed(part, r)
-
-
-def dropped_grads(
-    dx: torch.Tensor, gh: torch.Tensor, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | Seeded, keep: float
-) -> torch.Tensor:
-    """`add_dropped_product(dx, gh, a, mask, keep)` and `dropped_weight_grad(gh, x, mask, keep)` in one pass that
-    computes (or reads) the mask once and reads `gh` once: dx updated in place; returns A's gradient (float32, r × K).
-    dx and x: M × K; gh: M × r; a: r × K."""
-    (m, k), r = x.shape, gh.shape[1]
-    rp = _rank_pad(r)
-    col_blocks, splits, rows_per_split = _row_splits(m, k, _DG_BLOCK_M, _DG_BLOCK_K, _DG_PROGRAMS)
-    part = torch.empty((splits, rp, k), dtype=torch.float32, device=x.device)
-    mask_t, seed, groups, threshold, is_seeded = _mask_args(mask, k, x)
-    _dropped_grads_kernel[(col_blocks, splits)](
-        dx, part, gh, x, a, mask_t, m, k, r, float(keep), rows_per_split, seed, groups, threshold,
-        BLOCK_M=_DG_BLOCK_M, BLOCK_K=_DG_BLOCK_K, RP=rp, F32_DOT=INTERPRETING, PRECISION=_precision(x.dtype),
-        SEEDED=is_seeded,
-    )  # fmt: skip
-    return _summed(part, r)
+    return part.sum(0)[:r] if splits > 1 else part[0, :r]
