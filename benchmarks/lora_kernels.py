@@ -13,7 +13,9 @@ For each input width of a Qwen3-VL-4B decoder layer's adapted projections (2,560
 
 - with masks given by a seed (`lora_triton.Seeded`, the default since session 13: no mask kept), at the
   default tiles: the forward's rank-r product `keep * (mask * x) @ A^T` against PyTorch's dropout kernel
-  and a matmul (and a plain matmul without dropout), and both backward kernels computing the mask again.
+  and a matmul (and a plain matmul without dropout), and both backward kernels computing the mask again;
+- `--forward-tiles` / `--seeded-tiles`: the seeded forward, and the seeded input gradient and A's gradient,
+  at each tile shape (`--seeded-programs`: programs wanted for the latter's row splits).
 
 Each result is first checked against float32 arithmetic (relative error printed), then timed with
 `triton.testing.do_bench` (median; inputs rotated over three sets so that the L2 cache holds none).
@@ -118,7 +120,7 @@ def measure_width(lt, rows: int, width: int, rank: int, tiles: list[tuple[int, i
         lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = default
     row["dx_min_bytes"], row["da_min_bytes"] = dx_bytes, da_bytes
     row.update(measure_seeded(lt, sets))
-    return row
+    return row, sets
 
 
 def measure_seeded(lt, sets) -> dict[str, float]:
@@ -148,6 +150,37 @@ def measure_seeded(lt, sets) -> dict[str, float]:
     }
     for name, fn in timings.items():
         out[name] = _time(_rotating(sets, fn))
+    return out
+
+
+_SEEDED_TILES = ("_H_BLOCK_M", "_H_BLOCK_K", "_DXS_BLOCK_M", "_DXS_BLOCK_K", "_DAS_BLOCK_M", "_DAS_BLOCK_K")
+
+
+def measure_tiles(lt, sets, forward: list[tuple[int, int]], seeded: list[tuple[int, int]], programs: list[int]):
+    """At each tile: the seeded forward (`h_seeded_MxK`), the seeded input gradient (`dx_seeded_MxK`) and A's
+    gradient (`da_seeded_MxK_pN`, for each programs count)."""
+    keep = sets[0]["seed"].keep
+    out: dict[str, float] = {}
+    default = {name: getattr(lt, name) for name in (*_SEEDED_TILES, "_DAS_PROGRAMS")}
+    try:
+        for bm, bk in forward:
+            lt._H_BLOCK_M, lt._H_BLOCK_K = bm, bk
+            out[f"h_seeded_{bm}x{bk}"] = _time(
+                _rotating(sets, lambda s: lt.dropped_rank_product(s["x"], s["a"], s["seed"]))
+            )
+        for bm, bk in seeded:
+            lt._DXS_BLOCK_M, lt._DXS_BLOCK_K = bm, bk
+            out[f"dx_seeded_{bm}x{bk}"] = _time(
+                _rotating(sets, lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["seed"], keep))
+            )
+            for n in programs:
+                lt._DAS_BLOCK_M, lt._DAS_BLOCK_K, lt._DAS_PROGRAMS = bm, bk, n
+                out[f"da_seeded_{bm}x{bk}_p{n}"] = _time(
+                    _rotating(sets, lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep))
+                )
+    finally:
+        for name, value in default.items():
+            setattr(lt, name, value)
     return out
 
 
@@ -182,11 +215,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--tiles", default="64x128,128x64,64x64,128x128,32x256")
     parser.add_argument("--programs", default="264,528,1056")
+    parser.add_argument("--forward-tiles", default="", help="e.g. 32x128,64x64 (none by default)")
+    parser.add_argument("--seeded-tiles", default="", help="e.g. 32x128,64x64 (none by default)")
+    parser.add_argument("--seeded-programs", default="1056")
     args = parser.parse_args(argv)
     try:
         tiles, programs = _tiles(args.tiles), _programs(args.programs)
+        forward = _tiles(args.forward_tiles) if args.forward_tiles else []
+        seeded = _tiles(args.seeded_tiles) if args.seeded_tiles else []
+        seeded_programs = _programs(args.seeded_programs)
     except ValueError as err:
-        parser.error(f"--tiles / --programs: {err}")
+        parser.error(f"--tiles / --programs / --forward-tiles / --seeded-tiles / --seeded-programs: {err}")
     if args.rows < 1 or args.rank < 1:
         parser.error(f"--rows {args.rows} / --rank {args.rank}: both must be at least 1")
     import torch
@@ -197,7 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("lora_kernels: needs a CUDA GPU")
     rows = []
     for width in WIDTHS:
-        row = measure_width(lt, args.rows, width, args.rank, tiles, programs)
+        row, sets = measure_width(lt, args.rows, width, args.rank, tiles, programs)
+        row.update(measure_tiles(lt, sets, forward, seeded, seeded_programs))
+        del sets
         rows.append(row)
         for name, value in row.items():
             if name.startswith(("dx_t", "da_t", "dx_s", "da_s", "h_")) and not name.endswith("error"):

@@ -251,5 +251,6 @@ def test_the_kernel_benchmark_says_it_needs_a_gpu(monkeypatch):
     from tests.benchmark_cli import assert_refuses_then_needs_a_gpu
 
     assert bench._tiles("64x128,32x256") == [(64, 128), (32, 256)]
-    bad = [["--tiles", "64x100"], ["--tiles", "64"], ["--programs", "0"], ["--rows", "0"]]
+    bad = [["--tiles", "64x100"], ["--tiles", "64"], ["--programs", "0"], ["--rows", "0"], ["--forward-tiles", "8x64"]]
+    bad += [["--seeded-tiles", "64x"], ["--seeded-programs", "-1"]]
     assert_refuses_then_needs_a_gpu(bench.main, bad, monkeypatch)

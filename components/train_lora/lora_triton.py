@@ -52,8 +52,14 @@ _DA_BLOCK_M, _DA_BLOCK_K = 64, 128
 _DA_PROGRAMS = 264
 
 
-# the forward's tiles for `dropped_rank_product` (one program per BLOCK_M rows, a loop over the input's width)
-_H_BLOCK_M, _H_BLOCK_K = 64, 64
+# with a seed the kernels compute the mask (Philox: integer work) instead of reading it, and want other tiles:
+# measured on an H100 with benchmarks/lora_kernels.py at 19,312 rows (16 × 1,207 tokens: the planner's 16 × 1;
+# session 15 in benchmarks/README.md), the best summed over a decoder layer's widths (5 × 2,560, 4,096, 9,728)
+# - the forward's `dropped_rank_product` (one program per BLOCK_M rows, a loop over the input's width)
+_H_BLOCK_M, _H_BLOCK_K = 32, 128
+# - the input gradient and A's gradient (its programs: more than with a stored mask, to hide Philox's latency)
+_DXS_BLOCK_M, _DXS_BLOCK_K = 32, 128
+_DAS_BLOCK_M, _DAS_BLOCK_K, _DAS_PROGRAMS = 32, 128, 1056
 _SEED_BITS = 16  # each element's random number: 16 bits of a Philox draw, eight elements per draw
 
 
@@ -234,11 +240,12 @@ def add_dropped_product(
 ) -> torch.Tensor:
     """`dx += keep * mask * (gh @ a)` in place (dx, mask: M × K; gh: M × r; a: r × K); returns dx."""
     (m, k), r = dx.shape, gh.shape[1]
-    grid = (triton.cdiv(m, _DX_BLOCK_M), triton.cdiv(k, _DX_BLOCK_K))
     mask_t, seed, groups, threshold, is_seeded = _mask_args(mask, k, dx)
+    block_m, block_k = (_DXS_BLOCK_M, _DXS_BLOCK_K) if is_seeded else (_DX_BLOCK_M, _DX_BLOCK_K)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(k, block_k))
     _add_dropped_product_kernel[grid](
         dx, gh, a, mask_t, m, k, r, float(keep), seed, groups, threshold,
-        BLOCK_M=_DX_BLOCK_M, BLOCK_K=_DX_BLOCK_K, RP=_rank_pad(r), F32_DOT=INTERPRETING, PRECISION=_precision(gh.dtype),
+        BLOCK_M=block_m, BLOCK_K=block_k, RP=_rank_pad(r), F32_DOT=INTERPRETING, PRECISION=_precision(gh.dtype),
         SEEDED=is_seeded,
     )  # fmt: skip
     return dx
@@ -248,16 +255,19 @@ def dropped_weight_grad(gh: torch.Tensor, x: torch.Tensor, mask: torch.Tensor | 
     """`gh^T @ (keep * mask * x)` in float32 (gh: M × r; x, mask: M × K): A's gradient, r × K."""
     (m, k), r = x.shape, gh.shape[1]
     rp = _rank_pad(r)
-    col_blocks = triton.cdiv(k, _DA_BLOCK_K)
-    row_blocks = max(1, triton.cdiv(m, _DA_BLOCK_M))
-    splits = max(1, min(row_blocks, triton.cdiv(_DA_PROGRAMS, col_blocks)))
-    rows_per_split = triton.cdiv(row_blocks, splits) * _DA_BLOCK_M
+    mask_t, seed, groups, threshold, is_seeded = _mask_args(mask, k, x)
+    block_m, block_k, programs = (
+        (_DAS_BLOCK_M, _DAS_BLOCK_K, _DAS_PROGRAMS) if is_seeded else (_DA_BLOCK_M, _DA_BLOCK_K, _DA_PROGRAMS)
+    )
+    col_blocks = triton.cdiv(k, block_k)
+    row_blocks = max(1, triton.cdiv(m, block_m))
+    splits = max(1, min(row_blocks, triton.cdiv(programs, col_blocks)))
+    rows_per_split = triton.cdiv(row_blocks, splits) * block_m
     splits = triton.cdiv(m, rows_per_split) if m else 1
     part = torch.empty((splits, rp, k), dtype=torch.float32, device=x.device)
-    mask_t, seed, groups, threshold, is_seeded = _mask_args(mask, k, x)
     _dropped_weight_grad_kernel[(col_blocks, splits)](
         part, gh, x, mask_t, m, k, r, float(keep), rows_per_split, seed, groups, threshold,
-        BLOCK_M=_DA_BLOCK_M, BLOCK_K=_DA_BLOCK_K, RP=rp, F32_DOT=INTERPRETING, PRECISION=_precision(x.dtype),
+        BLOCK_M=block_m, BLOCK_K=block_k, RP=rp, F32_DOT=INTERPRETING, PRECISION=_precision(x.dtype),
         SEEDED=is_seeded,
     )  # fmt: skip
     return part.sum(0)[:r] if splits > 1 else part[0, :r]
