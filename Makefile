@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format compile install clean
+.PHONY: demo test test-fast lint format compile image-tag install clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test-fast: $(STAMP)
 
 compile: $(STAMP)
 	$(PY) -m pipelines.compile --config configs/qwen3_vl_4b/lora_seed.yaml
+
+# The images' tag: a hash of the files they hold (images/README.md); standard library only.
+image-tag:
+	@$(PYTHON) -m components.images --tag
 
 clean:
 	rm -rf $(VENV) build runs

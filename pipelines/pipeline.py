@@ -62,7 +62,7 @@ from components.common.storage import to_fuse_path
 from components.deploy import deploy
 from components.evaluate import evaluate
 from components.find_champion import find_champion
-from components.images import resolve_images
+from components.images import ImageTagError, resolve_images
 from components.merge_export import merge_export
 from components.register import promote, register
 from components.snapshot_data import nothing_to_train, snapshot_data
@@ -150,7 +150,8 @@ def build_pipeline(cfg: Config, target: str = "local") -> Any:
 
     Raises:
         ValueError: Unknown target.
-        ConfigError: `eval.reference` names a local folder and the target is Vertex.
+        ConfigError: `eval.reference` names a local folder and the target is Vertex, or
+            (Vertex) a default image is needed and its tag is unknown (`components.images`).
     """
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
@@ -164,7 +165,7 @@ class _Plan:
     Attributes:
         cfg: The validated config (its compile-time sections: pipeline, resources, register, vertex).
         vertex: Whether the target is Vertex (task images and machines, CustomJob, register).
-        images: Container images {"light": ..., "train": ...} (`components.images`).
+        images: Container images {"light": ..., "train": ...} (`components.images`); {} locally.
         train_op: train-lora: a Vertex CustomJob (GCPC wrapper) or the plain component.
         register_op: register in the light image; None when there is no register step
             (local target, or no `register.serving_image`).
@@ -186,10 +187,13 @@ class _Plan:
 
 
 def _plan_for(cfg: Config, target: str) -> _Plan:
-    """Returns the task settings of a build (raises ConfigError for a reference Vertex cannot read)."""
+    """Returns the task settings of a build (raises ConfigError for a reference Vertex cannot read or an unknown image tag)."""
     vertex = target == "vertex"
     reference, reference_uri = reference_plan(cfg, target)
-    images = resolve_images(cfg.images.light, cfg.images.train)
+    try:  # the local target runs no image
+        images = resolve_images(cfg.images.light, cfg.images.train) if vertex else {}
+    except ImageTagError as exc:
+        raise ConfigError(f"{cfg.path or 'config'}: {exc}") from None
     registering = vertex and bool(cfg.register.serving_image)
     return _Plan(
         cfg=cfg,

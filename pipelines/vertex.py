@@ -202,8 +202,11 @@ def placeholder_values(cfg: Config) -> list[tuple[str, str]]:
     Looks at every config value (all sections, nested lists and mappings) and at the task
     images the job would run (the config's or the defaults), including the serving image
     register would upload (`register.serving_image: train` = the training image).
+
+    Raises:
+        VertexError: A default image is needed and its tag is unknown (no source tree here).
     """
-    from components.images import resolve_images
+    from components.images import ImageTagError, resolve_images
 
     found: list[tuple[str, str]] = []
 
@@ -221,7 +224,10 @@ def placeholder_values(cfg: Config) -> list[tuple[str, str]]:
     data = cfg.to_dict()
     data["vertex"].pop("template_repo", None)  # not sent with a run (upload checks it)
     walk(data, "")
-    images = resolve_images(cfg.images.light, cfg.images.train)
+    try:
+        images = resolve_images(cfg.images.light, cfg.images.train)
+    except ImageTagError as exc:
+        raise VertexError(f"{cfg.path or 'config'}: {exc}") from None
     walk({"light": images["light"], "train": images["train"]}, "images")
     if cfg.register.serving_image == "train":
         walk(images["train"], "register.serving_image (the training image)")
@@ -239,7 +245,8 @@ def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) 
 
     Raises:
         VertexError: Missing or placeholder project, a pipeline root that is not gs://,
-            placeholder values left in the config, or a bucket that does not exist.
+            placeholder values left in the config, a default image whose tag is unknown, or a
+            bucket that does not exist.
     """
     where = cfg.path or "config"
     project, root = cfg.vertex.project, cfg.pipeline.root

@@ -15,6 +15,7 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 from kfp import dsl
 
+from components import images
 from pipelines.compile import compile_pipeline
 from pipelines.config import ConfigError, load_config
 from pipelines.vertex import init_vertex
@@ -70,7 +71,7 @@ def test_deploy_and_promote_sit_under_the_gate_after_register(tmp_path):
     assert _const(index, "deploy", "task") == "detection" and _const(index, "deploy", "smoke_rows") == 2
     container = _const(index, "register", "serving_container")
     assert container["command"] == [] and container["port"] == 8080  # [] = the project's entry point
-    assert _const(index, "register", "serving_image").endswith("/train:0.1.0")  # serving_image: train
+    assert _const(index, "register", "serving_image").endswith(f"/train:{images.TAG}")  # serving_image: train
 
 
 def test_without_an_endpoint_register_promotes_and_there_is_no_deploy(tmp_path):

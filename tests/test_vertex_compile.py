@@ -11,6 +11,7 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from components import images
 from pipelines.compile import compile_pipeline, main
 from pipelines.config import ConfigError, load_config
 from pipelines.shapes import expected_worker_pools
@@ -62,7 +63,7 @@ def test_training_custom_job_matches_the_profile(name, tmp_path):
     assert sum(int(p["replica_count"]) for p in pools) == nodes
     # the training image runs the real train_lora component inside the job
     assert "train_lora" in " ".join(pools[0]["container_spec"]["command"])
-    assert pools[0]["container_spec"]["image_uri"].endswith("/train:0.1.0")
+    assert pools[0]["container_spec"]["image_uri"].endswith(f"/train:{images.TAG}")
     # the executor is the GCPC CustomJob launcher
     assert "custom_job" in str(raw["deploymentSpec"]["executors"]["exec-train-lora"]["container"]["command"])
 
@@ -112,7 +113,7 @@ def test_gpu_and_light_tasks_get_their_machines(tmp_path):
     for name in ("exec-stage-model", "exec-validate-data", "exec-register"):
         res = executors[name]["container"]["resources"]
         assert res["resourceCpuLimit"] == "4" and res["resourceMemoryLimit"] == "16G" and "accelerator" not in res
-        assert executors[name]["container"]["image"].endswith("/light:0.1.0")
+        assert executors[name]["container"]["image"].endswith(f"/light:{images.TAG}")
     assert raw["defaultPipelineRoot"] == "gs://YOUR_BUCKET/pipeline-root"
 
 
@@ -129,7 +130,7 @@ def test_register_runs_only_when_the_gate_passes(tmp_path):
     assert {"evaluate", "merge-export"} <= upstream(index, "register")
     inner = register.spec
     assert inner["inputs"]["parameters"]["model_id"]["runtimeValue"]["constant"] == "qwen3-vl-4b-drawings"
-    assert inner["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"].endswith("/train:0.1.0")
+    assert inner["inputs"]["parameters"]["serving_image"]["runtimeValue"]["constant"].endswith(f"/train:{images.TAG}")
 
 
 def test_config_images_override_the_defaults(tmp_path):
@@ -318,7 +319,7 @@ def test_champion_is_looked_up_before_evaluate_and_checked_by_register(tmp_path)
     )
     assert index["nothing-to-train"].group_names[-1] == "champion-up-to-date"
     executor = raw["deploymentSpec"]["executors"]["exec-find-champion"]["container"]
-    assert executor["image"].endswith("/light:0.1.0") and executor["resources"]["resourceCpuLimit"] == "4"
+    assert executor["image"].endswith(f"/light:{images.TAG}") and executor["resources"]["resourceCpuLimit"] == "4"
     assert "components.find_champion.core" in " ".join(executor["command"])
 
 
