@@ -97,11 +97,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_slowvis": auto_liger(env={"VLM_LORA_FAST_VISION": "0"}),
     "auto_liger_nodrop_slowvis": auto_liger(lora_dropout=0.0, env={"VLM_LORA_FAST_VISION": "0"}),
     # the loss logged every 2nd step (the configs log every 5th): a logging step makes the host wait for the GPU
-    # (`.item()`) before it prepares the next step; and without transformers' NaN / Inf filter of the logged loss,
-    # which makes the host wait for each micro-step's backward (`torch.isnan(loss)` in a Python `if`)
+    # (`.item()`) before it prepares the next step
     "auto_liger_log2": auto_liger(logging_steps=2),
-    "auto_liger_log2_nonan": auto_liger(logging_steps=2, logging_nan_inf_filter=False),
-    "auto_liger_nonan": auto_liger(logging_nan_inf_filter=False),
+    "auto_liger_nodrop_log2": auto_liger(lora_dropout=0.0, logging_steps=2),
+    # transformers' NaN / Inf filter of the logged loss, which train-lora turns off since 2026-11-26 (session 15):
+    # it makes the host wait for each micro-step's backward (`torch.isnan(loss)` in a Python `if`)
+    "auto_liger_nanfilter": auto_liger(logging_nan_inf_filter=True),
+    "auto_liger_nodrop_nanfilter": auto_liger(lora_dropout=0.0, logging_nan_inf_filter=True),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
     # transformers' default for Qwen3-VL is sdpa; eager and flex_attention are torch's others
     # ms-swift's padding-free batches (rows concatenated, no pad tokens) without the flash-attn

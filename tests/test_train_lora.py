@@ -69,6 +69,7 @@ def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
     assert args[i + 1 : i + 3] == ["q_proj", "v_proj"]
     assert "--resume_from_checkpoint" not in args
     assert pairs["--include_num_input_tokens_seen"] == "true"
+    assert pairs["--logging_nan_inf_filter"] == "false"  # no host wait for every backward (a config may set it)
     assert pairs["--external_plugins"] == core.PLUGIN and Path(core.PLUGIN).is_file()
 
 
@@ -83,6 +84,8 @@ def test_token_counting_can_be_turned_off_and_user_plugins_are_kept():
     )
     assert cmd[cmd.index("--include_num_input_tokens_seen") + 1] == "false"
     assert cmd.count("--include_num_input_tokens_seen") == 1
+    kept = build_sft_command({"logging_nan_inf_filter": True}, "/m", "qwen3_vl", "/t.jsonl", "", "/o")
+    assert kept[kept.index("--logging_nan_inf_filter") + 1] == "true" and kept.count("--logging_nan_inf_filter") == 1
     i = cmd.index("--external_plugins")
     assert cmd[i + 1 : i + 3] == [core.PLUGIN, "/my/plugin.py"]
 

@@ -175,6 +175,11 @@ def build_sft_command(
         # transformers then logs num_input_tokens_seen and train_tokens_per_second (the
         # task's tokens/s); swift_plugin.py makes the count exclude padding.
         "include_num_input_tokens_seen": True,
+        # transformers' filter of the logged loss tests every micro-step's loss with `torch.isnan(loss)` in a Python
+        # `if`: the host waits for the whole backward before it prepares the next step, and the GPU waits for that
+        # host work (−1.8 % per step on an H100, benchmarks/README.md session 15). Off, the training is the same and
+        # a NaN / Inf loss shows in the log instead of being replaced by the running mean. A config may set it.
+        "logging_nan_inf_filter": False,
         "external_plugins": [PLUGIN],
     }
     if eval_jsonl:
