@@ -91,6 +91,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # from seeds, VLM_LORA_SEEDED_DROPOUT=1, where they let a faster plan fit) / seeds forced at a fixed plan
     "b8_nogc_liger_seeded": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "1"}),
     "auto_liger_storedmask": auto_liger(env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
+    "auto_liger_seeded": auto_liger(env={"VLM_LORA_SEEDED_DROPOUT": "1"}),
     "b8_nogc_liger_storedmask": nogc_liger(8, env={"VLM_LORA_SEEDED_DROPOUT": "0"}),
     # the vision tower as transformers runs it (Conv3d patch embedding, float32 rotary and norms under autocast):
     # the plugin's fewer-kernel forward off (VLM_LORA_FAST_VISION=0)
