@@ -33,7 +33,7 @@ function, VLM_LORA_INPLACE_ADD=0 adds it out of place).
 With dropout on a GPU the masks may come from seeds: the Triton kernels compute them where the forward and
 the backward need them (`lora_triton.py`), so no mask is kept per adapted layer (10.4 bytes per token ×
 layer × hidden less for the 4B) with VLM_LORA_SEEDED_DROPOUT=1, which the task's planner sets only where
-it lets a faster plan fit, as the seeds cost about 2.5 % per step at the same plan; unset or 0: PyTorch's masks.
+it lets a faster plan fit (at the same plan the seeds measured −2.7 to +3.4 % per step); unset or 0: PyTorch's masks.
 Without dropout the branch is autograd's own nodes (VLM_LORA_LEAN_LORA=0 keeps the function),
 and LoRA layers that read one input (q / k / v, gate / up) compute their rank-r projections in
 one matmul (`SharedInput`; VLM_LORA_GROUP_LORA=0 keeps one per layer; not with compiled layers).
