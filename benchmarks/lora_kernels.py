@@ -104,20 +104,14 @@ def measure_width(lt, rows: int, width: int, rank: int, tiles: list[tuple[int, i
     }
     for name, fn in timings.items():
         row[name] = _time(fn)
-    default = (lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS)
-    try:
-        for bm, bk in tiles:
-            lt._DX_BLOCK_M, lt._DX_BLOCK_K = bm, bk
-            row[f"dx_triton_{bm}x{bk}"] = _time(
-                _rotating(sets, lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["mask"], keep))
+    dx_fn = _rotating(sets, lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["mask"], keep))
+    da_fn = _rotating(sets, lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["mask"], keep))
+    for bm, bk in tiles:
+        row[f"dx_triton_{bm}x{bk}"] = _timed_at(lt, {"_DX_BLOCK_M": bm, "_DX_BLOCK_K": bk}, dx_fn)
+        for n in programs:
+            row[f"da_triton_{bm}x{bk}_p{n}"] = _timed_at(
+                lt, {"_DA_BLOCK_M": bm, "_DA_BLOCK_K": bk, "_DA_PROGRAMS": n}, da_fn
             )
-            for n in programs:
-                lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = bm, bk, n
-                row[f"da_triton_{bm}x{bk}_p{n}"] = _time(
-                    _rotating(sets, lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["mask"], keep))
-                )
-    finally:
-        lt._DX_BLOCK_M, lt._DX_BLOCK_K, lt._DA_BLOCK_M, lt._DA_BLOCK_K, lt._DA_PROGRAMS = default
     row["dx_min_bytes"], row["da_min_bytes"] = dx_bytes, da_bytes
     row.update(measure_seeded(lt, sets))
     return row, sets
@@ -153,34 +147,34 @@ def measure_seeded(lt, sets) -> dict[str, float]:
     return out
 
 
-_SEEDED_TILES = ("_H_BLOCK_M", "_H_BLOCK_K", "_DXS_BLOCK_M", "_DXS_BLOCK_K", "_DAS_BLOCK_M", "_DAS_BLOCK_K")
+def _timed_at(lt, settings: dict[str, int], fn) -> float:
+    """`fn` timed with `lora_triton`'s tile settings `settings` (names -> values), restored afterwards."""
+    saved = {name: getattr(lt, name) for name in settings}
+    try:
+        for name, value in settings.items():
+            setattr(lt, name, value)
+        return _time(fn)
+    finally:
+        for name, value in saved.items():
+            setattr(lt, name, value)
 
 
 def measure_tiles(lt, sets, forward: list[tuple[int, int]], seeded: list[tuple[int, int]], programs: list[int]):
     """At each tile: the seeded forward (`h_seeded_MxK`), the seeded input gradient (`dx_seeded_MxK`) and A's
     gradient (`da_seeded_MxK_pN`, for each programs count)."""
     keep = sets[0]["seed"].keep
+    h_fn = _rotating(sets, lambda s: lt.dropped_rank_product(s["x"], s["a"], s["seed"]))
+    dx_fn = _rotating(sets, lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["seed"], keep))
+    da_fn = _rotating(sets, lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep))
     out: dict[str, float] = {}
-    default = {name: getattr(lt, name) for name in (*_SEEDED_TILES, "_DAS_PROGRAMS")}
-    try:
-        for bm, bk in forward:
-            lt._H_BLOCK_M, lt._H_BLOCK_K = bm, bk
-            out[f"h_seeded_{bm}x{bk}"] = _time(
-                _rotating(sets, lambda s: lt.dropped_rank_product(s["x"], s["a"], s["seed"]))
+    for bm, bk in forward:
+        out[f"h_seeded_{bm}x{bk}"] = _timed_at(lt, {"_H_BLOCK_M": bm, "_H_BLOCK_K": bk}, h_fn)
+    for bm, bk in seeded:
+        out[f"dx_seeded_{bm}x{bk}"] = _timed_at(lt, {"_DXS_BLOCK_M": bm, "_DXS_BLOCK_K": bk}, dx_fn)
+        for n in programs:
+            out[f"da_seeded_{bm}x{bk}_p{n}"] = _timed_at(
+                lt, {"_DAS_BLOCK_M": bm, "_DAS_BLOCK_K": bk, "_DAS_PROGRAMS": n}, da_fn
             )
-        for bm, bk in seeded:
-            lt._DXS_BLOCK_M, lt._DXS_BLOCK_K = bm, bk
-            out[f"dx_seeded_{bm}x{bk}"] = _time(
-                _rotating(sets, lambda s: lt.add_dropped_product(s["dx"], s["gh"], s["a"], s["seed"], keep))
-            )
-            for n in programs:
-                lt._DAS_BLOCK_M, lt._DAS_BLOCK_K, lt._DAS_PROGRAMS = bm, bk, n
-                out[f"da_seeded_{bm}x{bk}_p{n}"] = _time(
-                    _rotating(sets, lambda s: lt.dropped_weight_grad(s["gh"], s["x"], s["seed"], keep))
-                )
-    finally:
-        for name, value in default.items():
-            setattr(lt, name, value)
     return out
 
 

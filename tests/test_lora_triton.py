@@ -254,3 +254,22 @@ def test_the_kernel_benchmark_says_it_needs_a_gpu(monkeypatch):
     bad = [["--tiles", "64x100"], ["--tiles", "64"], ["--programs", "0"], ["--rows", "0"], ["--forward-tiles", "8x64"]]
     bad += [["--seeded-tiles", "64x"], ["--seeded-programs", "-1"]]
     assert_refuses_then_needs_a_gpu(bench.main, bad, monkeypatch)
+
+
+def test_the_kernel_benchmark_times_each_tile_and_puts_the_defaults_back(monkeypatch):
+    import types
+
+    import benchmarks.lora_kernels as bench
+
+    lt = types.SimpleNamespace(_H_BLOCK_M=32, _H_BLOCK_K=128)
+    seen = []
+    monkeypatch.setattr(bench, "_time", lambda fn: fn() or 1.5)
+    assert bench._timed_at(lt, {"_H_BLOCK_M": 16}, lambda: seen.append((lt._H_BLOCK_M, lt._H_BLOCK_K))) == 1.5
+    assert seen == [(16, 128)] and (lt._H_BLOCK_M, lt._H_BLOCK_K) == (32, 128)
+
+    def fails():
+        raise RuntimeError("out of resources")
+
+    with pytest.raises(RuntimeError, match="out of resources"):
+        bench._timed_at(lt, {"_H_BLOCK_M": 128, "_H_BLOCK_K": 256}, fails)
+    assert (lt._H_BLOCK_M, lt._H_BLOCK_K) == (32, 128)  # a tile that fails leaves the defaults in place
