@@ -80,6 +80,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     # across GPUs: ZeRO-2 set by the config (the strategy rule picked it until 2026-11-26), plain DDP (picks it now)
     "auto_liger_zero2": auto_liger(deepspeed="zero2"),
     "auto_liger_ddp": auto_liger(deepspeed="none"),
+    # DDP without the search for unused parameters (transformers asks DDP for it whenever the model is not a bare
+    # PreTrainedModel, as peft's wrapper is not: a walk of the autograd graph after every forward)
+    "auto_liger_nounused": auto_liger(ddp_find_unused_parameters=False),
     # without LoRA dropout (Unsloth's default), to compare with benchmarks/unsloth_peer.py at the same plan
     "auto_liger_nodrop": auto_liger(lora_dropout=0.0),
     # the MLP's SiLU-multiply product kept for the down projection's LoRA backward (the plugin computes it again
