@@ -390,3 +390,48 @@ def test_build_command_with_strategy_and_resume_keeps_user_args():
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--deepspeed"] == "zero2" and pairs["--ddp_timeout"] == "600"
     assert pairs["--resume_from_checkpoint"] == "/gcs/b/ck/checkpoint-4"
+
+
+DENSE = {"model_type": "qwen3_vl", "text_config": {"hidden_size": 2560, "num_hidden_layers": 36}}
+MOE = {"model_type": "qwen3_vl_moe", "text_config": {"num_experts": 128, "num_experts_per_tok": 8}}
+
+
+def test_ddp_over_a_dense_model_with_a_frozen_vision_tower_skips_the_unused_parameter_search():
+    ddp_unused_args = core.ddp_unused_args
+    assert ddp_unused_args({}, "ddp", DENSE) == {"ddp_find_unused_parameters": False}
+    assert ddp_unused_args({"freeze_vit": True, "freeze_aligner": "true"}, "ddp", DENSE) == {
+        "ddp_find_unused_parameters": False
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "strategy", "config"),
+    [
+        ({}, "single", DENSE),  # no DDP
+        ({}, "zero3", DENSE),  # DeepSpeed's engine, not DDP
+        ({}, "user", DENSE),
+        ({}, "ddp", MOE),  # an expert no token reached on a rank has no gradient there
+        ({}, "ddp", {"num_local_experts": 8}),  # a text-only MoE config (transformers 5's name)
+        ({"freeze_vit": False}, "ddp", DENSE),  # a batch without images skips a vision tower that trains
+        ({"freeze_aligner": "false"}, "ddp", DENSE),
+        ({"ddp_find_unused_parameters": True}, "ddp", DENSE),  # the config's choice
+        ({"ddp_find_unused_parameters": False}, "ddp", MOE),  # ... either way: nothing added
+    ],
+)
+def test_the_unused_parameter_search_stays_where_a_parameter_may_miss_a_step(args, strategy, config):
+    assert core.ddp_unused_args(args, strategy, config) == {}
+
+
+def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_path, capsys):
+    launch = core._Launch(la.launch_plan({}, 2), 2, 80 * GIB)
+    (tmp_path / "config.json").write_text(json.dumps(DENSE))
+    run = dict(ddp_timeout_s=None, environ={}, checkpoint_dir=None)
+    args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
+    assert strategy.name == "ddp" and args["ddp_find_unused_parameters"] is False
+    assert "DDP without the search for unused parameters" in capsys.readouterr().out
+    (tmp_path / "config.json").write_text(json.dumps(MOE))
+    args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
+    assert strategy.name == "ddp" and "ddp_find_unused_parameters" not in args
+    one = core._Launch(la.launch_plan({}, 1), 1, 80 * GIB)
+    args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), one, **run)
+    assert strategy.name == "single" and "ddp_find_unused_parameters" not in args
