@@ -397,7 +397,7 @@ MOE = {"model_type": "qwen3_vl_moe", "text_config": {"num_experts": 128, "num_ex
 
 
 def test_ddp_over_a_dense_model_with_a_frozen_vision_tower_skips_the_unused_parameter_search():
-    ddp_unused_args = core.ddp_unused_args
+    ddp_unused_args = la.ddp_unused_args
     assert ddp_unused_args({}, "ddp", DENSE) == {"ddp_find_unused_parameters": False}
     assert ddp_unused_args({"freeze_vit": True, "freeze_aligner": "true"}, "ddp", DENSE) == {
         "ddp_find_unused_parameters": False
@@ -419,7 +419,7 @@ def test_ddp_over_a_dense_model_with_a_frozen_vision_tower_skips_the_unused_para
     ],
 )
 def test_the_unused_parameter_search_stays_where_a_parameter_may_miss_a_step(args, strategy, config):
-    assert core.ddp_unused_args(args, strategy, config) == {}
+    assert la.ddp_unused_args(args, strategy, config) == {}
 
 
 def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_path, capsys):

@@ -29,6 +29,13 @@ def load_model_config(model_dir: str | Path) -> dict[str, Any]:
         return {}
 
 
+def expert_count(config: Mapping[str, Any]) -> int:
+    """Experts per MoE layer of a (possibly multimodal) HF config; 0 for a dense model."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    experts = text.get("num_experts") or text.get("num_local_experts")  # transformers 5 writes the latter
+    return experts if isinstance(experts, int) and experts > 0 else 0
+
+
 def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
     """The language model's context limit from a (possibly multimodal) HF config."""
     for sub in ("text_config", "llm_config", "language_config"):

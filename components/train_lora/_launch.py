@@ -44,6 +44,7 @@ from typing import Any
 
 from components.common.model_fit import FIT_FRACTION, ModelTooLarge, check_fits
 from components.train_lora._errors import TrainError
+from components.train_lora._input_checks import expert_count
 
 # NCCL / torch.distributed timeout (seconds) set for distributed runs when the config does
 # not set swift.ddp_timeout (ms-swift's own default is 18,000,000 s: a hung peer would keep
@@ -229,6 +230,31 @@ def distributed_swift_args(
     if not plan.distributed or "ddp_timeout" in swift_args:
         return {}
     return {"ddp_timeout": int(ddp_timeout_s or DEFAULT_DDP_TIMEOUT_S)}
+
+
+def ddp_unused_args(args: Mapping[str, Any], strategy: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"ddp_find_unused_parameters": False}` where DDP needs no search for unused parameters, else {}.
+
+    transformers asks DDP for the search whenever the model is not a bare PreTrainedModel (peft's wrapper is not):
+    a walk of the autograd graph after every forward, 5.6 % of a step on two H200s (benchmarks/README.md, session
+    15). Left on where a trainable parameter may miss a step's forward: a config that sets it, a mixture of
+    experts (an expert no token reached on a rank), a vision tower or aligner that trains (a batch without
+    images skips them). Otherwise every trainable parameter of LoRA gets a gradient every step.
+
+    Args:
+        args: The run's swift arguments.
+        strategy: The chosen `Strategy.name`.
+        config: The base model's config.json.
+    """
+    if strategy != "ddp" or "ddp_find_unused_parameters" in args or expert_count(config):
+        return {}
+    if not (_truthy(args.get("freeze_vit", True)) and _truthy(args.get("freeze_aligner", True))):
+        return {}
+    return {"ddp_find_unused_parameters": False}
+
+
+def _truthy(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() not in ("false", "0", "no", "off", "")
 
 
 @dataclass

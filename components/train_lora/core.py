@@ -532,40 +532,13 @@ def train_lora(
     return result
 
 
-def _experts(config: dict[str, Any]) -> int:
-    """Experts per MoE layer of a (possibly multimodal) HF config; 0 for a dense model."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    experts = text.get("num_experts") or text.get("num_local_experts")  # transformers 5 writes the latter
-    return experts if isinstance(experts, int) and experts > 0 else 0
-
-
-def ddp_unused_args(args: dict[str, Any], strategy: str, config: dict[str, Any]) -> dict[str, Any]:
-    """`{"ddp_find_unused_parameters": False}` where DDP needs no search for unused parameters, else {}.
-
-    transformers asks DDP for the search whenever the model is not a bare PreTrainedModel (peft's wrapper is not):
-    a walk of the autograd graph after every forward, 5.6 % of a step on two H200s (benchmarks/README.md, session
-    15). Left on where a trainable parameter may miss a step's forward: a config that sets it, a mixture of
-    experts (an expert no token reached on a rank), a vision tower or aligner that trains (a batch without
-    images skips them). Otherwise every trainable parameter of LoRA gets a gradient every step.
-    """
-    if strategy != "ddp" or "ddp_find_unused_parameters" in args or _experts(config):
-        return {}
-    if not (_truthy(args.get("freeze_vit", True)) and _truthy(args.get("freeze_aligner", True))):
-        return {}
-    return {"ddp_find_unused_parameters": False}
-
-
-def _truthy(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() not in ("false", "0", "no", "off", "")
-
-
 def _active_billions(model_dir: str) -> tuple[float, bool]:
     """(Billions of parameters a token passes through, whether the model is a mixture of experts), from the
     staged weights (bf16 = 2 bytes a parameter) and config: the cost estimate's size when the name has none."""
     config = _input_checks.load_model_config(model_dir)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     total = _launch.model_weight_bytes(model_dir, "bfloat16") / 2
-    experts = _experts(config)
+    experts = _input_checks.expert_count(config)
     active = text.get("num_experts_per_tok")
     if not (isinstance(active, int) and experts):
         return total / 1e9, False
@@ -920,7 +893,7 @@ def _final_swift_args(
         f"strategy {strategy.name}: {strategy.reason}",
         flush=True,
     )
-    if unused := ddp_unused_args(args, strategy.name, _input_checks.load_model_config(model_dir)):
+    if unused := _launch.ddp_unused_args(args, strategy.name, _input_checks.load_model_config(model_dir)):
         args.update(unused)
         print(
             "train-lora: DDP without the search for unused parameters (ddp_find_unused_parameters false: a dense "
