@@ -496,6 +496,9 @@ SWIFT_ARG_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "use_dora": _BOOL,
     "packing": _BOOL,
     "padding_free": _BOOL,
+    # train-lora sets both unless the config does (components/train_lora/core.py, _launch.py)
+    "logging_nan_inf_filter": _BOOL,
+    "ddp_find_unused_parameters": _BOOL,
     "target_modules": (
         lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
         "a string or a list of strings, e.g. all-linear",

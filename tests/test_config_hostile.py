@@ -337,6 +337,8 @@ def test_check_local_dirs_names_the_key_its_line_or_the_option(tmp_path, monkeyp
         ("per_device_train_batch_size", "0", "a positive integer or auto"),
         ("per_device_train_batch_size", "AUTO", "a positive integer or auto"),
         ("torch_dtype", "fp32", "bfloat16, float16 or float32"),
+        ("logging_nan_inf_filter", "yes please", "true or false"),
+        ("ddp_find_unused_parameters", "1", "true or false"),
         ("target_modules", "[1, 2]", "a string or a list of strings"),
     ],
 )
