@@ -106,6 +106,15 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_nodrop_log2": auto_liger(lora_dropout=0.0, logging_steps=2),
     # transformers' NaN / Inf filter of the logged loss, which train-lora turns off since 2026-11-26 (session 15):
     # it makes the host wait for each micro-step's backward (`torch.isnan(loss)` in a Python `if`)
+    # DDP's communication (session 16): without the per-forward broadcast of buffers (Qwen-VL's only buffers are
+    # rotary tables that training never changes), and with one bucket for all LoRA gradients (one all-reduce after
+    # the backward, no NCCL kernel waiting on the other rank beside the backward's). Measured as profiles before the
+    # train-lora plugin made both its default (ddp_comm.py); `_ddpdefault` is transformers' defaults since then
+    "auto_liger_nobcast": auto_liger(ddp_broadcast_buffers=False),
+    "auto_liger_onebucket": auto_liger(ddp_broadcast_buffers=False, ddp_bucket_cap_mb=256),
+    "auto_liger_ddpdefault": auto_liger(env={"VLM_LORA_DDP_COMM": "0"}),
+    # regional torch.compile of the decoder layers (opt-in) under the planner
+    "auto_liger_compile": auto_liger(env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     "auto_liger_nanfilter": auto_liger(logging_nan_inf_filter=True),
     "auto_liger_nodrop_nanfilter": auto_liger(lora_dropout=0.0, logging_nan_inf_filter=True),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):

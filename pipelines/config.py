@@ -496,9 +496,11 @@ SWIFT_ARG_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "use_dora": _BOOL,
     "packing": _BOOL,
     "padding_free": _BOOL,
-    # train-lora sets both unless the config does (components/train_lora/core.py, _launch.py)
+    # train-lora sets these unless the config does (components/train_lora/core.py, _launch.py, ddp_comm.py)
     "logging_nan_inf_filter": _BOOL,
     "ddp_find_unused_parameters": _BOOL,
+    "ddp_broadcast_buffers": _BOOL,
+    "ddp_bucket_cap_mb": _POSITIVE_INT,
     "target_modules": (
         lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
         "a string or a list of strings, e.g. all-linear",

@@ -339,6 +339,9 @@ def test_check_local_dirs_names_the_key_its_line_or_the_option(tmp_path, monkeyp
         ("torch_dtype", "fp32", "bfloat16, float16 or float32"),
         ("logging_nan_inf_filter", "yes please", "true or false"),
         ("ddp_find_unused_parameters", "1", "true or false"),
+        ("ddp_broadcast_buffers", "'no'", "true or false"),
+        ("ddp_bucket_cap_mb", "0", "a positive integer"),
+        ("ddp_bucket_cap_mb", "25.5", "a positive integer"),
         ("target_modules", "[1, 2]", "a string or a list of strings"),
     ],
 )

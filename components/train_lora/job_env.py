@@ -52,6 +52,8 @@ _PLUGIN_SWITCHES = {
     "or 1 (one matmul, one Triton rotary kernel, 16-bit norms: the same values, the default)",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0 (ZeRO-1/2 saves copy the whole model to host memory) "
     "or 1 (only what the adapter save keeps, the default)",
+    "VLM_LORA_DDP_COMM": "0 (transformers' DDP defaults: 25 MB gradient buckets, buffers broadcast every forward) "
+    "or 1 (one bucket for the trainable gradients, no broadcast of non-persistent buffers, the default)",
 }
 
 

@@ -1,0 +1,76 @@
+"""How DDP moves LoRA's gradients: one bucket, no broadcast of derived buffers (item 14 of swift_plugin.py).
+
+transformers hands DDP `bucket_cap_mb` 25 by default, so the 66 MB of float32 LoRA gradients of the 4B
+travel in three all-reduces that start during the backward. Their bytes take about 0.3 ms at the 232-298 GB/s
+two H200s measure (benchmarks/README.md, preflight), so overlapping them saves almost nothing, while each
+NCCL kernel sits on the GPU beside the backward's kernels until the other rank reaches the same bucket.
+`ddp_settings` sizes the bucket to hold every trainable gradient: DDP then reduces them in one all-reduce after
+the backward (beside its own first bucket of 1 MiB). And DDP broadcasts every buffer from rank 0 before each
+forward (`broadcast_buffers`), a collective that waits for both ranks; a model whose buffers are all
+non-persistent (not in its state dict: values it derives from its config when built, such as Qwen-VL's
+rotary tables) has nothing to broadcast that the ranks do not already share.
+
+Pure (a torch module and the arguments' values in, settings out); the plugin applies them to the
+TrainingArguments before transformers builds the accelerator. A value the config sets is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def trainable_grad_bytes(model) -> int:
+    """Bytes of the gradients DDP reduces: every parameter that requires a gradient, in its own dtype."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def persistent_buffers(model) -> list[str]:
+    """Names of the buffers that are in the model's state dict (a running statistic, a learned table)."""
+    names = []
+    for prefix, module in model.named_modules():
+        skipped = getattr(module, "_non_persistent_buffers_set", set())
+        for name, buf in module._buffers.items():
+            if buf is not None and name not in skipped:
+                names.append(f"{prefix}.{name}" if prefix else name)
+    return names
+
+
+def ddp_settings(
+    model, *, world_size: int, deepspeed: Any, bucket_cap_mb: Any, broadcast_buffers: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """TrainingArguments values for DDP over `model`, and one log line per value set.
+
+    Args:
+        model: The model the trainer wraps (peft's, with the adapters trainable).
+        world_size: Training processes in all.
+        deepspeed: The run's `deepspeed` argument (set: DeepSpeed, not DDP, moves the gradients).
+        bucket_cap_mb: The run's `ddp_bucket_cap_mb` (None: not set by the config).
+        broadcast_buffers: The run's `ddp_broadcast_buffers` (None: not set by the config).
+
+    Returns:
+        ({"ddp_bucket_cap_mb": int, "ddp_broadcast_buffers": False} or the part of it that applies, lines).
+    """
+    if world_size <= 1 or deepspeed:
+        return {}, []
+    settings: dict[str, Any] = {}
+    lines: list[str] = []
+    if bucket_cap_mb is None:
+        grad_bytes = trainable_grad_bytes(model)
+        if grad_bytes:
+            settings["ddp_bucket_cap_mb"] = math.ceil(grad_bytes / MIB) + 1
+            lines.append(
+                f"DDP reduces the {grad_bytes / MIB:.1f} MiB of trainable gradients in one bucket after the backward "
+                f"(ddp_bucket_cap_mb {settings['ddp_bucket_cap_mb']}; set it in swift to overlap them)"
+            )
+    if broadcast_buffers is None:
+        kept = persistent_buffers(model)
+        if not kept:
+            settings["ddp_broadcast_buffers"] = False
+            lines.append(
+                "DDP does not broadcast buffers before each forward (ddp_broadcast_buffers false: every buffer is "
+                "non-persistent, derived from the config on each rank)"
+            )
+    return settings, lines

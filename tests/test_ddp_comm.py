@@ -1,0 +1,158 @@
+"""DDP's communication for LoRA (components/train_lora/ddp_comm.py, swift_plugin.set_ddp_comm).
+
+The bucket size is checked where it matters: two real processes (gloo on the CPU) run DDP with the
+settings and DDP's own logging data says how many buckets it reduced; transformers' Trainer is checked
+to hand the values to accelerate's DDP arguments.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from components.train_lora import ddp_comm, swift_plugin
+
+
+class Adapted(torch.nn.Module):
+    """A frozen base with float32 "adapters" of about 30 MiB, a non-persistent buffer like a rotary table."""
+
+    def __init__(self, bn: bool = False) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(64, 64)
+        self.base.requires_grad_(False)
+        self.a = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(1024, 1024) * 0.01) for _ in range(8)])
+        self.register_buffer("inv_freq", torch.arange(4.0), persistent=False)
+        self.norm = torch.nn.BatchNorm1d(64) if bn else None
+
+    def forward(self, x):
+        h = self.base(x[:, :64])
+        if self.norm is not None:
+            h = self.norm(h)
+        y = x
+        for p in self.a:
+            y = y @ p
+        return y.sum() + h.sum() * self.inv_freq.sum()
+
+
+def test_trainable_grad_bytes_counts_trainable_parameters_in_their_dtype():
+    model = Adapted()
+    assert ddp_comm.trainable_grad_bytes(model) == 8 * 1024 * 1024 * 4
+    model.a[0].data = model.a[0].data.to(torch.bfloat16)
+    assert ddp_comm.trainable_grad_bytes(model) == 7 * 1024 * 1024 * 4 + 1024 * 1024 * 2
+
+
+def test_persistent_buffers_names_state_dict_buffers_only():
+    assert ddp_comm.persistent_buffers(Adapted()) == []
+    kept = ddp_comm.persistent_buffers(Adapted(bn=True))
+    assert kept == ["norm.running_mean", "norm.running_var", "norm.num_batches_tracked"]
+
+
+def test_settings_one_bucket_and_no_broadcast_for_derived_buffers():
+    settings, lines = ddp_comm.ddp_settings(
+        Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=None
+    )
+    assert settings == {"ddp_bucket_cap_mb": 33, "ddp_broadcast_buffers": False}
+    assert "32.0 MiB of trainable gradients in one bucket" in lines[0] and "ddp_bucket_cap_mb 33" in lines[0]
+    assert "ddp_broadcast_buffers false" in lines[1]
+
+
+def test_settings_keep_config_values_and_broadcast_real_statistics():
+    settings, lines = ddp_comm.ddp_settings(
+        Adapted(bn=True), world_size=2, deepspeed=None, bucket_cap_mb=25, broadcast_buffers=None
+    )
+    assert settings == {} and lines == []  # the config's bucket; BatchNorm's statistics keep the broadcast
+    settings, _ = ddp_comm.ddp_settings(Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=True)
+    assert settings == {"ddp_bucket_cap_mb": 33}
+
+
+@pytest.mark.parametrize("world_size, deepspeed", [(1, None), (2, "zero2"), (2, "/x/zero3.json")])
+def test_settings_only_for_ddp(world_size, deepspeed):
+    assert ddp_comm.ddp_settings(
+        Adapted(), world_size=world_size, deepspeed=deepspeed, bucket_cap_mb=None, broadcast_buffers=None
+    ) == ({}, [])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, port: int, kwargs: dict, out) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = Adapted()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, **kwargs)
+        torch.manual_seed(1 + rank)  # each rank its own rows
+        for _ in range(3):  # DDP rebuilds its buckets by gradient order after the first iteration
+            ddp.zero_grad()
+            ddp(torch.randn(2, 1024)).backward()
+        data = ddp._get_ddp_logging_data()
+        out.put((rank, data.get("num_buckets_reduced"), float(model.a[0].grad.double().sum())))
+    finally:
+        dist.destroy_process_group()
+
+
+def _buckets(kwargs: dict) -> tuple[set, set]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_worker, args=(r, port, kwargs, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return {r[1] for r in results}, {r[2] for r in results}
+
+
+def test_real_ddp_reduces_the_adapters_in_one_bucket():
+    settings, _ = ddp_comm.ddp_settings(Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=None)
+    kwargs = {"bucket_cap_mb": settings["ddp_bucket_cap_mb"], "broadcast_buffers": settings["ddp_broadcast_buffers"]}
+    buckets, grads = _buckets(kwargs)
+    assert buckets == {1}
+    assert len(grads) == 1  # both ranks hold the same reduced gradient
+    default_buckets, default_grads = _buckets({})  # transformers' default, 25 MB: more than one
+    assert min(default_buckets) > 1
+    assert math.isclose(next(iter(grads)), next(iter(default_grads)), rel_tol=1e-9)
+
+
+def test_plugin_sets_the_training_arguments_that_transformers_hands_to_ddp(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    model = Adapted()
+    assert swift_plugin.set_ddp_comm(model, args, environ={"WORLD_SIZE": "2"}) == {
+        "ddp_bucket_cap_mb": 33,
+        "ddp_broadcast_buffers": False,
+    }
+    handler = Trainer._build_accelerator_args(types.SimpleNamespace(args=args, model=model))["kwargs_handlers"][0]
+    assert handler.bucket_cap_mb == 33 and handler.broadcast_buffers is False
+
+
+def test_plugin_switch_off_and_single_process_leave_the_arguments(tmp_path):
+    from transformers import TrainingArguments
+
+    for environ in ({"WORLD_SIZE": "2", "VLM_LORA_DDP_COMM": "0"}, {"WORLD_SIZE": "1"}, {}):
+        args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+        assert swift_plugin.set_ddp_comm(Adapted(), args, environ=environ) == {}
+        assert args.ddp_bucket_cap_mb is None and args.ddp_broadcast_buffers is None
+
+
+def test_plugin_keeps_the_configs_bucket(tmp_path):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", ddp_bucket_cap_mb=10)
+    assert swift_plugin.set_ddp_comm(Adapted(), args, environ={"WORLD_SIZE": "2"}) == {"ddp_broadcast_buffers": False}
+    assert args.ddp_bucket_cap_mb == 10
