@@ -423,3 +423,37 @@ def test_a_code_change_gives_the_compiled_pipeline_new_image_names(tmp_path):
     assert after.keys() == before.keys()
     assert all(after[name] != before[name] for name in before), (before, after)
     assert after["train-lora (CustomJob)"].endswith(f"/train:{source_tag(tree)}")
+
+
+def _ignore_entries(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_dockerignore_covers_every_gitignore_entry():
+    """A local build's context must leave out what git ignores, at the same depth, or the in-image check
+    of the Dockerfiles would hash files Cloud Build's upload never holds."""
+    import fnmatch
+
+    docker = _ignore_entries(ROOT / ".dockerignore")
+    missing = []
+    for entry in _ignore_entries(ROOT / ".gitignore"):
+        name = entry.strip("/")
+        anchored = entry.startswith("/") or "/" in name
+        wanted = [p for p in docker if fnmatch.fnmatch(name, p)] if anchored else []
+        wanted += [p for p in docker if p.startswith("**/") and fnmatch.fnmatch(name, p[3:])]
+        if not wanted:
+            missing.append(f"{entry} (write {'' if anchored else '**/'}{name} into .dockerignore)")
+    assert not missing, missing
+
+
+def test_walk_without_git_skips_what_gitignore_ignores_at_any_depth():
+    """Without git (a source tarball) the tag's walk must leave out the same leftovers git ignores under
+    components/ and pipelines/, or the two listings would give two tags for one tree."""
+    for entry in _ignore_entries(ROOT / ".gitignore"):
+        if entry.startswith("/"):
+            continue  # anchored at the root: never under components/ or pipelines/
+        name = entry.strip("/")
+        example = name.replace("*", "x")
+        assert images._skipped(f"components/sub/{example}/f.py") or images._skipped(f"components/sub/{example}"), (
+            f".gitignore ignores {entry} at any depth; add it to components/images.py _SKIP_DIRS / _SKIP_SUFFIXES"
+        )
