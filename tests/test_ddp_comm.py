@@ -67,7 +67,9 @@ def test_settings_keep_config_values_and_broadcast_real_statistics():
         Adapted(bn=True), world_size=2, deepspeed=None, bucket_cap_mb=25, broadcast_buffers=None
     )
     assert settings == {} and lines == []  # the config's bucket; BatchNorm's statistics keep the broadcast
-    settings, _ = ddp_comm.ddp_settings(Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=True)
+    settings, _ = ddp_comm.ddp_settings(
+        Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=True
+    )
     assert settings == {"ddp_bucket_cap_mb": 33}
 
 
@@ -118,7 +120,9 @@ def _buckets(kwargs: dict) -> tuple[set, set]:
 
 
 def test_real_ddp_reduces_the_adapters_in_one_bucket():
-    settings, _ = ddp_comm.ddp_settings(Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=None)
+    settings, _ = ddp_comm.ddp_settings(
+        Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=None
+    )
     kwargs = {"bucket_cap_mb": settings["ddp_bucket_cap_mb"], "broadcast_buffers": settings["ddp_broadcast_buffers"]}
     buckets, grads = _buckets(kwargs)
     assert buckets == {1}
