@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
 TAG_RE = re.compile(r"0\.1\.0-[0-9a-f]{12}")
 HAS_GIT = shutil.which("git") is not None
+# each listing of the files: by `git ls-files`, and by the walk used where there is no git
+WITH_AND_WITHOUT_GIT = pytest.mark.parametrize(
+    "git", [False, True] if HAS_GIT else [False], ids=["walk", "git"][: 1 + HAS_GIT]
+)
 
 TINY = {
     "components/__init__.py": "",
@@ -65,7 +69,7 @@ def copy_sources(src: Path, dst: Path, extra: tuple[str, ...] = ()) -> Path:
 # ---------------------------------------------------------------- stable
 
 
-@pytest.mark.parametrize("git", [False, True] if HAS_GIT else [False], ids=["walk", "git"][: 1 + HAS_GIT])
+@WITH_AND_WITHOUT_GIT
 def test_the_tag_is_stable_and_the_same_at_another_path(tmp_path, git):
     a = make_tree(tmp_path / "a", git=git)
     tag = source_tag(a)
@@ -127,7 +131,7 @@ CHANGES = {
 }
 
 
-@pytest.mark.parametrize("git", [False, True] if HAS_GIT else [False], ids=["walk", "git"][: 1 + HAS_GIT])
+@WITH_AND_WITHOUT_GIT
 @pytest.mark.parametrize("change", CHANGES, ids=list(CHANGES))
 def test_a_change_to_what_the_images_hold_changes_the_tag(tmp_path, change, git):
     root = make_tree(tmp_path, git=git)
@@ -157,7 +161,7 @@ NOT_HASHED = {
 }
 
 
-@pytest.mark.parametrize("git", [False, True] if HAS_GIT else [False], ids=["walk", "git"][: 1 + HAS_GIT])
+@WITH_AND_WITHOUT_GIT
 @pytest.mark.parametrize("what", NOT_HASHED, ids=list(NOT_HASHED))
 def test_caches_and_files_outside_the_images_do_not_change_the_tag(tmp_path, what, git):
     root = make_tree(tmp_path, git=git)
