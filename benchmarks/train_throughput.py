@@ -113,6 +113,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_nobcast": auto_liger(ddp_broadcast_buffers=False),
     "auto_liger_onebucket": auto_liger(ddp_broadcast_buffers=False, ddp_bucket_cap_mb=256),
     "auto_liger_ddpdefault": auto_liger(env={"VLM_LORA_DDP_COMM": "0"}),
+    # Python's garbage collection (session 17): automatic on every rank (VLM_LORA_ALIGNED_GC=0), against the plugin's
+    # collections at step ends under several processes (item 15); and the loss logged every 5th step as the configs
+    # do (the benchmark logs every step by default, a host wait for the GPU at each step's end)
+    "auto_liger_autogc": auto_liger(env={"VLM_LORA_ALIGNED_GC": "0"}),
+    "auto_liger_log5": auto_liger(logging_steps=5),
+    "auto_liger_autogc_log5": auto_liger(logging_steps=5, env={"VLM_LORA_ALIGNED_GC": "0"}),
+    "auto_liger_compile_log5": auto_liger(logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     # regional torch.compile of the decoder layers (opt-in) under the planner
     "auto_liger_compile": auto_liger(env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     "auto_liger_nanfilter": auto_liger(logging_nan_inf_filter=True),

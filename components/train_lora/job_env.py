@@ -54,6 +54,8 @@ _PLUGIN_SWITCHES = {
     "or 1 (only what the adapter save keeps, the default)",
     "VLM_LORA_DDP_COMM": "0 (transformers' DDP defaults: 25 MB gradient buckets, buffers broadcast every forward) "
     "or 1 (one bucket for the trainable gradients, no broadcast of non-persistent buffers, the default)",
+    "VLM_LORA_ALIGNED_GC": "0 (Python's automatic garbage collection) or 1 (collections at step ends only, also "
+    "with one process); unset: at step ends with more than one process",
 }
 
 

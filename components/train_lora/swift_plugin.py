@@ -109,6 +109,13 @@ all-reduce after the backward instead of three whose NCCL kernels wait beside it
 broadcast of buffers before each forward when every buffer is non-persistent (derived from the config on
 each rank). A value the config sets is kept. Two H200s, same call: 0.574 / 0.581 s per step against 0.601
 (benchmarks/README.md). VLM_LORA_DDP_COMM=0 turns it off.
+
+15. Python's garbage collection at step ends (`gc_align.py`, next to this file): with more than one process the
+automatic collector is off during training and every rank collects at the end of each optimizer step (the young
+generations; all of them every 50 steps), after freezing what exists at the start, so that no rank pauses in
+the middle of a forward while the others wait for it at the all-reduce (Megatron-LM's `--manual-gc`). Every rank
+logs its collections and pauses at the end of training, with or without it. VLM_LORA_ALIGNED_GC=0 turns it off,
+=1 turns it on for one process too.
 """
 
 from __future__ import annotations
@@ -502,6 +509,44 @@ def set_ddp_comm(model, training_args, environ=os.environ) -> dict:
     return settings
 
 
+def gc_callback(environ=os.environ):
+    """Item 15: a TrainerCallback that counts garbage collections during training and, with more than one process
+    (or VLM_LORA_ALIGNED_GC=1), runs them at step ends only (`gc_align.py`)."""
+    from transformers import TrainerCallback
+
+    helpers = _load_sibling("gc_align")
+    aligned = helpers.wanted(environ, int(environ.get("WORLD_SIZE", "1") or 1))
+
+    class GcCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.census = helpers.GcCensus()
+            self.aligner = helpers.AlignedGc() if aligned else None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if self.aligner is not None:
+                self.aligner.start()
+                print(
+                    "train-lora plugin: garbage collection at step ends on every rank (automatic collection off; "
+                    f"all generations every {self.aligner.full_every} steps)",
+                    flush=True,
+                )
+            self.census.attach()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.aligner is not None:
+                self.aligner.step_end(state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.census.detach()
+            if self.aligner is not None:
+                self.aligner.stop()
+            how = "at step ends" if self.aligner is not None else "automatic"
+            rank = environ.get("RANK", "0")
+            print(f"train-lora plugin: rank {rank}, collection {how}: {self.census.summary()}", flush=True)
+
+    return GcCallback()
+
+
 def _install_trainer_init() -> tuple[bool, bool]:
     """Wraps Trainer.__init__ for what needs the model: DDP's buckets and buffers, compilation (opt-in), deepstack
     by position, grouped LoRA projections, Liger's SiLU-multiply."""
@@ -523,6 +568,7 @@ def _install_trainer_init() -> tuple[bool, bool]:
         set_ddp_comm(kwargs.get("model", args[0] if args else None), training_args)
         original(self, *args, **kwargs)
         patch_model(self.model, training_args, language=language, vision=vision)
+        self.add_callback(gc_callback())
 
     __init__._vlm_lora_init = True
     Trainer.__init__ = __init__

@@ -1,0 +1,122 @@
+"""Python's garbage collection during training: counted, and under several processes run at step ends (item 15 of
+swift_plugin.py).
+
+CPython collects whenever enough objects have been allocated, so each training process pauses at moments of
+its own, in the middle of a forward whose kernels the host launches one by one. With DDP the other process
+then waits for it at the next all-reduce: every rank's pauses add up to every rank's step. Megatron-LM's
+`--manual-gc` answers the same straggling: automatic collection off, collections at fixed iterations on all
+ranks. `AlignedGc` does that for the Trainer: at the start of training it collects once and freezes what
+exists then (the model, the dataset, the libraries: `gc.freeze`, so no later collection walks them), turns the
+automatic collector off, and at the end of every optimizer step collects the young generations (objects of
+that step: cheap, and cyclic garbage that holds a GPU tensor is freed within a step as before), the oldest
+every `full_every` steps. At the end of training it turns everything back as it was.
+
+`GcCensus` counts every collection and how long it paused the host (`gc.callbacks`), automatic or not; the
+plugin logs it at the end of training on every rank.
+
+Pure (the `gc` module and a clock, no torch); tests/test_gc_align.py runs it.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+# the oldest generation's collection, every so many optimizer steps (objects that lived through a step's
+# young collection; the frozen ones are not walked)
+FULL_EVERY = 50
+
+
+@dataclass
+class GcCensus:
+    """Collections seen through `gc.callbacks`: how many per generation, how long the host paused."""
+
+    clock: object = time.perf_counter
+    counts: dict[int, int] = field(default_factory=lambda: {0: 0, 1: 0, 2: 0})
+    seconds: float = 0.0
+    longest: float = 0.0
+    longest_generation: int = -1
+    _started: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = self.clock()
+            return
+        if self._started is None:
+            return
+        pause = self.clock() - self._started
+        self._started = None
+        generation = int(info.get("generation", 0))
+        self.counts[generation] = self.counts.get(generation, 0) + 1
+        self.seconds += pause
+        if pause > self.longest:
+            self.longest, self.longest_generation = pause, generation
+
+    def attach(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def detach(self) -> None:
+        while self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+    def summary(self) -> str:
+        total = sum(self.counts.values())
+        if not total:
+            return "no garbage collection ran"
+        per = ", ".join(f"{self.counts[g]} of generation {g}" for g in sorted(self.counts) if self.counts[g])
+        return (
+            f"{total} garbage collections ({per}) paused the host {self.seconds * 1e3:.1f} ms in all, "
+            f"the longest {self.longest * 1e3:.1f} ms (generation {self.longest_generation})"
+        )
+
+
+class AlignedGc:
+    """Automatic collection off during training; young generations collected at each step's end, all of them every
+    `full_every` steps, so every process pauses at the same point of the same step."""
+
+    def __init__(self, full_every: int = FULL_EVERY) -> None:
+        if full_every < 1:
+            raise ValueError(f"full_every must be a positive number of steps, not {full_every}")
+        self.full_every = full_every
+        self.active = False
+        self._was_enabled = True
+        self.collections = 0
+
+    def start(self) -> None:
+        """Collect once, freeze what survives, turn the automatic collector off."""
+        if self.active:
+            return
+        self._was_enabled = gc.isenabled()
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        self.active = True
+
+    def step_end(self, step: int) -> int:
+        """At the end of optimizer step `step`: the generation collected (1, or 2 every `full_every` steps)."""
+        if not self.active:
+            return -1
+        generation = 2 if step % self.full_every == 0 else 1
+        gc.collect(generation)
+        self.collections += 1
+        return generation
+
+    def stop(self) -> None:
+        """Collector back as it was before `start` (frozen objects back under its watch)."""
+        if not self.active:
+            return
+        self.active = False
+        gc.unfreeze()
+        if self._was_enabled:
+            gc.enable()
+
+
+def wanted(environ, world_size: int) -> bool:
+    """Aligned collection is on with more than one process unless VLM_LORA_ALIGNED_GC=0; VLM_LORA_ALIGNED_GC=1 turns
+    it on for one process too."""
+    value = environ.get("VLM_LORA_ALIGNED_GC", "")
+    if value == "0":
+        return False
+    return value == "1" or world_size > 1
