@@ -120,6 +120,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_log5": auto_liger(logging_steps=5),
     "auto_liger_autogc_log5": auto_liger(logging_steps=5, env={"VLM_LORA_ALIGNED_GC": "0"}),
     "auto_liger_compile_log5": auto_liger(logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
+    # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer
+    # waits at each step's start for the GPU to finish the step before
+    "b8_nogc_liger_nonblock": nogc_liger(8, accelerator_config={"dispatch_batches": False, "non_blocking": True}),
+    "auto_liger_nonblock": auto_liger(accelerator_config={"dispatch_batches": False, "non_blocking": True}),
     # regional torch.compile of the decoder layers (opt-in) under the planner
     "auto_liger_compile": auto_liger(env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     "auto_liger_nanfilter": auto_liger(logging_nan_inf_filter=True),
