@@ -120,6 +120,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_log5": auto_liger(logging_steps=5),
     "auto_liger_autogc_log5": auto_liger(logging_steps=5, env={"VLM_LORA_ALIGNED_GC": "0"}),
     "auto_liger_compile_log5": auto_liger(logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
+    "auto_liger_cc_log5": auto_liger(
+        logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}
+    ),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer
     # waits at each step's start for the GPU to finish the step before
     "b8_nogc_liger_nonblock": nogc_liger(8, accelerator_config={"dispatch_batches": False, "non_blocking": True}),
