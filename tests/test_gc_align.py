@@ -47,6 +47,9 @@ def test_aligned_collection_is_off_between_steps_and_frees_cycles_at_step_end():
     assert ref() is None
     assert [aligner.step_end(s) for s in (2, 3, 4, 6)] == [1, 2, 1, 2]
     assert aligner.collections == 5
+    ref = _cycle()
+    aligner.young()  # after an evaluation batch
+    assert ref() is None and aligner.collections == 6
     aligner.stop()
     assert gc.isenabled()
     assert gc.get_freeze_count() == 0
@@ -110,9 +113,9 @@ class Regression(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(self.w(x).squeeze(-1), labels)}
 
 
-def _train(tmp_path, steps: int = 4) -> tuple[list[bool], list]:
+def _train(tmp_path, steps: int = 4, evaluate: bool = False) -> tuple[list[bool], list]:
     """A real Trainer on the CPU (the plugin's __init__ wrapper adds its callback); whether the automatic collector
-    was on at each step's start, and the callbacks."""
+    was on at each step's start, and the callbacks. `evaluate`: 3 batches of evaluation after step 2."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     seen: list[bool] = []
@@ -122,11 +125,18 @@ def _train(tmp_path, steps: int = 4) -> tuple[list[bool], list]:
             seen.append(gc.isenabled())
 
     rows = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(16)]
+    extra = {"eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": 2} if evaluate else {}
     args = TrainingArguments(
         output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=2, report_to=[], use_cpu=True,
-        save_strategy="no", logging_steps=1, dataloader_num_workers=0,
+        save_strategy="no", logging_steps=1, dataloader_num_workers=0, **extra,
     )  # fmt: skip
-    trainer = Trainer(model=Regression(), args=args, train_dataset=rows, callbacks=[Watch()])
+    trainer = Trainer(
+        model=Regression(),
+        args=args,
+        train_dataset=rows,
+        eval_dataset=rows[:6] if evaluate else None,
+        callbacks=[Watch()],
+    )
     trainer.train()
     return seen, trainer.callback_handler.callbacks
 
@@ -142,6 +152,14 @@ def test_trainer_collects_at_step_ends_with_several_processes(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "garbage collection at step ends on every rank (automatic collection off; all generations every 50" in out
     assert "train-lora plugin: rank 0, collection at step ends: " in out
+
+
+def test_trainer_collects_after_each_evaluation_batch(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLM_LORA_ALIGNED_GC", "1")
+    seen, callbacks = _train(tmp_path, steps=2, evaluate=True)
+    assert seen == [False, False]
+    ours = [c for c in callbacks if type(c).__name__ == "GcCallback"]
+    assert ours[0].aligner.collections == 2 + 3  # two step ends, three evaluation batches
 
 
 def test_trainer_keeps_automatic_collection_with_one_process(tmp_path, monkeypatch, capsys):

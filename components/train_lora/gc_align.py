@@ -9,7 +9,8 @@ ranks. `AlignedGc` does that for the Trainer: at the start of training it collec
 exists then (the model, the dataset, the libraries: `gc.freeze`, so no later collection walks them), turns the
 automatic collector off, and at the end of every optimizer step collects the young generations (objects of
 that step: cheap, and cyclic garbage that holds a GPU tensor is freed within a step as before), the oldest
-every `full_every` steps. At the end of training it turns everything back as it was.
+every `full_every` steps, and the young ones after each evaluation batch. At the end of training it turns
+everything back as it was.
 
 `GcCensus` counts every collection and how long it paused the host (`gc.callbacks`), automatic or not; the
 plugin logs it at the end of training on every rank.
@@ -102,6 +103,13 @@ class AlignedGc:
         gc.collect(generation)
         self.collections += 1
         return generation
+
+    def young(self) -> None:
+        """The young generations only: after each evaluation batch, so that an evaluation of many batches between
+        two steps does not keep their cyclic garbage (all ranks evaluate the same number of batches)."""
+        if self.active:
+            gc.collect(1)
+            self.collections += 1
 
     def stop(self) -> None:
         """Collector back as it was before `start` (frozen objects back under its watch)."""

@@ -536,6 +536,10 @@ def gc_callback(environ=os.environ):
             if self.aligner is not None:
                 self.aligner.step_end(state.global_step)
 
+        def on_prediction_step(self, args, state, control, **kwargs):
+            if self.aligner is not None:
+                self.aligner.young()
+
         def on_train_end(self, args, state, control, **kwargs):
             self.census.detach()
             if self.aligner is not None:
