@@ -55,6 +55,41 @@ def test_aligned_collection_is_off_between_steps_and_frees_cycles_at_step_end():
     assert gc.get_freeze_count() == 0
 
 
+def _child_collector_state(conn) -> None:
+    conn.send((gc.isenabled(), gc.get_freeze_count() > 0))
+    conn.close()
+
+
+def test_forked_children_get_the_automatic_collector_back():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # as the data loader's workers on Linux
+
+    def child_state() -> tuple[bool, bool]:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_collector_state, args=(child,))
+        proc.start()
+        state = parent.recv()
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+        return state
+
+    aligner = gc_align.AlignedGc()
+    aligner.start()
+    try:
+        assert child_state() == (True, True)  # collector on, the parent's objects still frozen
+        assert not gc.isenabled()  # the parent's stays off
+    finally:
+        aligner.stop()
+    gc.disable()  # a collector that was off before start stays off in children too
+    aligner = gc_align.AlignedGc()
+    aligner.start()
+    try:
+        assert child_state()[0] is False
+    finally:
+        aligner.stop()
+
+
 def test_stop_keeps_a_collector_that_was_off_off():
     gc.disable()
     aligner = gc_align.AlignedGc()

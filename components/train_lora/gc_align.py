@@ -12,6 +12,10 @@ that step: cheap, and cyclic garbage that holds a GPU tensor is freed within a s
 every `full_every` steps, and the young ones after each evaluation batch. At the end of training it turns
 everything back as it was.
 
+Processes forked while it is on (the data loader's workers) get the automatic collector back at once: they decode
+images for the whole run and have no step ends (`os.register_at_fork`; what was frozen stays frozen there too,
+which spares their copies of the parent's pages).
+
 `GcCensus` counts every collection and how long it paused the host (`gc.callbacks`), automatic or not; the
 plugin logs it at the end of training on every rank.
 
@@ -21,12 +25,30 @@ Pure (the `gc` module and a clock, no torch); tests/test_gc_align.py runs it.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from dataclasses import dataclass, field
 
 # the oldest generation's collection, every so many optimizer steps (objects that lived through a step's
 # young collection; the frozen ones are not walked)
 FULL_EVERY = 50
+
+# True while an AlignedGc has turned off a collector that was on: a forked child turns it on again
+_ENABLE_IN_CHILD = False
+_HOOKED = False
+
+
+def _child_after_fork() -> None:
+    if _ENABLE_IN_CHILD:
+        gc.enable()
+
+
+def _enable_in_children(on: bool) -> None:
+    global _ENABLE_IN_CHILD, _HOOKED
+    _ENABLE_IN_CHILD = on
+    if on and not _HOOKED and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_child_after_fork)
+        _HOOKED = True
 
 
 @dataclass
@@ -93,6 +115,7 @@ class AlignedGc:
         gc.collect()
         gc.freeze()
         gc.disable()
+        _enable_in_children(self._was_enabled)
         self.active = True
 
     def step_end(self, step: int) -> int:
@@ -116,6 +139,7 @@ class AlignedGc:
         if not self.active:
             return
         self.active = False
+        _enable_in_children(False)
         gc.unfreeze()
         if self._was_enabled:
             gc.enable()

@@ -113,7 +113,8 @@ each rank). A value the config sets is kept. Two H200s, same call: 0.574 / 0.581
 15. Python's garbage collection at step ends (`gc_align.py`, next to this file): with more than one process the
 automatic collector is off during training and every rank collects at the end of each optimizer step (the young
 generations, and after each evaluation batch; all of them every 50 steps), after freezing what exists at the start, so that no rank pauses in
-the middle of a forward while the others wait for it at the all-reduce (Megatron-LM's `--manual-gc`). Every rank
+the middle of a forward while the others wait for it at the all-reduce (Megatron-LM's `--manual-gc`); data-loader
+workers forked meanwhile keep automatic collection. Every rank
 logs its collections and pauses at the end of training, with or without it. Two H200s with the 4B: automatic
 collection paused each rank 39-59 ms over 30 steps (longest 6.4 ms), at step ends 4-5 ms; step time 1.6-3 %
 lower in the same call, within the run-to-run spread (benchmarks/README.md). VLM_LORA_ALIGNED_GC=0 turns it
