@@ -19,6 +19,10 @@ copies to the CPU) and how often, each a point where the GPU may run dry.
 profiler ranges, so each has a span on the GPU's timeline) the span, the kernel time inside it and
 the rest; the gaps between consecutive kernels by size; and the operators that launched the kernel
 after each gap of 20 µs or more (the host work the GPU waited for ends with that launch).
+
+Every rank writes its own summary (rank 0 to VLM_LORA_PROFILE_OUT, rank R to `<that>.rank<R>`, `rank_path`): under DDP
+each rank's NCCL time says how long it waited for the others at the collectives, so the ranks' files together say
+which one the step waits for.
 `unprofiled` times the same regions over as many later micro-steps without the profiler (which slows
 the host) and subtracts the profiled kernel times: the GPU's idle time per region as training runs.
 """
@@ -49,6 +53,11 @@ CATEGORIES = (
     ("dropout", ("dropout", "masked_scale")),
     ("elementwise_reduce", ("at::native",)),
 )
+
+
+def rank_path(out: str, rank: int) -> str:
+    """Where rank `rank` writes its summary: `out` for rank 0, `out.rank<R>` for the others."""
+    return out if rank == 0 else f"{out}.rank{rank}"
 
 
 def category(name: str) -> str:
@@ -345,6 +354,7 @@ def _install() -> None:
             loss_utils.fixed_fused_linear_cross_entropy, "lm_head_and_loss"
         )
     state: dict = {"n": 0}
+    out_path = rank_path(OUT, int(os.environ.get("RANK", "0") or 0))
     cuda = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
 
@@ -380,25 +390,24 @@ def _install() -> None:
             wall = time.perf_counter() - state["t0"]
             regions.active = False
             state["prof"].__exit__(None, None, None)
-            if self.is_world_process_zero():
-                summary = summarize(state["prof"], wall)
-                summary["regions"] = region_summary(regions.seconds(), wall)
-                summary.update(regions.notes)
-                trace = f"{OUT}.trace.json"
-                state["prof"].export_chrome_trace(trace)
-                with open(trace, encoding="utf-8") as f:
-                    summary["idle"] = idle_summary(json.load(f).get("traceEvents", []))
-                os.remove(trace)
-                with open(OUT, "w", encoding="utf-8") as f:
-                    json.dump(summary, f, indent=1)
-                state["summary"] = summary
+            summary = summarize(state["prof"], wall)
+            summary["regions"] = region_summary(regions.seconds(), wall)
+            summary.update(regions.notes)
+            trace = f"{out_path}.trace.json"
+            state["prof"].export_chrome_trace(trace)
+            with open(trace, encoding="utf-8") as f:
+                summary["idle"] = idle_summary(json.load(f).get("traceEvents", []))
+            os.remove(trace)
+            with open(out_path, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=1)
+            state["summary"] = summary
         if n == UNPROFILED_START + STEPS - 1 and "summary" in state:
             sync()
             wall = time.perf_counter() - state["t0"]
             regions.active = False
             summary = state.pop("summary")
             summary["unprofiled"] = unprofiled_summary(regions.seconds(), wall, summary)
-            with open(OUT, "w", encoding="utf-8") as f:
+            with open(out_path, "w", encoding="utf-8") as f:
                 json.dump(summary, f, indent=1)
         return out
 

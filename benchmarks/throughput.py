@@ -203,8 +203,9 @@ def steady_state(log_history: list[dict[str, Any]], skip_steps: int = 2) -> dict
 
     Returns:
         seconds_per_step (mean over the window), median_seconds_per_step (of its single
-        steps), steps, tokens_per_second (when tokens were logged); {} if the log has fewer
-        than two usable entries.
+        steps), single_steps (s per step between consecutive logged steps, in order), steps,
+        tokens_per_second (when tokens were logged); {} if the log has fewer than two usable
+        entries.
     """
     points = []
     for entry in log_history:
@@ -227,6 +228,7 @@ def steady_state(log_history: list[dict[str, Any]], skip_steps: int = 2) -> dict
     # torch.compile meets a new padded length, a data-loader hiccup) moves the mean, not this
     singles = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(points, points[1:]) if b[0] > a[0]]
     out["median_seconds_per_step"] = statistics.median(singles)
+    out["single_steps"] = singles
     if k0 is not None and k1 is not None:
         out["tokens_per_second"] = (float(k1) - float(k0)) / (e1 - e0)
     return out

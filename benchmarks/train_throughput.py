@@ -467,11 +467,32 @@ def run_profile(
         peak_memory_gib=m.get("peak_memory_gib"),
         trainer_samples_per_second=m.get("samples_per_second"),
         steady_steps=steady.get("steps"),
+        single_steps=[round(x, 3) for x in steady.get("single_steps", [])],
         losses=losses_at(result.log_history, range(1, int(args["max_steps"]) + 1)),
     )
-    if "VLM_LORA_PROFILE_OUT" in env and Path(env["VLM_LORA_PROFILE_OUT"]).is_file():
-        row["torch_profile"] = json.loads(Path(env["VLM_LORA_PROFILE_OUT"]).read_text())
+    if "VLM_LORA_PROFILE_OUT" in env:
+        row.update(rank_profiles(Path(env["VLM_LORA_PROFILE_OUT"]), gpus))
     return row
+
+
+def rank_profiles(path: Path, gpus: int) -> dict[str, Any]:
+    """The profile plugin's summaries: rank 0's as `torch_profile`, the other ranks' (`<path>.rank<R>`) as
+    `torch_profile_ranks` {R: summary}, and `nccl_s_by_rank` (each rank's NCCL kernel time in the profiled
+    window: the longer, the longer that rank waited for the others at the collectives)."""
+    from benchmarks.profile_plugin import rank_path
+
+    found: dict[int, dict[str, Any]] = {}
+    for rank in range(max(gpus, 1)):
+        p = Path(rank_path(str(path), rank))
+        if p.is_file():
+            found[rank] = json.loads(p.read_text())
+    out: dict[str, Any] = {}
+    if 0 in found:
+        out["torch_profile"] = found[0]
+    if len(found) > 1:
+        out["torch_profile_ranks"] = {r: s for r, s in found.items() if r}
+        out["nccl_s_by_rank"] = {r: round(s.get("by_category_s", {}).get("nccl", 0.0), 4) for r, s in found.items()}
+    return out
 
 
 PROFILE_KEYS = (

@@ -1,5 +1,6 @@
 """The FLOP count and steady-state arithmetic of benchmarks/train_throughput.py, and the wheels script it travels with."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,7 @@ def test_steady_state_median_is_not_moved_by_a_one_off_stall():
     s = steady_state(log, skip_steps=2)
     assert s["seconds_per_step"] > 3.5  # the mean carries the stall
     assert s["median_seconds_per_step"] == pytest.approx(1.4, abs=0.02)
+    assert [round(x, 2) for x in s["single_steps"]] == [1.4, 1.4, 18.7, 1.35, 1.37, 1.37]  # steps 3-8, in order
     swift_shape = [{"loss": 2.5, "global_step/max_steps": "3/10", "train_speed(s/it)": 1.0}]
     assert losses_at(swift_shape, [3]) == {3: 2.5}
 
@@ -368,3 +370,21 @@ def test_the_tiny_strategy_check_refuses_bad_arguments_before_any_work(tmp_path,
     with pytest.raises(SystemExit):
         strategy_tiny.main([])
     assert "--out" in capsys.readouterr().err and not (tmp_path / "st").exists()
+
+
+def test_rank_profiles_read_every_ranks_summary(tmp_path):
+    """The profile plugin writes rank 0's summary to its path and rank R's beside it; the row names each rank's NCCL
+    time (how long it waited at the collectives)."""
+    from benchmarks.profile_plugin import rank_path
+    from benchmarks.train_throughput import rank_profiles
+
+    out = tmp_path / "p.profile.json"
+    assert rank_path(str(out), 0) == str(out) and rank_path(str(out), 3) == f"{out}.rank3"
+    assert rank_profiles(out, 2) == {}  # nothing written (the run failed before the window)
+    for rank, nccl in ((0, 0.061), (1, 0.0123456)):
+        Path(rank_path(str(out), rank)).write_text(json.dumps({"by_category_s": {"nccl": nccl, "gemm": 1.0}}))
+    row = rank_profiles(out, 2)
+    assert row["torch_profile"]["by_category_s"]["nccl"] == 0.061
+    assert row["torch_profile_ranks"] == {1: {"by_category_s": {"nccl": 0.0123456, "gemm": 1.0}}}
+    assert row["nccl_s_by_rank"] == {0: 0.061, 1: 0.0123}
+    assert set(rank_profiles(out, 1)) == {"torch_profile"}  # one GPU: rank 0 only
