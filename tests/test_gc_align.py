@@ -148,7 +148,7 @@ class Regression(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(self.w(x).squeeze(-1), labels)}
 
 
-def _train(tmp_path, steps: int = 4, evaluate: bool = False) -> tuple[list[bool], list]:
+def _train(tmp_path, steps: int = 4, evaluate: bool = False, accumulate: int = 1) -> tuple[list[bool], list]:
     """A real Trainer on the CPU (the plugin's __init__ wrapper adds its callback); whether the automatic collector
     was on at each step's start, and the callbacks. `evaluate`: 3 batches of evaluation after step 2."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -163,7 +163,8 @@ def _train(tmp_path, steps: int = 4, evaluate: bool = False) -> tuple[list[bool]
     extra = {"eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": 2} if evaluate else {}
     args = TrainingArguments(
         output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=2, report_to=[], use_cpu=True,
-        save_strategy="no", logging_steps=1, dataloader_num_workers=0, **extra,
+        save_strategy="no", logging_steps=1, dataloader_num_workers=0, gradient_accumulation_steps=accumulate,
+        **extra,
     )  # fmt: skip
     # ms-swift, once another test in this process has imported its trainers, replaces transformers' flow callback
     # with one that reads its own `max_epochs` argument (None: no limit, as in ms-swift's arguments)
@@ -198,6 +199,14 @@ def test_trainer_collects_after_each_evaluation_batch(tmp_path, monkeypatch):
     assert seen == [False, False]
     ours = [c for c in callbacks if type(c).__name__ == "GcCallback"]
     assert ours[0].aligner.collections == 2 + 3  # two step ends, three evaluation batches
+
+
+def test_trainer_collects_after_each_accumulating_micro_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLM_LORA_ALIGNED_GC", "1")
+    seen, callbacks = _train(tmp_path, steps=2, accumulate=3)
+    assert seen == [False, False]  # at each optimizer step's start
+    ours = [c for c in callbacks if type(c).__name__ == "GcCallback"]
+    assert ours[0].aligner.collections == 2 + 2 * 2  # two step ends, two accumulating micro-steps in each step
 
 
 def test_trainer_keeps_automatic_collection_with_one_process(tmp_path, monkeypatch, capsys):

@@ -9,8 +9,9 @@ ranks. `AlignedGc` does that for the Trainer: at the start of training it collec
 exists then (the model, the dataset, the libraries: `gc.freeze`, so no later collection walks them), turns the
 automatic collector off, and at the end of every optimizer step collects the young generations (objects of
 that step: cheap, and cyclic garbage that holds a GPU tensor is freed within a step as before), the oldest
-every `full_every` steps, and the young ones after each evaluation batch. At the end of training it turns
-everything back as it was.
+every `full_every` steps, and the young ones after each micro-step that accumulates gradients and after each
+evaluation batch (so cyclic garbage lives no longer than one micro-step, as the memory plan assumes). At the end
+of training it turns everything back as it was.
 
 Processes forked while it is on (the data loader's workers) get the automatic collector back at once: they decode
 images for the whole run and have no step ends (`os.register_at_fork`; what was frozen stays frozen there too,
@@ -128,8 +129,8 @@ class AlignedGc:
         return generation
 
     def young(self) -> None:
-        """The young generations only: after each evaluation batch, so that an evaluation of many batches between
-        two steps does not keep their cyclic garbage (all ranks evaluate the same number of batches)."""
+        """The young generations only: after each micro-step that accumulates and each evaluation batch, so that
+        neither keeps its cyclic garbage until the step ends (all ranks run the same number of both)."""
         if self.active:
             gc.collect(1)
             self.collections += 1

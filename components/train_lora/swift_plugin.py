@@ -112,7 +112,7 @@ each rank). A value the config sets is kept. Two H200s, same call: 0.574 / 0.581
 
 15. Python's garbage collection at step ends (`gc_align.py`, next to this file): with more than one process the
 automatic collector is off during training and every rank collects at the end of each optimizer step (the young
-generations, and after each evaluation batch; all of them every 50 steps), after freezing what exists at the start, so that no rank pauses in
+generations, also after each micro-step that accumulates and each evaluation batch; all of them every 50 steps), after freezing what exists at the start, so that no rank pauses in
 the middle of a forward while the others wait for it at the all-reduce (Megatron-LM's `--manual-gc`); data-loader
 workers forked meanwhile keep automatic collection. Every rank
 logs its collections and pauses at the end of training, with or without it. Two H200s with the 4B: automatic
@@ -538,6 +538,10 @@ def gc_callback(environ=os.environ):
         def on_step_end(self, args, state, control, **kwargs):
             if self.aligner is not None:
                 self.aligner.step_end(state.global_step)
+
+        def on_substep_end(self, args, state, control, **kwargs):  # a micro-step that accumulates
+            if self.aligner is not None:
+                self.aligner.young()
 
         def on_prediction_step(self, args, state, control, **kwargs):
             if self.aligner is not None:
