@@ -112,13 +112,13 @@ each rank). A value the config sets is kept. Two H200s, same call: 0.574 / 0.581
 
 15. Python's garbage collection at step ends (`gc_align.py`, next to this file): with more than one process the
 automatic collector is off during training and every rank collects at the end of each optimizer step (the young
-generations, also after each micro-step that accumulates and each evaluation batch; all of them every 50 steps), after freezing what exists at the start, so that no rank pauses in
-the middle of a forward while the others wait for it at the all-reduce (Megatron-LM's `--manual-gc`); data-loader
-workers forked meanwhile keep automatic collection. Every rank
-logs its collections and pauses at the end of training, with or without it. Two H200s with the 4B: automatic
-collection paused each rank 39-59 ms over 30 steps (longest 6.4 ms), at step ends 4-5 ms; step time 1.6-3 %
-lower in the same call, within the run-to-run spread (benchmarks/README.md). VLM_LORA_ALIGNED_GC=0 turns it
-off, =1 turns it on for one process too.
+generations, also after each micro-step that accumulates and each evaluation batch; all of them every 50
+steps), after freezing what exists at the start, so that no rank pauses in the middle of a forward while the
+others wait for it at the all-reduce (Megatron-LM's `--manual-gc`); data-loader workers forked meanwhile keep
+automatic collection. Every rank logs its collections and pauses at the end of training, with or without it.
+Two H200s with the 4B: automatic collection paused each rank 39-59 ms over 30 steps (longest 6.4 ms), at step
+ends 4-5 ms; step time 1.6-3 % lower in the same call, within the run-to-run spread (benchmarks/README.md).
+VLM_LORA_ALIGNED_GC=0 turns it off, =1 turns it on for one process too.
 """
 
 from __future__ import annotations
@@ -493,6 +493,11 @@ def patch_model(model, training_args, language: bool = False, vision: bool = Fal
     return counts
 
 
+def _world_size(environ) -> int:
+    """Training processes in all, as torchrun sets WORLD_SIZE (1 without it)."""
+    return int(environ.get("WORLD_SIZE", "1") or 1)
+
+
 def set_ddp_comm(model, training_args, environ=os.environ) -> dict:
     """Item 14: one bucket for DDP's gradients and no broadcast of derived buffers, set on the arguments
     before transformers builds the accelerator from them (`ddp_comm.py`); what it set."""
@@ -500,7 +505,7 @@ def set_ddp_comm(model, training_args, environ=os.environ) -> dict:
         return {}
     settings, lines = _load_sibling("ddp_comm").ddp_settings(
         model,
-        world_size=int(environ.get("WORLD_SIZE", "1") or 1),
+        world_size=_world_size(environ),
         deepspeed=getattr(training_args, "deepspeed", None),
         bucket_cap_mb=getattr(training_args, "ddp_bucket_cap_mb", None),
         broadcast_buffers=getattr(training_args, "ddp_broadcast_buffers", None),
@@ -518,7 +523,7 @@ def gc_callback(environ=os.environ):
     from transformers import TrainerCallback
 
     helpers = _load_sibling("gc_align")
-    aligned = helpers.wanted(environ, int(environ.get("WORLD_SIZE", "1") or 1))
+    aligned = helpers.wanted(environ, _world_size(environ))
 
     class GcCallback(TrainerCallback):
         def __init__(self) -> None:
@@ -543,9 +548,7 @@ def gc_callback(environ=os.environ):
             if self.aligner is not None:
                 self.aligner.young()
 
-        def on_prediction_step(self, args, state, control, **kwargs):
-            if self.aligner is not None:
-                self.aligner.young()
+        on_prediction_step = on_substep_end  # an evaluation batch: the same
 
         def on_train_end(self, args, state, control, **kwargs):
             self.census.detach()
