@@ -123,6 +123,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_cc_log5": auto_liger(
         logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}
     ),
+    # where an 8-row micro-step's host falls behind its GPU (session 18): PyTorch's fused RMSNorm instead of Liger's
+    # (item 9: one dispatcher call, 18 % less host time per layer) and ms-swift's `logits_to_keep` off (its `.item()`
+    # at each micro-step's start makes the host wait for the token count's all-gather, that is for the other rank)
+    "auto_liger_log5_torchnorm": auto_liger(logging_steps=5, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
+    "auto_liger_log5_nokeep": auto_liger(logging_steps=5, use_logits_to_keep=False),
+    "auto_liger_log5_nokeep_torchnorm": auto_liger(
+        logging_steps=5, use_logits_to_keep=False, env={"VLM_LORA_TORCH_RMS_NORM": "1"}
+    ),
+    # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
+    "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer
     # waits at each step's start for the GPU to finish the step before
     "b8_nogc_liger_nonblock": nogc_liger(8, accelerator_config={"dispatch_batches": False, "non_blocking": True}),

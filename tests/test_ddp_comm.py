@@ -100,7 +100,9 @@ def _ddp_worker(rank: int, port: int, kwargs: dict, out) -> None:
             ddp.zero_grad()
             ddp(torch.randn(2, 1024)).backward()
         data = ddp._get_ddp_logging_data()
-        out.put((rank, data.get("num_buckets_reduced"), float(model.a[0].grad.double().sum())))
+        # with the bucket view every gradient lies in one flat buffer (the bucket): one storage for all of them
+        storages = {p.grad.untyped_storage().data_ptr() for p in model.a}
+        out.put((rank, data.get("num_buckets_reduced"), float(model.a[0].grad.double().sum()), len(storages)))
     finally:
         dist.destroy_process_group()
 
@@ -117,6 +119,21 @@ def _buckets(kwargs: dict) -> tuple[set, set]:
         p.join(timeout=60)
         assert p.exitcode == 0
     return {r[1] for r in results}, {r[2] for r in results}
+
+
+def _storages(kwargs: dict) -> tuple[set, set]:
+    """(gradient storages per rank, reduced gradient sums) of a real two-process DDP run with `kwargs`."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_worker, args=(r, port, kwargs, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return {r[3] for r in results}, {r[2] for r in results}
 
 
 def test_real_ddp_reduces_the_adapters_in_one_bucket():
@@ -160,3 +177,47 @@ def test_plugin_keeps_the_configs_bucket(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", ddp_bucket_cap_mb=10)
     assert swift_plugin.set_ddp_comm(Adapted(), args, environ={"WORLD_SIZE": "2"}) == {"ddp_broadcast_buffers": False}
     assert args.ddp_bucket_cap_mb == 10
+
+
+def test_bucket_view_only_for_ddp_handlers():
+    from accelerate.utils import DistributedDataParallelKwargs, GradScalerKwargs
+
+    handler = DistributedDataParallelKwargs(bucket_cap_mb=33)
+    line = ddp_comm.bucket_view(handler, world_size=2, deepspeed=None)
+    assert handler.gradient_as_bucket_view is True and "gradient_as_bucket_view" in line
+    assert handler.to_kwargs() == {"bucket_cap_mb": 33, "gradient_as_bucket_view": True}
+    assert ddp_comm.bucket_view(handler, world_size=2, deepspeed=None) is None  # already set: said once
+    for world_size, deepspeed in ((1, None), (2, "zero2")):
+        untouched = DistributedDataParallelKwargs()
+        assert ddp_comm.bucket_view(untouched, world_size=world_size, deepspeed=deepspeed) is None
+        assert untouched.gradient_as_bucket_view is False
+    scaler = GradScalerKwargs()
+    assert ddp_comm.bucket_view(scaler, world_size=2, deepspeed=None) is None
+
+
+def test_real_ddp_with_bucket_view_keeps_gradients_in_the_bucket_and_equal():
+    kwargs = {"bucket_cap_mb": 40, "broadcast_buffers": False}
+    viewed, grads = _storages({**kwargs, "gradient_as_bucket_view": True})
+    copied, copied_grads = _storages(kwargs)
+    assert viewed == {1}  # all 8 adapters' gradients in the one bucket, on both ranks
+    assert copied == {8}  # without it each gradient has its own memory
+    assert len(grads) == 1 and math.isclose(next(iter(grads)), next(iter(copied_grads)), rel_tol=1e-9)
+
+
+def test_plugin_sets_the_bucket_view_on_the_ddp_arguments_transformers_builds(tmp_path, capsys):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    model = Adapted()
+    assert getattr(Trainer._build_accelerator_args, "_vlm_lora_bucket_view", False)  # installed on import
+    plain = Trainer._build_accelerator_args.__wrapped__
+    for environ, expected in (
+        ({"WORLD_SIZE": "2"}, True),
+        ({"WORLD_SIZE": "2", "VLM_LORA_DDP_COMM": "0"}, False),
+        ({"WORLD_SIZE": "2", "VLM_LORA_DDP_BUCKET_VIEW": "0"}, False),
+        ({"WORLD_SIZE": "1"}, False),
+    ):
+        build = swift_plugin._with_bucket_view(plain, environ=environ)
+        handler = build(types.SimpleNamespace(args=args, model=model))["kwargs_handlers"][0]
+        assert handler.gradient_as_bucket_view is expected, environ
+    assert "views of its all-reduce bucket" in capsys.readouterr().out

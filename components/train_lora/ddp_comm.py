@@ -11,8 +11,15 @@ ranks; a model whose buffers are all
 non-persistent (not in its state dict: values it derives from its config when built, such as Qwen-VL's
 rotary tables) has nothing to broadcast that the ranks do not already share.
 
+And DDP keeps each gradient apart from its bucket unless told otherwise: after the backward computes a gradient
+it copies it into the bucket, and after the all-reduce back out, two copy kernels per trainable tensor (about
+500 for the 4B's LoRA) launched by the host while the backward of an 8-row micro-step already keeps it busy.
+`bucket_view` makes the gradients views of the bucket (`gradient_as_bucket_view`, which transformers' arguments
+cannot set): no copies, and the gradients' memory once instead of twice.
+
 Pure (a torch module and the arguments' values in, settings out); the plugin applies them to the
-TrainingArguments before transformers builds the accelerator. A value the config sets is kept.
+TrainingArguments before transformers builds the accelerator, and the bucket view to accelerate's DDP arguments
+that transformers builds from them. A value the config sets is kept.
 """
 
 from __future__ import annotations
@@ -75,3 +82,25 @@ def ddp_settings(
                 "non-persistent, derived from the config on each rank)"
             )
     return settings, lines
+
+
+def bucket_view(handler: Any, *, world_size: int, deepspeed: Any) -> str | None:
+    """Sets `gradient_as_bucket_view` on accelerate's DDP arguments (`DistributedDataParallelKwargs`).
+
+    Args:
+        handler: One of the accelerator's kwargs handlers; only a DDP one is changed.
+        world_size: Training processes in all.
+        deepspeed: The run's `deepspeed` argument (set: DeepSpeed, not DDP, moves the gradients).
+
+    Returns:
+        The log line, or None where nothing was set (one process, DeepSpeed, another handler, already set).
+    """
+    if world_size <= 1 or deepspeed or type(handler).__name__ != "DistributedDataParallelKwargs":
+        return None
+    if getattr(handler, "gradient_as_bucket_view", True):
+        return None
+    handler.gradient_as_bucket_view = True
+    return (
+        "DDP keeps the gradients as views of its all-reduce bucket (gradient_as_bucket_view: no copy of each "
+        "gradient into the bucket and back)"
+    )

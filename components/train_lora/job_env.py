@@ -52,8 +52,11 @@ _PLUGIN_SWITCHES = {
     "or 1 (one matmul, one Triton rotary kernel, 16-bit norms: the same values, the default)",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0 (ZeRO-1/2 saves copy the whole model to host memory) "
     "or 1 (only what the adapter save keeps, the default)",
-    "VLM_LORA_DDP_COMM": "0 (transformers' DDP defaults: 25 MB gradient buckets, buffers broadcast every forward) "
-    "or 1 (one bucket for the trainable gradients, no broadcast of non-persistent buffers, the default)",
+    "VLM_LORA_DDP_COMM": "0 (transformers' DDP defaults: 25 MB gradient buckets, buffers broadcast every forward, "
+    "each gradient copied into its bucket and back) or 1 (one bucket for the trainable gradients, no broadcast of "
+    "non-persistent buffers, the gradients views of the bucket, the default)",
+    "VLM_LORA_DDP_BUCKET_VIEW": "0 (DDP copies each gradient into its bucket and back) "
+    "or 1 (the gradients are views of the bucket, the default)",
     "VLM_LORA_ALIGNED_GC": "0 (Python's automatic garbage collection) or 1 (collections at step ends only, also "
     "with one process); unset: at step ends with more than one process",
 }

@@ -107,8 +107,9 @@ VLM_LORA_FAST_VISION=0 turns it off.
 DeepSpeed: all trainable gradients in one bucket (`ddp_bucket_cap_mb` sized to them), reduced in one
 all-reduce after the backward instead of three whose NCCL kernels wait beside it for the other rank; and no
 broadcast of buffers before each forward when every buffer is non-persistent (derived from the config on
-each rank). A value the config sets is kept. Two H200s, same call: 0.574 / 0.581 s per step against 0.601
-(benchmarks/README.md). VLM_LORA_DDP_COMM=0 turns it off.
+each rank); and the gradients as views of that bucket (`gradient_as_bucket_view`), so that DDP does not copy each
+one into the bucket and back (VLM_LORA_DDP_BUCKET_VIEW=0 keeps the copies). A value the config sets is kept. Two H200s, same call: one bucket 0.574 / 0.581 s
+per step against 0.601 (benchmarks/README.md). VLM_LORA_DDP_COMM=0 turns it off.
 
 15. Python's garbage collection at step ends (`gc_align.py`, next to this file): with more than one process the
 automatic collector is off during training and every rank collects at the end of each optimizer step (the young
@@ -517,6 +518,34 @@ def set_ddp_comm(model, training_args, environ=os.environ) -> dict:
     return settings
 
 
+def _with_bucket_view(original, environ=os.environ):
+    """transformers' `Trainer._build_accelerator_args`, then item 14's bucket view on the DDP arguments it built."""
+
+    @functools.wraps(original)
+    def _build_accelerator_args(self, **kwargs):
+        built = original(self, **kwargs)
+        if environ.get("VLM_LORA_DDP_COMM") == "0" or environ.get("VLM_LORA_DDP_BUCKET_VIEW") == "0":
+            return built
+        view = _load_sibling("ddp_comm").bucket_view
+        deepspeed = getattr(getattr(self, "args", None), "deepspeed", None)
+        for handler in built.get("kwargs_handlers") or []:
+            line = view(handler, world_size=_world_size(environ), deepspeed=deepspeed)
+            if line:
+                print(f"train-lora plugin: {line}", flush=True)
+        return built
+
+    _build_accelerator_args._vlm_lora_bucket_view = True
+    return _build_accelerator_args
+
+
+def _install_bucket_view() -> bool:
+    try:
+        from transformers import Trainer
+    except ImportError:
+        return False
+    return _wrap_once(Trainer, "_build_accelerator_args", _with_bucket_view, "_vlm_lora_bucket_view")
+
+
 def gc_callback(environ=os.environ):
     """Item 15: a TrainerCallback that counts garbage collections during training and, with more than one process
     (or VLM_LORA_ALIGNED_GC=1), runs them at step ends only (`gc_align.py`)."""
@@ -644,3 +673,4 @@ RIGHT_PAD_CAUSAL = _install_right_padding_causal()
 HOST_VISION_SEQLENS = _install_host_vision_seqlens()
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
+DDP_BUCKET_VIEW = _install_bucket_view()
