@@ -131,6 +131,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_log5_nokeep_torchnorm": auto_liger(
         logging_steps=5, use_logits_to_keep=False, env={"VLM_LORA_TORCH_RMS_NORM": "1"}
     ),
+    # Liger's RMSNorm under several processes (the plugin uses torch's there since session 18) / the vision tower's
+    # index work on the GPU from the device grid (before the plugin computed it from the host copy, session 18)
+    "auto_liger_log5_ligernorm": auto_liger(logging_steps=5, env={"VLM_LORA_TORCH_RMS_NORM": "0"}),
+    "auto_liger_log5_nogrid": auto_liger(logging_steps=5, env={"VLM_LORA_HOST_VISION_GRID": "0"}),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer

@@ -72,6 +72,8 @@ print(
     plugin._load_sibling("fused_lora").TRITON,
     plugin.ADAPTER_ONLY_SAVE, flag(Trainer.save_model, "_vlm_lora_adapter_save"),
     plugin._load_sibling("fused_lora").SILU_MUL_DOWN, plugin._load_sibling("fused_lora").SEEDED,
+    bool(plugin.HOST_VISION_GRID), flag(after.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid"),
+    flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_BUCKET_VIEW,
 )
 """
 
@@ -100,12 +102,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True False",
+            "True True True False True True True True",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True",
+            "False False False False True False False False True",
         ),
     ],
 )
@@ -117,3 +119,30 @@ def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, 
     env = {k: (v if flipped else "") for k, v in SWITCHES_OFF.items()}
     line = last_line(textwrap.dedent(CODE), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **env)
     assert line == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"WORLD_SIZE": "2"}, "True True"),  # more than one process: torch's RMSNorm by default
+        ({"WORLD_SIZE": "2", "VLM_LORA_TORCH_RMS_NORM": "0"}, "False False"),
+        ({"WORLD_SIZE": "1"}, "False False"),
+        ({"WORLD_SIZE": "2", "VLM_LORA_HOST_VISION_GRID": "0"}, "True True"),
+    ],
+)
+def test_torch_rms_norm_is_on_by_default_with_more_than_one_process(tmp_path, env, expected):
+    code = """
+import transformers.trainer
+from components.train_lora import swift_plugin as plugin
+print(plugin.TORCH_RMS_NORM, bool(getattr(transformers.trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm", False)))
+"""
+    assert last_line(code, PYTHONPATH=str(ROOT), **env) == expected
+
+
+def test_the_grid_switch_leaves_the_boundaries_on_the_host(tmp_path):
+    code = """
+from components.train_lora import swift_plugin as plugin
+from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+print(plugin.HOST_VISION_SEQLENS > 0, plugin.HOST_VISION_GRID, getattr(m.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid", False))
+"""
+    assert last_line(code, PYTHONPATH=str(ROOT), VLM_LORA_HOST_VISION_GRID="0") == "True {} False"

@@ -66,3 +66,10 @@ def test_in_bf16_within_one_rounding_of_liger_arithmetic():
 def test_fused_op_is_detected_per_device():
     # on the CPU torch decomposes rms_norm (no fused kernel): the plugin leaves Liger's norms there
     assert rms_norm.fused_op_on("cpu") is False
+
+
+def test_wanted_with_more_than_one_process_unless_switched_off():
+    assert rms_norm.wanted({}, 2) and rms_norm.wanted({"VLM_LORA_TORCH_RMS_NORM": ""}, 8)
+    assert not rms_norm.wanted({}, 1)
+    assert rms_norm.wanted({"VLM_LORA_TORCH_RMS_NORM": "1"}, 1)
+    assert not rms_norm.wanted({"VLM_LORA_TORCH_RMS_NORM": "0"}, 2)

@@ -63,8 +63,12 @@ VLM_LORA_RIGHT_PAD_CAUSAL=0 turns it off.
 
 7. The vision tower's sequence boundaries on the host (`vision_seqlens.py`, next to this file):
 without flash-attn each vision block reads them with `.tolist()`, 72 waits for the GPU per forward
-of the 4B; computed from a host copy of the image grid they cost one. Same values.
-VLM_LORA_HOST_VISION_SEQLENS=0 turns it off.
+of the 4B; computed from a host copy of the image grid they cost one. Same values. And the rest of
+the tower's grid work from that copy: the position embedding's interpolation indices and weights
+and the rotary position ids (10 more waits per forward, and `get_image_features`' split one more)
+computed on the host once per image size and kept on the GPU, so that the host queues the whole
+tower without waiting for it. VLM_LORA_HOST_VISION_GRID=0 turns the second part off,
+VLM_LORA_HOST_VISION_SEQLENS=0 both.
 
 8. Liger's fused SiLU-multiply in Qwen3-VL's MLPs (`swiglu.py`, next to this file), with
 `use_liger_kernel` (Liger has no SwiGLU patch for Qwen3-VL): one kernel instead of three each way
@@ -73,11 +77,12 @@ and no SiLU output kept per layer. VLM_LORA_LIGER_SWIGLU=0 turns it off; not wit
 keeps only gate and up for its backward, which computes the product again (`fused_lora.silu_mul_lora`):
 2 bytes x intermediate per token and layer less. VLM_LORA_SILU_MUL_DOWN=0 keeps the product.
 
-9. Opt-in (VLM_LORA_TORCH_RMS_NORM=1): PyTorch's fused RMSNorm in place of Liger's (`rms_norm.py`,
-next to this file), with `use_liger_kernel`, on CUDA: the same normalisation with one dispatcher call
-instead of Liger's Triton launch. It cuts a 4B decoder layer's host time by 18 % (8.2 -> 6.7 ms per
-forward and backward) but did not change the training step measurably on an H100, where the layer
-is GPU-bound (benchmarks/README.md); it rounds once where Liger rounds twice. Applied right after
+9. PyTorch's fused RMSNorm in place of Liger's (`rms_norm.py`, next to this file), with `use_liger_kernel`,
+on CUDA: the same normalisation with one dispatcher call instead of Liger's Triton launch. It cuts a 4B
+decoder layer's host time by 18 % (8.2 -> 6.7 ms per forward and backward) but did not change the training
+step measurably on one H100, where the layer is GPU-bound (benchmarks/README.md); it rounds once where
+Liger rounds twice. On with more than one process (each GPU's micro-step holds half the rows and the host
+falls behind), opt-in with one (VLM_LORA_TORCH_RMS_NORM=1; =0 turns it off). Applied right after
 transformers applies Liger (when training starts).
 
 10. Qwen3-VL's deepstack additions by position instead of by boolean mask (`deepstack.py`, next to
@@ -126,6 +131,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import importlib.util
 import os
 import sys
@@ -345,8 +351,8 @@ def _after_liger(original):
     return apply_liger_kernel
 
 
-def _install_torch_rms_norm() -> bool:
-    if os.environ.get("VLM_LORA_TORCH_RMS_NORM") != "1":  # opt-in: no step-time gain measured yet
+def _install_torch_rms_norm(environ=os.environ) -> bool:
+    if not _load_sibling("rms_norm").wanted(environ, _world_size(environ)):
         return False
     try:
         from transformers import trainer
@@ -364,6 +370,29 @@ def _install_host_vision_seqlens() -> int:
         return 0
     loaded = [m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.") and m is not None]
     return _load_sibling("vision_seqlens").install([vision_utils, *loaded])
+
+
+QWEN3_VL_MODELING = (
+    "transformers.models.qwen3_vl.modeling_qwen3_vl",
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
+)
+
+
+def _install_host_vision_grid() -> dict[str, int]:
+    """Item 7's second part: the tower's index work and the embeddings' split from the same host copy of the grid."""
+    if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0" or os.environ.get("VLM_LORA_HOST_VISION_GRID") == "0":
+        return {}
+    try:
+        from transformers import vision_utils
+    except ImportError:
+        return {}
+    modules = [vision_utils]
+    for name in QWEN3_VL_MODELING:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:  # an older transformers without it
+            continue
+    return _load_sibling("vision_seqlens").install_grid(modules)
 
 
 def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:
@@ -671,6 +700,7 @@ COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
 HOST_VISION_SEQLENS = _install_host_vision_seqlens()
+HOST_VISION_GRID = _install_host_vision_grid()
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
 DDP_BUCKET_VIEW = _install_bucket_view()
