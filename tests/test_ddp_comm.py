@@ -107,7 +107,8 @@ def _ddp_worker(rank: int, port: int, kwargs: dict, out) -> None:
         dist.destroy_process_group()
 
 
-def _buckets(kwargs: dict) -> tuple[set, set]:
+def _run(kwargs: dict) -> list[tuple]:
+    """Each rank's (rank, buckets reduced, reduced gradient sum, gradient storages) of a real two-process DDP run."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -118,21 +119,17 @@ def _buckets(kwargs: dict) -> tuple[set, set]:
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
+    return results
+
+
+def _buckets(kwargs: dict) -> tuple[set, set]:
+    results = _run(kwargs)
     return {r[1] for r in results}, {r[2] for r in results}
 
 
 def _storages(kwargs: dict) -> tuple[set, set]:
     """(gradient storages per rank, reduced gradient sums) of a real two-process DDP run with `kwargs`."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_ddp_worker, args=(r, port, kwargs, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = _run(kwargs)
     return {r[3] for r in results}, {r[2] for r in results}
 
 
