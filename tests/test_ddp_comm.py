@@ -1,8 +1,8 @@
-"""DDP's communication for LoRA (components/train_lora/ddp_comm.py, swift_plugin.set_ddp_comm).
+"""DDP's communication for LoRA (components/train_lora/ddp_comm.py, swift_plugin._with_ddp_comm).
 
 The bucket size is checked where it matters: two real processes (gloo on the CPU) run DDP with the
-settings and DDP's own logging data says how many buckets it reduced; transformers' Trainer is checked
-to hand the values to accelerate's DDP arguments.
+settings and DDP's own logging data says how many buckets it reduced, and where the gradients lie; the plugin
+is checked to set the values on the DDP arguments transformers' Trainer builds for accelerate.
 """
 
 from __future__ import annotations
@@ -57,20 +57,22 @@ def test_settings_one_bucket_and_no_broadcast_for_derived_buffers():
     settings, lines = ddp_comm.ddp_settings(
         Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=None
     )
-    assert settings == {"ddp_bucket_cap_mb": 33, "ddp_broadcast_buffers": False}
+    assert settings == {"bucket_cap_mb": 33, "broadcast_buffers": False, "gradient_as_bucket_view": True}
     assert "32.0 MiB of trainable gradients in one bucket" in lines[0] and "ddp_bucket_cap_mb 33" in lines[0]
     assert "ddp_broadcast_buffers false" in lines[1]
+    assert "views of its all-reduce bucket" in lines[2]
 
 
 def test_settings_keep_config_values_and_broadcast_real_statistics():
     settings, lines = ddp_comm.ddp_settings(
         Adapted(bn=True), world_size=2, deepspeed=None, bucket_cap_mb=25, broadcast_buffers=None
     )
-    assert settings == {} and lines == []  # the config's bucket; BatchNorm's statistics keep the broadcast
+    # the config's bucket; BatchNorm's statistics keep the broadcast
+    assert settings == {"gradient_as_bucket_view": True} and len(lines) == 1
     settings, _ = ddp_comm.ddp_settings(
-        Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=True
+        Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=True, bucket_view=False
     )
-    assert settings == {"ddp_bucket_cap_mb": 33}
+    assert settings == {"bucket_cap_mb": 33}
 
 
 @pytest.mark.parametrize("world_size, deepspeed", [(1, None), (2, "zero2"), (2, "/x/zero3.json")])
@@ -137,7 +139,7 @@ def test_real_ddp_reduces_the_adapters_in_one_bucket():
     settings, _ = ddp_comm.ddp_settings(
         Adapted(), world_size=2, deepspeed=None, bucket_cap_mb=None, broadcast_buffers=None
     )
-    kwargs = {"bucket_cap_mb": settings["ddp_bucket_cap_mb"], "broadcast_buffers": settings["ddp_broadcast_buffers"]}
+    kwargs = {"bucket_cap_mb": settings["bucket_cap_mb"], "broadcast_buffers": settings["broadcast_buffers"]}
     buckets, grads = _buckets(kwargs)
     assert buckets == {1}
     assert len(grads) == 1  # both ranks hold the same reduced gradient
@@ -146,50 +148,14 @@ def test_real_ddp_reduces_the_adapters_in_one_bucket():
     assert math.isclose(next(iter(grads)), next(iter(default_grads)), rel_tol=1e-9)
 
 
-def test_plugin_sets_the_training_arguments_that_transformers_hands_to_ddp(tmp_path):
-    from transformers import Trainer, TrainingArguments
-
-    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
-    model = Adapted()
-    assert swift_plugin.set_ddp_comm(model, args, environ={"WORLD_SIZE": "2"}) == {
-        "ddp_bucket_cap_mb": 33,
-        "ddp_broadcast_buffers": False,
-    }
-    handler = Trainer._build_accelerator_args(types.SimpleNamespace(args=args, model=model))["kwargs_handlers"][0]
-    assert handler.bucket_cap_mb == 33 and handler.broadcast_buffers is False
-
-
-def test_plugin_switch_off_and_single_process_leave_the_arguments(tmp_path):
-    from transformers import TrainingArguments
-
-    for environ in ({"WORLD_SIZE": "2", "VLM_LORA_DDP_COMM": "0"}, {"WORLD_SIZE": "1"}, {}):
-        args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
-        assert swift_plugin.set_ddp_comm(Adapted(), args, environ=environ) == {}
-        assert args.ddp_bucket_cap_mb is None and args.ddp_broadcast_buffers is None
-
-
-def test_plugin_keeps_the_configs_bucket(tmp_path):
-    from transformers import TrainingArguments
-
-    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", ddp_bucket_cap_mb=10)
-    assert swift_plugin.set_ddp_comm(Adapted(), args, environ={"WORLD_SIZE": "2"}) == {"ddp_broadcast_buffers": False}
-    assert args.ddp_bucket_cap_mb == 10
-
-
-def test_bucket_view_only_for_ddp_handlers():
+def test_apply_sets_the_settings_on_ddp_handlers_only():
     from accelerate.utils import DistributedDataParallelKwargs, GradScalerKwargs
 
-    handler = DistributedDataParallelKwargs(bucket_cap_mb=33)
-    line = ddp_comm.bucket_view(handler, world_size=2, deepspeed=None)
-    assert handler.gradient_as_bucket_view is True and "gradient_as_bucket_view" in line
-    assert handler.to_kwargs() == {"bucket_cap_mb": 33, "gradient_as_bucket_view": True}
-    assert ddp_comm.bucket_view(handler, world_size=2, deepspeed=None) is None  # already set: said once
-    for world_size, deepspeed in ((1, None), (2, "zero2")):
-        untouched = DistributedDataParallelKwargs()
-        assert ddp_comm.bucket_view(untouched, world_size=world_size, deepspeed=deepspeed) is None
-        assert untouched.gradient_as_bucket_view is False
-    scaler = GradScalerKwargs()
-    assert ddp_comm.bucket_view(scaler, world_size=2, deepspeed=None) is None
+    ddp, scaler = DistributedDataParallelKwargs(static_graph=True), GradScalerKwargs()
+    settings = {"bucket_cap_mb": 33, "broadcast_buffers": False, "gradient_as_bucket_view": True}
+    assert ddp_comm.apply([scaler, ddp], settings) == 1
+    assert ddp.to_kwargs() == {**settings, "static_graph": True}  # what transformers set stays
+    assert ddp_comm.apply([DistributedDataParallelKwargs()], {}) == 0
 
 
 def test_real_ddp_with_bucket_view_keeps_gradients_in_the_bucket_and_equal():
@@ -201,20 +167,37 @@ def test_real_ddp_with_bucket_view_keeps_gradients_in_the_bucket_and_equal():
     assert len(grads) == 1 and math.isclose(next(iter(grads)), next(iter(copied_grads)), rel_tol=1e-9)
 
 
-def test_plugin_sets_the_bucket_view_on_the_ddp_arguments_transformers_builds(tmp_path, capsys):
+def _built(tmp_path, environ: dict, **training_args):
+    """accelerate's DDP arguments that transformers' Trainer builds, through the plugin's wrapper, and the log."""
     from transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
-    model = Adapted()
-    assert getattr(Trainer._build_accelerator_args, "_vlm_lora_bucket_view", False)  # installed on import
+    assert getattr(Trainer._build_accelerator_args, "_vlm_lora_ddp_comm", False)  # installed on import
     plain = Trainer._build_accelerator_args.__wrapped__
-    for environ, expected in (
-        ({"WORLD_SIZE": "2"}, True),
-        ({"WORLD_SIZE": "2", "VLM_LORA_DDP_COMM": "0"}, False),
-        ({"WORLD_SIZE": "2", "VLM_LORA_DDP_BUCKET_VIEW": "0"}, False),
-        ({"WORLD_SIZE": "1"}, False),
-    ):
-        build = swift_plugin._with_bucket_view(plain, environ=environ)
-        handler = build(types.SimpleNamespace(args=args, model=model))["kwargs_handlers"][0]
-        assert handler.gradient_as_bucket_view is expected, environ
-    assert "views of its all-reduce bucket" in capsys.readouterr().out
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", **training_args)
+    build = swift_plugin._with_ddp_comm(plain, environ=environ)
+    handler = build(types.SimpleNamespace(args=args, model=Adapted()))["kwargs_handlers"][0]
+    return {k: getattr(handler, k) for k in ("bucket_cap_mb", "broadcast_buffers", "gradient_as_bucket_view")}
+
+
+def test_plugin_sets_the_ddp_arguments_transformers_builds(tmp_path, capsys):
+    built = _built(tmp_path, {"WORLD_SIZE": "2"})
+    assert built["bucket_cap_mb"] == 33 and built["broadcast_buffers"] is False
+    assert built["gradient_as_bucket_view"] is True
+    out = capsys.readouterr().out
+    assert "in one bucket" in out and "does not broadcast buffers" in out and "views of its all-reduce bucket" in out
+
+
+@pytest.mark.parametrize(
+    "environ", [{"WORLD_SIZE": "2", "VLM_LORA_DDP_COMM": "0"}, {"WORLD_SIZE": "1"}, {}], ids=["off", "one", "unset"]
+)
+def test_plugin_switch_off_and_single_process_leave_the_arguments(tmp_path, capsys, environ):
+    built = _built(tmp_path, environ)  # accelerate's defaults
+    assert built == {"bucket_cap_mb": 25, "broadcast_buffers": True, "gradient_as_bucket_view": False}
+    assert "train-lora plugin" not in capsys.readouterr().out
+
+
+def test_plugin_keeps_the_configs_values_and_the_view_switch(tmp_path):
+    built = _built(tmp_path, {"WORLD_SIZE": "2"}, ddp_bucket_cap_mb=10, ddp_broadcast_buffers=True)
+    assert built["bucket_cap_mb"] == 10 and built["broadcast_buffers"] is True and built["gradient_as_bucket_view"]
+    built = _built(tmp_path, {"WORLD_SIZE": "2", "VLM_LORA_DDP_BUCKET_VIEW": "0"})
+    assert built["bucket_cap_mb"] == 33 and built["gradient_as_bucket_view"] is False

@@ -73,7 +73,7 @@ print(
     plugin.ADAPTER_ONLY_SAVE, flag(Trainer.save_model, "_vlm_lora_adapter_save"),
     plugin._load_sibling("fused_lora").SILU_MUL_DOWN, plugin._load_sibling("fused_lora").SEEDED,
     bool(plugin.HOST_VISION_GRID), flag(after.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid"),
-    flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_BUCKET_VIEW,
+    flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_COMM,
 )
 """
 

@@ -14,12 +14,12 @@ rotary tables) has nothing to broadcast that the ranks do not already share.
 And DDP keeps each gradient apart from its bucket unless told otherwise: after the backward computes a gradient
 it copies it into the bucket, and after the all-reduce back out, two copy kernels per trainable tensor (about
 500 for the 4B's LoRA) launched by the host while the backward of an 8-row micro-step already keeps it busy.
-`bucket_view` makes the gradients views of the bucket (`gradient_as_bucket_view`, which transformers' arguments
+`ddp_settings` makes the gradients views of the bucket (`gradient_as_bucket_view`, which transformers' arguments
 cannot set): no copies, and the gradients' memory once instead of twice.
 
-Pure (a torch module and the arguments' values in, settings out); the plugin applies them to the
-TrainingArguments before transformers builds the accelerator, and the bucket view to accelerate's DDP arguments
-that transformers builds from them. A value the config sets is kept.
+Pure (a torch module and the arguments' values in, settings out); the plugin applies them to accelerate's DDP
+arguments (`DistributedDataParallelKwargs`) that transformers builds from the TrainingArguments (`apply`). A value
+the config sets is kept.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def persistent_buffers(model) -> list[str]:
 
 
 def ddp_settings(
-    model, *, world_size: int, deepspeed: Any, bucket_cap_mb: Any, broadcast_buffers: Any
+    model, *, world_size: int, deepspeed: Any, bucket_cap_mb: Any, broadcast_buffers: Any, bucket_view: bool = True
 ) -> tuple[dict[str, Any], list[str]]:
-    """TrainingArguments values for DDP over `model`, and one log line per value set.
+    """accelerate's DDP arguments for DDP over `model`, and one log line per value set.
 
     Args:
         model: The model the trainer wraps (peft's, with the adapters trainable).
@@ -57,9 +57,11 @@ def ddp_settings(
         deepspeed: The run's `deepspeed` argument (set: DeepSpeed, not DDP, moves the gradients).
         bucket_cap_mb: The run's `ddp_bucket_cap_mb` (None: not set by the config).
         broadcast_buffers: The run's `ddp_broadcast_buffers` (None: not set by the config).
+        bucket_view: Whether the gradients become views of the bucket. Default True.
 
     Returns:
-        ({"ddp_bucket_cap_mb": int, "ddp_broadcast_buffers": False} or the part of it that applies, lines).
+        ({"bucket_cap_mb": int, "broadcast_buffers": False, "gradient_as_bucket_view": True} or the part of it
+        that applies, lines).
     """
     if world_size <= 1 or deepspeed:
         return {}, []
@@ -68,39 +70,35 @@ def ddp_settings(
     if bucket_cap_mb is None:
         grad_bytes = trainable_grad_bytes(model)
         if grad_bytes:
-            settings["ddp_bucket_cap_mb"] = math.ceil(grad_bytes / MIB) + 1
+            settings["bucket_cap_mb"] = math.ceil(grad_bytes / MIB) + 1
             lines.append(
                 f"DDP reduces the {grad_bytes / MIB:.1f} MiB of trainable gradients in one bucket after the backward "
-                f"(ddp_bucket_cap_mb {settings['ddp_bucket_cap_mb']}; set it in swift to overlap them)"
+                f"(ddp_bucket_cap_mb {settings['bucket_cap_mb']}; set it in swift to overlap them)"
             )
     if broadcast_buffers is None:
         kept = persistent_buffers(model)
         if not kept:
-            settings["ddp_broadcast_buffers"] = False
+            settings["broadcast_buffers"] = False
             lines.append(
                 "DDP does not broadcast buffers before each forward (ddp_broadcast_buffers false: every buffer is "
                 "non-persistent, derived from the config on each rank)"
             )
+    if bucket_view:
+        settings["gradient_as_bucket_view"] = True
+        lines.append(
+            "DDP keeps the gradients as views of its all-reduce bucket (gradient_as_bucket_view: no copy of each "
+            "gradient into the bucket and back)"
+        )
     return settings, lines
 
 
-def bucket_view(handler: Any, *, world_size: int, deepspeed: Any) -> str | None:
-    """Sets `gradient_as_bucket_view` on accelerate's DDP arguments (`DistributedDataParallelKwargs`).
-
-    Args:
-        handler: One of the accelerator's kwargs handlers; only a DDP one is changed.
-        world_size: Training processes in all.
-        deepspeed: The run's `deepspeed` argument (set: DeepSpeed, not DDP, moves the gradients).
-
-    Returns:
-        The log line, or None where nothing was set (one process, DeepSpeed, another handler, already set).
-    """
-    if world_size <= 1 or deepspeed or type(handler).__name__ != "DistributedDataParallelKwargs":
-        return None
-    if getattr(handler, "gradient_as_bucket_view", True):
-        return None
-    handler.gradient_as_bucket_view = True
-    return (
-        "DDP keeps the gradients as views of its all-reduce bucket (gradient_as_bucket_view: no copy of each "
-        "gradient into the bucket and back)"
-    )
+def apply(handlers: list[Any], settings: dict[str, Any]) -> int:
+    """Sets `settings` on each of accelerate's DDP argument handlers among `handlers`; how many it changed."""
+    changed = 0
+    for handler in handlers:
+        if type(handler).__name__ != "DistributedDataParallelKwargs" or not settings:
+            continue
+        for key, value in settings.items():
+            setattr(handler, key, value)
+        changed += 1
+    return changed

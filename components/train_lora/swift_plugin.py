@@ -528,51 +528,41 @@ def _world_size(environ) -> int:
     return int(environ.get("WORLD_SIZE", "1") or 1)
 
 
-def set_ddp_comm(model, training_args, environ=os.environ) -> dict:
-    """Item 14: one bucket for DDP's gradients and no broadcast of derived buffers, set on the arguments
-    before transformers builds the accelerator from them (`ddp_comm.py`); what it set."""
-    if environ.get("VLM_LORA_DDP_COMM") == "0" or model is None or training_args is None:
-        return {}
-    settings, lines = _load_sibling("ddp_comm").ddp_settings(
-        model,
-        world_size=_world_size(environ),
-        deepspeed=getattr(training_args, "deepspeed", None),
-        bucket_cap_mb=getattr(training_args, "ddp_bucket_cap_mb", None),
-        broadcast_buffers=getattr(training_args, "ddp_broadcast_buffers", None),
-    )
-    for key, value in settings.items():
-        setattr(training_args, key, value)
-    for line in lines:
-        print(f"train-lora plugin: {line}", flush=True)
-    return settings
-
-
-def _with_bucket_view(original, environ=os.environ):
-    """transformers' `Trainer._build_accelerator_args`, then item 14's bucket view on the DDP arguments it built."""
+def _with_ddp_comm(original, environ=os.environ):
+    """transformers' `Trainer._build_accelerator_args`, then item 14's settings on the DDP arguments it built
+    (`ddp_comm.py`): one bucket, no broadcast of derived buffers, the gradients as views of the bucket."""
 
     @functools.wraps(original)
     def _build_accelerator_args(self, **kwargs):
         built = original(self, **kwargs)
-        if environ.get("VLM_LORA_DDP_COMM") == "0" or environ.get("VLM_LORA_DDP_BUCKET_VIEW") == "0":
+        training_args = getattr(self, "args", None)
+        model = getattr(self, "model", None)
+        if environ.get("VLM_LORA_DDP_COMM") == "0" or model is None or training_args is None:
             return built
-        view = _load_sibling("ddp_comm").bucket_view
-        deepspeed = getattr(getattr(self, "args", None), "deepspeed", None)
-        for handler in built.get("kwargs_handlers") or []:
-            line = view(handler, world_size=_world_size(environ), deepspeed=deepspeed)
-            if line:
+        helpers = _load_sibling("ddp_comm")
+        settings, lines = helpers.ddp_settings(
+            model,
+            world_size=_world_size(environ),
+            deepspeed=getattr(training_args, "deepspeed", None),
+            bucket_cap_mb=getattr(training_args, "ddp_bucket_cap_mb", None),
+            broadcast_buffers=getattr(training_args, "ddp_broadcast_buffers", None),
+            bucket_view=environ.get("VLM_LORA_DDP_BUCKET_VIEW") != "0",
+        )
+        if helpers.apply(built.get("kwargs_handlers") or [], settings):
+            for line in lines:
                 print(f"train-lora plugin: {line}", flush=True)
         return built
 
-    _build_accelerator_args._vlm_lora_bucket_view = True
+    _build_accelerator_args._vlm_lora_ddp_comm = True
     return _build_accelerator_args
 
 
-def _install_bucket_view() -> bool:
+def _install_ddp_comm() -> bool:
     try:
         from transformers import Trainer
     except ImportError:
         return False
-    return _wrap_once(Trainer, "_build_accelerator_args", _with_bucket_view, "_vlm_lora_bucket_view")
+    return _wrap_once(Trainer, "_build_accelerator_args", _with_ddp_comm, "_vlm_lora_ddp_comm")
 
 
 def gc_callback(environ=os.environ):
@@ -620,7 +610,7 @@ def gc_callback(environ=os.environ):
 
 
 def _install_trainer_init() -> tuple[bool, bool]:
-    """Wraps Trainer.__init__ for what needs the model: DDP's buckets and buffers, compilation (opt-in), deepstack
+    """Wraps Trainer.__init__ for what needs the model: compilation (opt-in), deepstack
     by position, grouped LoRA projections, Liger's SiLU-multiply."""
     language = os.environ.get("VLM_LORA_COMPILE_LAYERS") == "1"
     vision = os.environ.get("VLM_LORA_COMPILE_VISION") == "1"
@@ -637,7 +627,6 @@ def _install_trainer_init() -> tuple[bool, bool]:
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         if language:
             keep_liger_out_of_layers(training_args)
-        set_ddp_comm(kwargs.get("model", args[0] if args else None), training_args)
         original(self, *args, **kwargs)
         patch_model(self.model, training_args, language=language, vision=vision)
         self.add_callback(gc_callback())
@@ -703,4 +692,4 @@ HOST_VISION_SEQLENS = _install_host_vision_seqlens()
 HOST_VISION_GRID = _install_host_vision_grid()
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
-DDP_BUCKET_VIEW = _install_bucket_view()
+DDP_COMM = _install_ddp_comm()
