@@ -201,3 +201,64 @@ def test_plugin_keeps_the_configs_values_and_the_view_switch(tmp_path):
     assert built["bucket_cap_mb"] == 10 and built["broadcast_buffers"] is True and built["gradient_as_bucket_view"]
     built = _built(tmp_path, {"WORLD_SIZE": "2", "VLM_LORA_DDP_BUCKET_VIEW": "0"})
     assert built["bucket_cap_mb"] == 33 and built["gradient_as_bucket_view"] is False
+
+
+class _WithLoss(Adapted):
+    """`Adapted` as a Trainer model: a dict with the loss."""
+
+    def forward(self, x, labels=None):
+        return {"loss": super().forward(x) / 1e3}
+
+
+def _trainer_worker(rank: int, port: int, out_dir: str, environ: dict, out) -> None:
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", **environ
+    )
+    from transformers import Trainer, TrainingArguments
+
+    from components.train_lora import swift_plugin as plugin  # installs its wrappers, as `swift sft` loads it
+
+    assert plugin.DDP_COMM
+    torch.manual_seed(0)
+    rows = [{"x": torch.randn(1024)} for _ in range(8)]
+    args = TrainingArguments(
+        output_dir=out_dir, per_device_train_batch_size=2, max_steps=2, report_to="none", use_cpu=True,
+        ddp_backend="gloo", save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    trainer = Trainer(
+        model=_WithLoss(),
+        args=args,
+        train_dataset=rows,
+        data_collator=lambda b: {"x": torch.stack([r["x"] for r in b])},
+    )
+    trainer.train()
+    ddp = trainer.model_wrapped
+    data = ddp._get_ddp_logging_data()
+    out.put(
+        (rank, type(ddp).__name__, ddp.gradient_as_bucket_view, data.get("num_buckets_reduced"), ddp.broadcast_buffers)
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, ("DistributedDataParallel", True, 1, False)),
+        ({"VLM_LORA_DDP_COMM": "0"}, ("DistributedDataParallel", False, 2, True)),
+    ],
+    ids=["on", "off"],
+)
+def test_a_real_two_process_trainer_gets_the_plugins_ddp_arguments(tmp_path, environ, expected):
+    """transformers' Trainer builds DDP through accelerate in two processes (gloo): the plugin's values reach it."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_trainer_worker, args=(r, port, str(tmp_path), environ, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(out.get(timeout=240) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [r[1:] for r in results] == [expected, expected]
