@@ -112,9 +112,11 @@ VLM_LORA_FAST_VISION=0 turns it off.
 DeepSpeed: all trainable gradients in one bucket (`ddp_bucket_cap_mb` sized to them), reduced in one
 all-reduce after the backward instead of three whose NCCL kernels wait beside it for the other rank; and no
 broadcast of buffers before each forward when every buffer is non-persistent (derived from the config on
-each rank); and the gradients as views of that bucket (`gradient_as_bucket_view`), so that DDP does not copy each
-one into the bucket and back (VLM_LORA_DDP_BUCKET_VIEW=0 keeps the copies). A value the config sets is kept. Two H200s, same call: one bucket 0.574 / 0.581 s
-per step against 0.601 (benchmarks/README.md). VLM_LORA_DDP_COMM=0 turns it off.
+each rank); and the gradients as views of that bucket (`gradient_as_bucket_view`), so that DDP does not copy
+each one into the bucket and back (VLM_LORA_DDP_BUCKET_VIEW=0 keeps the copies). Set on the DDP arguments
+transformers builds for accelerate (`Trainer._build_accelerator_args`); a value the config sets is kept. Two
+H200s, same call: one bucket 0.574 / 0.581 s per step against 0.601 (benchmarks/README.md).
+VLM_LORA_DDP_COMM=0 turns it off.
 
 15. Python's garbage collection at step ends (`gc_align.py`, next to this file): with more than one process the
 automatic collector is off during training and every rank collects at the end of each optimizer step (the young
