@@ -22,10 +22,11 @@ the same samples go into each step; only how they are computed changes. Gradient
 accumulation is derived: samples per step / (per-device batch x GPUs).
 
     python -m benchmarks.train_throughput --out DIR [--steps 8] [--profiles seed,b16_gc_novitgc,...]
-        [--max-pixels 1048576] [--image-size 1024]
+        [--max-pixels 1048576] [--image-size 1024] [--warmup-steps 0]
     CUDA_VISIBLE_DEVICES=0 python -m benchmarks.train_throughput ...   # one GPU of a larger host
 
-Prints `RESULT {...}` per profile and a final table; writes DIR/results.json.
+Prints `RESULT {...}` per profile (`WARMUP {...}` for the unreported warm-up run) and a final table;
+writes DIR/results.json.
 """
 
 from __future__ import annotations
@@ -593,6 +594,19 @@ def validated_data(
     return train_dir
 
 
+def profile_runs(
+    names: list[str], steps: int, seed_steps: int = 0, warmup_steps: int = 0
+) -> list[tuple[str, int, bool]]:
+    """(profile, optimizer steps, reported) in the order they run: with `warmup_steps`, the first profile once
+    unreported first; seed profiles for `seed_steps` where given."""
+    if warmup_steps < 0:
+        raise SystemExit(f"--warmup-steps {warmup_steps}: give 0 (none) or more steps")
+    runs = [(names[0], warmup_steps, False)] if warmup_steps and names else []
+    for name in names:
+        runs.append((name, seed_steps if (seed_steps and name.startswith("seed")) else steps, True))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -600,6 +614,11 @@ def main() -> None:
     parser.add_argument("--seed-steps", type=int, default=0, help="steps for the seed profiles (default --steps)")
     parser.add_argument("--samples-per-step", type=int, default=16)
     parser.add_argument("--profiles", default="seed,b16_gc_liger")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=0,
+        help="first run the first profile for this many steps, unreported (a fresh GPU machine's first minutes "
+        "run host-bound profiles slower: benchmarks/README.md, session 18); 0 = none",
+    )  # fmt: skip
     parser.add_argument("--n-train", type=int, default=0, help="training samples (default: enough for the steps)")
     parser.add_argument("--model", default="", help="an existing model folder (default: build the 4B one in --out)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, 256 px images")
@@ -659,13 +678,15 @@ def main() -> None:
         pass
     print("HEADER " + json.dumps(header, default=str), flush=True)
     rows = []
-    for name in [p.strip() for p in args.profiles.split(",") if p.strip()]:
-        settings = profile_settings(name)
-        steps = args.seed_steps if (args.seed_steps and name.startswith("seed")) else args.steps
-        swift_args = profile_args(name, settings, args.samples_per_step, max(gpus, 1), steps, base)
+    names = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    for name, steps, reported in profile_runs(names, args.steps, args.seed_steps, args.warmup_steps):
+        swift_args = profile_args(name, profile_settings(name), args.samples_per_step, max(gpus, 1), steps, base)
         row = run_profile(
             name, swift_args, model_dir, train_dir, out, max(gpus, 1), arch, stats, peak, args.samples_per_step
         )
+        if not reported:
+            print("WARMUP " + json.dumps(row, default=str), flush=True)
+            continue
         rows.append(row)
         print("RESULT " + json.dumps(row, default=str), flush=True)
         (out / "results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1, default=str))

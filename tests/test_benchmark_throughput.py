@@ -388,3 +388,13 @@ def test_rank_profiles_read_every_ranks_summary(tmp_path):
     assert row["torch_profile_ranks"] == {1: {"by_category_s": {"nccl": 0.0123456, "gemm": 1.0}}}
     assert row["nccl_s_by_rank"] == {0: 0.061, 1: 0.0123}
     assert set(rank_profiles(out, 1)) == {"torch_profile"}  # one GPU: rank 0 only
+
+
+def test_profile_runs_put_an_unreported_warm_up_first():
+    from benchmarks.train_throughput import profile_runs
+
+    assert profile_runs(["a", "seed"], 30, seed_steps=6) == [("a", 30, True), ("seed", 6, True)]
+    assert profile_runs(["a", "b"], 30, warmup_steps=10) == [("a", 10, False), ("a", 30, True), ("b", 30, True)]
+    assert profile_runs([], 30, warmup_steps=10) == []
+    with pytest.raises(SystemExit, match="--warmup-steps -1"):
+        profile_runs(["a"], 30, warmup_steps=-1)
