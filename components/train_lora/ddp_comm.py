@@ -94,9 +94,11 @@ def ddp_settings(
 
 def apply(handlers: list[Any], settings: dict[str, Any]) -> int:
     """Sets `settings` on each of accelerate's DDP argument handlers among `handlers`; how many it changed."""
+    if not settings:
+        return 0
     changed = 0
     for handler in handlers:
-        if type(handler).__name__ != "DistributedDataParallelKwargs" or not settings:
+        if type(handler).__name__ != "DistributedDataParallelKwargs":
             continue
         for key, value in settings.items():
             setattr(handler, key, value)

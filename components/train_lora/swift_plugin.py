@@ -363,38 +363,33 @@ def _install_torch_rms_norm(environ=os.environ) -> bool:
     return _wrap_once(trainer, "apply_liger_kernel", _after_liger, "_vlm_lora_torch_rms_norm")
 
 
-def _install_host_vision_seqlens() -> int:
-    if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0":
-        return 0
-    try:
-        from transformers import vision_utils
-    except ImportError:
-        return 0
-    loaded = [m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.") and m is not None]
-    return _load_sibling("vision_seqlens").install([vision_utils, *loaded])
-
-
 QWEN3_VL_MODELING = (
     "transformers.models.qwen3_vl.modeling_qwen3_vl",
     "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
 )
 
 
-def _install_host_vision_grid() -> dict[str, int]:
-    """Item 7's second part: the tower's index work and the embeddings' split from the same host copy of the grid."""
-    if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0" or os.environ.get("VLM_LORA_HOST_VISION_GRID") == "0":
-        return {}
+def _install_host_vision() -> tuple[int, dict[str, int]]:
+    """Item 7: the vision boundaries from a host copy of the grid (modules wrapped) and, unless
+    VLM_LORA_HOST_VISION_GRID=0, the rest of the tower's grid work from that copy (what was wrapped)."""
+    if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0":
+        return 0, {}
     try:
         from transformers import vision_utils
     except ImportError:
-        return {}
-    modules = [vision_utils]
+        return 0, {}
+    helpers = _load_sibling("vision_seqlens")
+    loaded = [m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.") and m is not None]
+    seqlens = helpers.install([vision_utils, *loaded])
+    if os.environ.get("VLM_LORA_HOST_VISION_GRID") == "0":
+        return seqlens, {}
+    qwen3_vl = []
     for name in QWEN3_VL_MODELING:
         try:
-            modules.append(importlib.import_module(name))
+            qwen3_vl.append(importlib.import_module(name))
         except ImportError:  # an older transformers without it
             continue
-    return _load_sibling("vision_seqlens").install_grid(modules)
+    return seqlens, helpers.install_grid([vision_utils, *qwen3_vl])
 
 
 def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:
@@ -690,8 +685,7 @@ FUSED_LORA = _install_fused_lora()
 COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
-HOST_VISION_SEQLENS = _install_host_vision_seqlens()
-HOST_VISION_GRID = _install_host_vision_grid()
+HOST_VISION_SEQLENS, HOST_VISION_GRID = _install_host_vision()
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
 DDP_COMM = _install_ddp_comm()
