@@ -184,7 +184,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "b8_nogc_liger_maskdeep": nogc_liger(8, env={"VLM_LORA_INDEX_DEEPSTACK": "0"}),
     "b8_nogc_liger_nodrop_maskdeep": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_INDEX_DEEPSTACK": "0"}),
     "b8_nogc_liger_nodrop_syncount": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_ASYNC_TOKENS": "0"}),
-    # torch's fused RMSNorm in place of Liger's (train-lora plugin, opt-in VLM_LORA_TORCH_RMS_NORM=1)
+    # torch's fused RMSNorm in place of Liger's (train-lora plugin, VLM_LORA_TORCH_RMS_NORM=1: with one process)
     "b8_nogc_liger_torchnorm": nogc_liger(8, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
     "b8_nogc_liger_nodrop_torchnorm": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
     # without dropout, the plugin's LoRA function instead of its lean path (autograd's own nodes)
