@@ -136,6 +136,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     # index work on the GPU from the device grid (before the plugin computed it from the host copy, session 18)
     "auto_liger_log5_ligernorm": auto_liger(logging_steps=5, env={"VLM_LORA_TORCH_RMS_NORM": "0"}),
     "auto_liger_log5_nogrid": auto_liger(logging_steps=5, env={"VLM_LORA_HOST_VISION_GRID": "0"}),
+    # the LoRA functions casting the adapters in every forward and scaling in kernels of their own in the backward
+    # (before the plugin kept the casts between forwards and folded the scaling, session 19)
+    "auto_liger_log5_nocast": auto_liger(
+        logging_steps=5, env={"VLM_LORA_CAST_CACHE": "0", "VLM_LORA_FOLD_SCALING": "0"}
+    ),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer

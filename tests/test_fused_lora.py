@@ -494,3 +494,128 @@ def test_a_base_layer_that_trains_keeps_its_own_gradient(fused_base):
     assert name in g_p and name in g_f
     _close(g_f[name], g_p[name], rtol=1e-5, atol=1e-6)
     _close(gx_f, gx_p, rtol=1e-5, atol=1e-6)
+
+
+class _CountCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the dtype casts (`aten._to_copy`) and foreach copies that run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts = 0
+        self.foreach_copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default:
+            self.casts += 1
+        elif func.overloadpacket is torch.ops.aten._foreach_copy_:
+            self.foreach_copies += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _train(model, xs, cast_cache: bool, monkeypatch) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list]:
+    """Three optimizer steps of the fused branch under bf16 autocast (dropout: the LoRA function); the outputs,
+    the adapters' final weights and, per step, the casts counted in the forward."""
+    monkeypatch.setattr(fused_lora, "CAST_CACHE", cast_cache)
+    monkeypatch.setattr(fused_lora, "CASTS", fused_lora.CastCache())
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=0.05)
+    outs, counts = [], []
+    for step, x in enumerate(xs):
+        with routed(True), torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.manual_seed(step)
+            with _CountCasts() as counted:
+                out = model(x)
+            out.float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        outs.append(out.detach())
+        counts.append((counted.casts, counted.foreach_copies))
+    return outs, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}, counts
+
+
+def test_cached_adapter_casts_train_the_same_and_cast_once_per_step(monkeypatch, fused_base):
+    """The LoRA functions read the adapters' bf16 copies from `CastCache`: the same outputs and weights over three
+    optimizer steps as casting in every forward (so no stale copy after a step), with one foreach copy per step
+    for all adapters instead of two casts per adapted layer."""
+    _, cached_model = _models(dropout=0.2)
+    plain_model = copy.deepcopy(cached_model)
+    xs = [torch.randn(3, 7, 24) for _ in range(3)]
+    outs_c, weights_c, counts_c = _train(cached_model, xs, True, monkeypatch)
+    outs_p, weights_p, counts_p = _train(plain_model, xs, False, monkeypatch)
+    for got, want in zip(outs_c, outs_p):
+        assert torch.equal(got, want)
+    for name in weights_p:
+        assert torch.equal(weights_c[name], weights_p[name]), name
+    assert (
+        weights_c["base_model.model.q.lora_A.default.weight"]
+        .ne(_models(dropout=0.2)[0].base_model.model.q.lora_A.default.weight)
+        .any()
+    )  # the weights moved: the copies had to follow them
+    # every forward casts the 4 layers' x, and the frozen weight where it is float32 (F.linear / .to); the
+    # adapters' A and B add 8 casts per forward without the cache; with it, 8 at the first forward, then none
+    # but one foreach copy after each step
+    per_forward_plain = {c for c, _ in counts_p}
+    assert len(per_forward_plain) == 1 and all(f == 0 for _, f in counts_p)
+    assert counts_c[0][0] == counts_p[0][0] and counts_c[0][1] == 0
+    assert counts_c[1:] == [(counts_p[1][0] - 8, 1), (counts_p[2][0] - 8, 1)]
+
+
+def test_the_cast_cache_follows_in_place_changes_and_forgets_freed_weights(monkeypatch):
+    monkeypatch.setattr(fused_lora, "CAST_CACHE", True)
+    cache = fused_lora.CastCache()
+    w = torch.nn.Parameter(torch.randn(4, 6))
+    first = cache.get(w, torch.bfloat16)
+    assert torch.equal(first, w.detach().to(torch.bfloat16)) and cache.get(w, torch.bfloat16) is first
+    with torch.no_grad():
+        w.mul_(3)  # a version change (as load_state_dict's copy_ makes)
+    again = cache.get(w, torch.bfloat16)
+    assert again is first and torch.equal(again, w.detach().to(torch.bfloat16))
+    w.data = torch.randn(4, 6)  # another tensor behind the parameter: another address
+    assert torch.equal(cache.get(w, torch.bfloat16), w.detach().to(torch.bfloat16))
+    assert cache.get(w, torch.float32) is w  # no cast needed: the weight itself
+
+    class ThroughData(torch.optim.Optimizer):  # writes through `.data`: no version change
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(1.0)
+
+    ThroughData([w], {}).step()
+    assert torch.equal(cache.get(w, torch.bfloat16), w.detach().to(torch.bfloat16))  # the step hook told it
+    del w
+    assert cache.refresh() == 0 and cache.entries == {}
+    monkeypatch.setattr(fused_lora, "CAST_CACHE", False)  # the switch: a new cast each time
+    v = torch.nn.Parameter(torch.randn(2, 2))
+    assert cache.get(v, torch.bfloat16) is not cache.get(v, torch.bfloat16) and cache.entries == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_folded_scaling_gives_the_same_gradients_with_fewer_kernels(monkeypatch):
+    """With dropout on a GPU (Triton kernels) LoRA's scaling rides in the kernels' scale and B's float32 gradient
+    comes from one float32-output matmul: gradients equal to the separate kernels' up to rounding, fewer kernels."""
+    monkeypatch.setattr(fused_lora, "SEEDED", False)
+    torch.manual_seed(0)
+    x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16) * 0.05
+    a = (torch.randn(8, 512, device="cuda") * 0.05).requires_grad_(True)
+    b = (torch.randn(1024, 8, device="cuda") * 0.05).requires_grad_(True)
+
+    def run(fold: bool):
+        monkeypatch.setattr(fused_lora, "FOLD", fold)
+        for t in (x, a, b):
+            t.grad = None
+        torch.manual_seed(1)
+        out = fused_lora._LoraLinear.apply(x, w, None, a, b, 4.0, 0.1, torch.bfloat16)
+        grad = torch.randn_like(out)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out.backward(grad)
+            torch.cuda.synchronize()
+        kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+        return out.detach(), [t.grad.clone() for t in (x, a, b)], kernels
+
+    out_f, grads_f, kernels_f = run(True)
+    out_s, grads_s, kernels_s = run(False)
+    assert torch.equal(out_f, out_s)
+    for got, want in zip(grads_f, grads_s):
+        assert got.dtype == want.dtype and _rel_err(got, want) < 1e-2
+    assert grads_f[2].dtype == torch.float32 and kernels_f <= kernels_s - 2, (kernels_f, kernels_s)

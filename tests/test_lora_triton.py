@@ -212,7 +212,9 @@ def test_with_the_switch_off_the_kernels_are_not_called(interpreted):
     assert interpreted["layer"]["calls_with_switch_off"] == {"add_dropped_product": 0, "dropped_weight_grad": 0}
 
 
-@pytest.mark.parametrize("name", ["VLM_LORA_TRITON_LORA", "VLM_LORA_SEEDED_DROPOUT"])
+@pytest.mark.parametrize(
+    "name", ["VLM_LORA_TRITON_LORA", "VLM_LORA_SEEDED_DROPOUT", "VLM_LORA_CAST_CACHE", "VLM_LORA_FOLD_SCALING"]
+)
 def test_the_switch_is_allowed_with_its_values(name):
     job_env.check_job_env({name: "0"})
     job_env.check_job_env({name: 1})

@@ -27,6 +27,13 @@ that apply the mask while reading (`lora_triton.py`). Two more save memory: on a
 come from a seed and are computed again where needed (`SEEDED`; nothing kept per layer), and an MLP's
 down projection computes `silu(gate) * up` itself and again in its backward (`_SiluMulLoraLinear`).
 
+Two take kernel launches out of each adapted layer, where an 8-row micro-step's host launches kernels more
+slowly than the GPU runs them: the adapters' compute-dtype copies are kept from one forward to the next and
+refreshed for all adapters together after the weights change (`CastCache`: one `_foreach_copy_` per optimizer
+step instead of two cast kernels per layer per forward), and the backward folds LoRA's scaling into the kernels
+that already scale (the Triton kernels' dropout scale, a float32-output matmul's multiply) instead of a
+multiply of its own, and computes B's float32 gradient without a bfloat16 copy first (`FOLD`).
+
 The matmuls run in the compute dtype (autocast's, else the adapter weights'), the adapter
 weights and their gradients stay in their own dtype (float32 master weights), as with peft.
 `fused_forward` applies only where the arithmetic is plain LoRA; everything else (DoRA and
@@ -40,6 +47,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -72,6 +80,13 @@ SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
 SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "0") == "1"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# the adapter weights' compute-dtype copies kept between forwards of the LoRA functions (`CastCache`) instead of
+# two cast kernels per adapted layer per forward (504 for the 4B); VLM_LORA_CAST_CACHE=0 casts in every forward
+CAST_CACHE = os.environ.get("VLM_LORA_CAST_CACHE", "1") != "0"
+# in the backward with dropout on a GPU, LoRA's scaling applied by the Triton kernels (with the dropout scale) and
+# B's gradient by one float32-output matmul and its multiply, instead of a multiply of the rank-r gradient, and a
+# bfloat16 matmul, multiply and cast; VLM_LORA_FOLD_SCALING=0 keeps the separate kernels
+FOLD = os.environ.get("VLM_LORA_FOLD_SCALING", "1") != "0"
 
 
 def _rank_r(x2: torch.Tensor, a: torch.Tensor, p: float):
@@ -143,33 +158,123 @@ def _mask_keep(ctx, mask) -> float:
     return _keep(ctx.p) if mask is None or isinstance(mask, torch.Tensor) else mask.keep
 
 
-def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool):
-    """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes)."""
+def _weight_grad_b(g: torch.Tensor, h: torch.Tensor, scaling: float, dtype: torch.dtype) -> torch.Tensor:
+    """B's gradient `scaling * g^T h` in B's dtype: on a GPU, for a float32 B from 16-bit operands, one matmul that
+    writes float32 and a multiply (`FOLD`), else a matmul in the operands' dtype, a multiply and a cast."""
+    if FOLD and g.is_cuda and dtype == torch.float32 and g.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(g.t(), h, out_dtype=torch.float32).mul_(scaling)
+    return (g.t() @ h).mul_(scaling).to(dtype)
+
+
+def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b: bool, kernels=None):
+    """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes).
+
+    `kernels`: the Triton kernels that apply the mask wherever `gh` is used (`_folding_kernels`); `gh` is then
+    returned without LoRA's scaling, which those kernels apply with the dropout scale (`_gh_scale`).
+    """
     scaling, keep = ctx.scaling, _mask_keep(ctx, mask)
-    gh = (g @ b) * scaling if (need_x or need_a) else None
+    gh = None
+    if need_x or need_a:
+        gh = g @ b if kernels is not None else (g @ b) * scaling
     grad_a = grad_b = None
     if need_b:
-        grad_b = (g.t() @ h).mul_(scaling).to(ctx.weight_dtypes[1])
+        grad_b = _weight_grad_b(g, h, scaling, ctx.weight_dtypes[1])
     if need_a:
-        kernels = _kernels_for(mask, gh, x2)
         if kernels is not None:
-            grad_a = kernels.dropped_weight_grad(gh, x2, mask, keep).to(ctx.weight_dtypes[0])
+            grad_a = kernels.dropped_weight_grad(gh, x2, mask, keep * scaling).to(ctx.weight_dtypes[0])
+        elif (masked := _kernels_for(mask, gh, x2)) is not None:
+            grad_a = masked.dropped_weight_grad(gh, x2, mask, keep).to(ctx.weight_dtypes[0])
         else:
             dropped = x2 if mask is None else torch.ops.aten.native_dropout_backward(x2, mask, keep)
             grad_a = (gh.t() @ dropped).to(ctx.weight_dtypes[0])
     return gh, grad_a, grad_b
 
 
+def _folding_kernels(mask, g, x2, a):
+    """The Triton kernels where they apply the mask for every use of `gh` (so they can apply the scaling too):
+    with dropout, `FOLD` on and the kernels usable for these operands; else None."""
+    if not FOLD or mask is None:
+        return None
+    return _kernels_for(mask, g, x2, a)
+
+
 def _keep(p: float) -> float:
     return 1.0 / (1.0 - p) if p > 0 else 1.0
+
+
+class CastCache:
+    """Each adapter weight's copy in a compute dtype, reused while the weight is unchanged.
+
+    A copy is current while its weight is the same live tensor at the same address and version and no `torch.optim`
+    optimizer has stepped since it was made (a global step hook counts the steps: an optimizer that writes through
+    `.data` leaves the version alone). When a copy is found stale every stale copy is refreshed, one
+    `_foreach_copy_` per (device, dtype) pair: after an optimizer step that is one launch where the forwards
+    would cast each adapter. The copies are read by the LoRA functions' forward and backward only (they compute
+    the adapters' gradients themselves, so no autograd graph runs through the cast).
+    """
+
+    def __init__(self) -> None:
+        # (id of the weight, dtype) -> [weak reference to the weight, copy, version, address, optimizer steps]
+        self.entries: dict[tuple[int, torch.dtype], list] = {}
+        self.steps = 0
+        self.hooked = False
+
+    def optimizer_stepped(self, *_args) -> None:
+        self.steps += 1
+
+    def _current(self, entry: list, weight: torch.Tensor) -> bool:
+        return entry[2] == weight._version and entry[3] == weight.data_ptr() and entry[4] == self.steps
+
+    def get(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`weight.to(dtype)`, from the cache where the switch is on and outside tracing."""
+        if weight.dtype == dtype or not CAST_CACHE or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return weight.to(dtype)
+        if not self.hooked:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            register_optimizer_step_post_hook(self.optimizer_stepped)
+            self.hooked = True
+        key = (id(weight), dtype)
+        entry = self.entries.get(key)
+        if entry is None or entry[0]() is not weight or entry[1].shape != weight.shape:
+            copy = weight.detach().to(dtype)
+            self.entries[key] = [weakref.ref(weight), copy, weight._version, weight.data_ptr(), self.steps]
+            return copy
+        if not self._current(entry, weight):
+            self.refresh()
+        return entry[1]
+
+    def refresh(self) -> int:
+        """Brings every stale copy up to date (drops those of freed or reshaped weights); how many it copied."""
+        groups: dict[tuple, tuple[list, list, list]] = {}
+        for key, entry in list(self.entries.items()):
+            weight = entry[0]()
+            if weight is None or entry[1].shape != weight.shape or entry[1].device != weight.device:
+                del self.entries[key]
+                continue
+            if self._current(entry, weight):
+                continue
+            dsts, srcs, stale = groups.setdefault((weight.device, weight.dtype, entry[1].dtype), ([], [], []))
+            dsts.append(entry[1])
+            srcs.append(weight.detach())
+            stale.append((entry, weight))
+        copied = 0
+        for dsts, srcs, stale in groups.values():
+            torch._foreach_copy_(dsts, srcs)
+            for entry, weight in stale:
+                entry[2], entry[3], entry[4] = weight._version, weight.data_ptr(), self.steps
+            copied += len(dsts)
+        return copied
+
+
+CASTS = CastCache()
 
 
 class _LoraDelta(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, base, weight_a, weight_b, scaling: float, p: float, inplace: bool):
         dtype = base.dtype
-        a = weight_a.to(dtype)
-        b = weight_b.to(dtype)
+        a, b = CASTS.get(weight_a, dtype), CASTS.get(weight_b, dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         h, mask = _rank_r(x2, a, p)
         ctx.save_for_backward(x2, _saved_mask(ctx, mask), h, a, b)
@@ -213,12 +318,15 @@ def _linear_lora_forward(x2, w, bias, a, b, scaling: float, p: float):
 
 def _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x: bool, need_a: bool, need_b: bool):
     """The input gradient built in one buffer (None unless `need_x`), A's and B's gradients."""
-    gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b)
+    folding = _folding_kernels(mask, g, x2, a)
+    gh, grad_a, grad_b = _adapter_grads(ctx, g, x2, mask, h, a, b, need_x, need_a, need_b, folding)
     grad_x = None
     if need_x:
         grad_x = g @ weight
         if mask is None:
             grad_x.addmm_(gh, a)
+        elif folding is not None:
+            folding.add_dropped_product(grad_x, gh, a, mask, _mask_keep(ctx, mask) * ctx.scaling)
         elif (kernels := _kernels_for(mask, grad_x, gh, a)) is not None:
             kernels.add_dropped_product(grad_x, gh, a, mask, _mask_keep(ctx, mask))
         else:
@@ -239,8 +347,7 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, weight_a, weight_b, scaling: float, p: float, dtype: torch.dtype):
         w = weight.to(dtype)  # autocast's cast of the frozen weight, which F.linear would keep as well
-        a = weight_a.to(dtype)
-        b = weight_b.to(dtype)
+        a, b = CASTS.get(weight_a, dtype), CASTS.get(weight_b, dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         out, h, mask = _linear_lora_forward(x2, w, bias, a, b, scaling, p)
         ctx.save_for_backward(x2, _saved_mask(ctx, mask), h, a, b, w)
@@ -275,8 +382,7 @@ class _SiluMulLoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, weight, bias, weight_a, weight_b, scaling: float, p: float, dtype, silu_mul):
         w = weight.to(dtype)
-        a = weight_a.to(dtype)
-        b = weight_b.to(dtype)
+        a, b = CASTS.get(weight_a, dtype), CASTS.get(weight_b, dtype)
         gate2 = gate.reshape(-1, gate.shape[-1]).to(dtype)
         up2 = up.reshape(-1, up.shape[-1]).to(dtype)
         c = silu_mul.forward(gate2, up2)

@@ -50,6 +50,10 @@ _PLUGIN_SWITCHES = {
     "VLM_LORA_TRITON_LORA": "0 (PyTorch's kernels for LoRA's backward with dropout) or 1 (Triton's, on a GPU, the default)",
     "VLM_LORA_SEEDED_DROPOUT": "1 (LoRA's dropout masks computed from seeds in the Triton kernels on a GPU, none kept) "
     "or 0 (PyTorch's dropout kernel, a mask kept per adapted layer); unset: the planner decides with auto, else 0",
+    "VLM_LORA_CAST_CACHE": "0 (the adapters cast to the compute dtype in every forward) or 1 (their copies kept "
+    "and refreshed together after each optimizer step, the default)",
+    "VLM_LORA_FOLD_SCALING": "0 (LoRA's scaling as kernels of its own in the backward) or 1 (in the kernels that "
+    "already scale, B's float32 gradient from one matmul, on a GPU, the default)",
     "VLM_LORA_SILU_MUL_DOWN": "0 (the MLP's SiLU-multiply output kept for the down projection's LoRA backward) "
     "or 1 (computed again there from gate and up, the default)",
     "VLM_LORA_FAST_VISION": "0 (the vision tower's own Conv3d patch embedding, float32 rotary and norms) "
