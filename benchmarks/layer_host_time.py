@@ -19,7 +19,9 @@ layer without LoRA (`nolora`); `...norm`: with torch's fused RMSNorm in place of
 (components/train_lora/rms_norm.py); `group`: the lean path with q/k/v's and gate/up's rank-r products in one
 matmul each; `functionapart`: the LoRA function after the frozen layer (not with it in one node,
 `_LoraLinear`); `...copy`: that, with the LoRA product added out of place (a copy of the layer's output first);
-`functiontorch`: the LoRA function with PyTorch's kernels for its dropout backward (not the plugin's Triton ones). `--cprofile` adds where the host time goes (cProfile, own time per
+`functiontorch`: the LoRA function with PyTorch's kernels for its dropout backward (not the plugin's Triton ones);
+`functionnormold`: `functionnorm` with the adapters cast in every forward and LoRA's scaling as kernels of its own
+(components/train_lora/fused_lora.py: `CAST_CACHE`, `FOLD` off). `--cprofile` adds where the host time goes (cProfile, own time per
 function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
@@ -228,6 +230,8 @@ def _set_variant(variant: str) -> None:
     fused_lora.INPLACE = not variant.endswith("copy")
     fused_lora.FUSED_BASE = not variant.endswith(("apart", "copy"))
     fused_lora.TRITON = not variant.endswith("torch")  # with dropout on a GPU: LoRA's backward by PyTorch's kernels
+    # `...old`: the adapters cast in every forward and LoRA's scaling in kernels of its own (before session 19)
+    fused_lora.CAST_CACHE = fused_lora.FOLD = not variant.endswith("old")
 
 
 VARIANTS = (
@@ -243,6 +247,7 @@ VARIANTS = (
     ("functionapart", 0.05),
     ("functioncopy", 0.05),
     ("functiontorch", 0.05),
+    ("functionnormold", 0.05),
     ("nolora", 0.0),
 )
 
@@ -286,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             dropout,
             liger,
             lora=variant != "nolora",
-            torch_norm=variant.endswith("norm"),
+            torch_norm="norm" in variant,
             group=variant.startswith("group"),
         )
         row = {"variant": variant, "lora_dropout": dropout, "liger": liger}

@@ -15,6 +15,8 @@ def _cpu(monkeypatch):
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(Linear, "forward", Linear.forward)  # restored after the variants swap it
+    for flag in ("LEAN", "GROUP", "INPLACE", "FUSED_BASE", "TRITON", "CAST_CACHE", "FOLD"):  # the variants set them
+        monkeypatch.setattr(fused_lora, flag, getattr(fused_lora, flag))
 
 
 def _run(variant: str, dropout: float):
@@ -30,10 +32,11 @@ def _run(variant: str, dropout: float):
 
 def test_variants_train_the_same_layer_their_own_way():
     grads = {}
-    for variant in ("peft", "function", "functionapart", "functiontorch", "lean", "group", "nolora"):
+    for variant in ("peft", "function", "functionapart", "functiontorch", "functionnormold", "lean", "group", "nolora"):
         layer, grads[variant] = _run(variant, 0.0)
         if variant != "peft":
             assert fused_lora.TRITON == (variant != "functiontorch"), variant
+            assert fused_lora.CAST_CACHE == fused_lora.FOLD == (variant != "functionnormold"), variant
         lora_b = getattr(layer.self_attn.q_proj, "lora_B", None)
         grouped = getattr(layer.self_attn.q_proj, "_vlm_lora_shared_input", None)
         assert (grouped is not None) == (variant == "group"), variant
@@ -47,6 +50,7 @@ def test_variants_train_the_same_layer_their_own_way():
             "function": "_LoraLinearBackward",
             "functionapart": "_LoraDeltaBackward",
             "functiontorch": "_LoraLinearBackward",
+            "functionnormold": "_LoraLinearBackward",
             "lean": "ViewBackward0",
             "group": "ViewBackward0",
         }
@@ -57,7 +61,7 @@ def test_variants_train_the_same_layer_their_own_way():
             assert lora_b["default"].weight.grad is not None
     assert grads["nolora"].shape == (1, 6, 2560)  # the 4B's hidden size
     # the same layer and input (B starts at zero): the three LoRA paths give the same input gradient
-    for variant in ("function", "functionapart", "functiontorch", "lean", "group"):
+    for variant in ("function", "functionapart", "functiontorch", "functionnormold", "lean", "group"):
         torch.testing.assert_close(grads[variant], grads["peft"], rtol=0, atol=0)
 
 
