@@ -75,6 +75,7 @@ print(
     bool(plugin.HOST_VISION_GRID), flag(after.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid"),
     flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_COMM,
     plugin._load_sibling("fused_lora").CAST_CACHE, plugin._load_sibling("fused_lora").FOLD,
+    flag(after.Qwen3VLModel.forward, "_vlm_lora_host_grid"),
 )
 """
 
@@ -96,6 +97,7 @@ SWITCHES_OFF = {
     "VLM_LORA_SEEDED_DROPOUT": "1",  # opt-in (the planner sets it): on here
     "VLM_LORA_CAST_CACHE": "0",
     "VLM_LORA_FOLD_SCALING": "0",
+    "VLM_LORA_FORWARD_FACTS": "0",
 }
 
 
@@ -105,12 +107,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True False True True True True True True",
+            "True True True False True True True True True True True",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True False False False True False False",
+            "False False False False True False False False True False False False",
         ),
     ],
 )

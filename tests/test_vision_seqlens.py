@@ -295,8 +295,12 @@ def test_install_grid_wraps_functions_and_qwen3_vl_calls_once():
         Qwen3VLModel=Qwen3VLModel,
         Other=type("Other", (), {"forward": lambda self: None}),
     )
-    assert install_grid([module]) == {"functions": 2, "calls": 2}
-    assert install_grid([module]) == {"functions": 0, "calls": 0}
+    assert install_grid([module]) == {"functions": 2, "calls": 2, "facts": 0}  # the fake model has no forward
+    assert install_grid([module]) == {"functions": 0, "calls": 0, "facts": 0}
+    Qwen3VLModel.forward = lambda self, input_ids=None: input_ids
+    Qwen3VLModel.get_placeholder_mask = lambda self, input_ids, inputs_embeds: None
+    assert install_grid([module], facts=False)["facts"] == 0
+    assert install_grid([module])["facts"] == 2 and install_grid([module])["facts"] == 0
     assert getattr(Qwen3VLVisionModel.forward, "_vlm_lora_host_grid", False)
     assert not getattr(module.Other.forward, "_vlm_lora_host_grid", False)
 
@@ -363,3 +367,184 @@ def test_one_wait_for_the_whole_tower_gpu():
     print(f"host waits: stock {stock_waits}, wrapped {waits} (first) / {waits_cached} (cached)")
     assert waits_cached <= 2 < 10 <= stock_waits
     assert all(torch.equal(a, b) for a, b in zip(mine, stock, strict=True))
+
+
+# --- what the model's forward reads from its inputs, copied once at its start (facts_call) ---
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the operations that make the host read a tensor's values (on a GPU, each a wait for it)."""
+
+    READS = ("_local_scalar_dense", "is_nonzero", "nonzero", "equal")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.READS:
+            self.reads.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _qwen3_vl_model():
+    from transformers import Qwen3VLConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    text = {
+        "vocab_size": 64, "hidden_size": 32, "intermediate_size": 80, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+    }  # fmt: skip
+    vision = {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "out_hidden_size": 32,
+        "deepstack_visual_indexes": [0, 1],
+    }  # fmt: skip
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=60, video_token_id=61)
+    config._attn_implementation = config.text_config._attn_implementation = "sdpa"
+    config.vision_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return Qwen3VLModel(config).train()
+
+
+def _batch(config, left_padded: bool = False):
+    """Two right-padded rows (or left-padded ones), the first with a 4-token image, the second with a 6-token one."""
+    grid = torch.tensor([[1, 4, 4], [1, 4, 6]])
+    rows = [[5, 6, *[60] * 4, 7, 8], [9, *[60] * 6, 10, 11, 12, 13]]
+    length = max(len(r) for r in rows)
+    ids = torch.zeros(2, length, dtype=torch.long)
+    mask = torch.zeros(2, length, dtype=torch.long)
+    for i, row in enumerate(rows):
+        at = slice(length - len(row), length) if left_padded else slice(0, len(row))
+        ids[i, at], mask[i, at] = torch.tensor(row), 1
+    patch = config.vision_config.in_channels * config.vision_config.temporal_patch_size
+    pixels = torch.randn(int(grid.prod(-1).sum()), patch * config.vision_config.patch_size**2)
+    position_ids = torch.arange(length).expand(3, 2, length)
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels, "image_grid_thw": grid,
+            "position_ids": position_ids}  # fmt: skip
+
+
+def _forward(model, batch, facts: bool, monkeypatch, parts=None):
+    """The model's forward and backward stock, or with facts_call and its consumers (the CPU taken for a GPU); the
+    hidden states, two gradients and the host reads counted in the forward."""
+    from transformers import masking_utils
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    from components.train_lora import deepstack, right_padding, vision_seqlens
+
+    cls = modeling_qwen3_vl.Qwen3VLModel
+    plain = {name: _plain(getattr(cls, name)) for name in ("forward", "get_placeholder_mask", "get_image_features")}
+    mask_fn = masking_utils._ignore_causal_mask_sdpa
+    while hasattr(mask_fn, "_vlm_lora_right_padding"):
+        mask_fn = mask_fn.__wrapped__
+    text_model = model.language_model
+    monkeypatch.setattr(text_model, "_deepstack_process", type(text_model)._deepstack_process.__get__(text_model))
+    if facts:
+        monkeypatch.setattr(vision_seqlens, "on_device", lambda t: isinstance(t, torch.Tensor))
+        monkeypatch.setattr(cls, "forward", vision_seqlens.facts_call(plain["forward"]))
+        monkeypatch.setattr(
+            cls, "get_placeholder_mask", vision_seqlens.placeholder_from_facts(plain["get_placeholder_mask"])
+        )
+        monkeypatch.setattr(
+            cls, "get_image_features", vision_seqlens.host_grid_call(plain["get_image_features"], "image_grid_thw")
+        )
+        monkeypatch.setattr(
+            masking_utils,
+            "_ignore_causal_mask_sdpa",
+            right_padding.right_padded_causal_skip(mask_fn, vision_seqlens.known_right_aligned),
+        )
+        for name, wrap in vision_seqlens.INDEX_FUNCTIONS.items():  # the tower's grid work (item 7) as well
+            monkeypatch.setattr(
+                modeling_qwen3_vl,
+                name,
+                wrap(_plain(getattr(modeling_qwen3_vl, name)), parts or vision_seqlens.DeviceParts()),
+            )
+        tower = modeling_qwen3_vl.Qwen3VLVisionModel
+        monkeypatch.setattr(tower, "forward", vision_seqlens.host_grid_call(_plain(tower.forward), "grid_thw"))
+        deepstack.install(model)
+    else:
+        for name, fn in plain.items():
+            monkeypatch.setattr(cls, name, fn)
+        monkeypatch.setattr(masking_utils, "_ignore_causal_mask_sdpa", right_padding.right_padded_causal_skip(mask_fn))
+    model.zero_grad()
+    with _HostReads() as counted:
+        out = model(**batch).last_hidden_state
+    out.square().sum().backward()
+    grads = [model.language_model.layers[0].mlp.up_proj.weight.grad.clone(), model.visual.merger.linear_fc2.weight.grad]
+    return out.detach(), grads, counted.reads  # fmt: skip
+
+
+def test_the_forward_reads_its_inputs_once_and_computes_the_same(monkeypatch):
+    """The real Qwen3-VL model (tiny, on the CPU taken for a GPU): with the facts copied at the forward's start,
+    the placeholder check, the right-padding check and the deepstack positions read nothing more from the device;
+    the hidden states and gradients equal the stock forward's."""
+    model = _qwen3_vl_model()
+    batch = _batch(model.config)
+    from components.train_lora import vision_seqlens
+
+    stock, stock_grads, stock_reads = _forward(model, batch, False, monkeypatch)
+    parts = vision_seqlens.DeviceParts()
+    _forward(model, batch, True, monkeypatch, parts)  # the tower's per-size parts computed (on the host by design)
+    mine, grads, reads = _forward(model, batch, True, monkeypatch, parts)
+    assert reads == [] and len(stock_reads) >= 3, (reads, stock_reads)
+    torch.testing.assert_close(mine, stock)
+    for got, want in zip(grads, stock_grads, strict=True):
+        assert want is None and got is None or torch.testing.assert_close(got, want) is None
+    assert vision_seqlens.FACTS.get() is None  # reset after the forward
+
+
+def test_facts_keep_the_mask_for_left_padding_and_the_check_for_mismatched_tokens(monkeypatch):
+    from components.train_lora import vision_seqlens
+
+    model = _qwen3_vl_model()
+    batch = _batch(model.config, left_padded=True)
+    stock, _, _ = _forward(model, batch, False, monkeypatch)
+    mine, _, _ = _forward(model, batch, True, monkeypatch)
+    torch.testing.assert_close(mine, stock)  # the padding mask kept: left padding is not in the future
+    facts = vision_seqlens.gather_facts(model.config, batch["input_ids"], batch["attention_mask"], [])
+    assert facts.right_aligned is False and facts.tokens == {60: 10, 61: 0} and facts.mask_shape == (2, 11)
+    batch["input_ids"][1, 1] = 5  # one image token fewer than the tower's features
+    with pytest.raises(ValueError, match="Image features and image tokens do not match, tokens: 9, features: 10"):
+        _forward(model, batch, True, monkeypatch)
+
+
+def test_gathered_facts_hold_the_grids_and_nothing_off_the_device():
+    from components.train_lora import vision_seqlens
+
+    config = SimpleNamespace(image_token_id=3, video_token_id=4)
+    ids = torch.tensor([[3, 3, 1], [4, 1, 1]])
+    assert vision_seqlens.gather_facts(config, ids, None, []) is None  # a host tensor: nothing to gather
+    assert vision_seqlens.known_right_aligned(torch.ones(2, 3)) is None  # outside a forward: not known
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_one_wait_for_the_whole_model_forward_gpu(monkeypatch):
+    """On a GPU, with the plugin's wrappers: the tiny Qwen3-VL model's training forward waits for the GPU once
+    (the facts' copy at its start); transformers' own forward and placeholder mask wait more, the same output."""
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    from components.train_lora import deepstack, swift_plugin  # noqa: F401 (installs the wrappers)
+
+    model = _qwen3_vl_model().cuda()
+    deepstack.install(model)
+    batch = {k: v.cuda() for k, v in _batch(model.config).items()}
+
+    def run():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+            try:
+                out = model(**batch).last_hidden_state
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return out.detach(), sum("synchroniz" in str(w.message) for w in caught)
+
+    cls = modeling_qwen3_vl.Qwen3VLModel
+    assert getattr(cls.forward, "_vlm_lora_host_grid", False)
+    run()  # the tower's per-size parts computed
+    mine, waits = run()
+    for name in ("forward", "get_placeholder_mask"):
+        monkeypatch.setattr(cls, name, _plain(getattr(cls, name)))
+    stock, stock_waits = run()
+    assert waits == 1 and stock_waits > waits, (waits, stock_waits)
+    torch.testing.assert_close(mine, stock)

@@ -25,10 +25,20 @@ TEXT_MODEL_CLASSES = frozenset({"Qwen3VLTextModel", "Qwen3VLMoeTextModel"})
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
-    """Flat indices of the mask's true entries, computed once per mask (and per in-place change)."""
-    cached = getattr(mask, "_vlm_lora_positions", None)
-    if cached is not None and cached[0] == mask._version:
-        return cached[1]
+    """Flat indices of the mask's true entries, computed once per mask (and per in-place change), or found on the
+    tensor it is a view of with the same layout, where the model's placeholder mask left them
+    (`vision_seqlens.placeholder_from_facts`: found without waiting for the GPU)."""
+    base = mask._base
+    same_view = (
+        base is not None
+        and base.shape == mask.shape
+        and base.stride() == mask.stride()
+        and base.storage_offset() == mask.storage_offset()
+    )
+    for holder in (mask, base) if same_view else (mask,):
+        cached = getattr(holder, "_vlm_lora_positions", None)
+        if cached is not None and cached[0] == mask._version:
+            return cached[1]
     positions = mask.reshape(-1).nonzero().squeeze(1)
     mask._vlm_lora_positions = (mask._version, positions)
     return positions

@@ -43,7 +43,7 @@ def _tracing(tensor: torch.Tensor) -> bool:
     return torch.jit.is_tracing() or isinstance(tensor, torch.fx.Proxy)
 
 
-def _skippable(arguments: dict[str, Any]) -> bool:
+def _skippable(arguments: dict[str, Any], known: Callable[[torch.Tensor], bool | None] | None = None) -> bool:
     mask = arguments.get("padding_mask")
     q_length = arguments.get("q_length", arguments.get("query_length"))
     kv_length = arguments.get("kv_length")
@@ -56,11 +56,18 @@ def _skippable(arguments: dict[str, Any]) -> bool:
             return False
     if arguments.get("local_attention_size") is not None or _tracing(mask):
         return False
-    return right_aligned(mask)
+    aligned = known(mask) if known is not None else None
+    return right_aligned(mask) if aligned is None else aligned
 
 
-def right_padded_causal_skip(fn: Callable[..., bool]) -> Callable[..., bool]:
-    """transformers' `_ignore_causal_mask_sdpa`, also True for right-padded training batches."""
+def right_padded_causal_skip(
+    fn: Callable[..., bool], known: Callable[[torch.Tensor], bool | None] | None = None
+) -> Callable[..., bool]:
+    """transformers' `_ignore_causal_mask_sdpa`, also True for right-padded training batches.
+
+    `known(mask)`: the mask's alignment where the host already knows it (the forward's facts copied at its start,
+    `vision_seqlens.known_right_aligned`), else None: then `right_aligned` reads the mask (a wait for the GPU).
+    """
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -70,7 +77,7 @@ def right_padded_causal_skip(fn: Callable[..., bool]) -> Callable[..., bool]:
                 bound = signature.bind(*args, **kwargs)
             except TypeError:
                 bound = None
-            if bound is not None and _skippable(bound.arguments):
+            if bound is not None and _skippable(bound.arguments, known):
                 return True
         return fn(*args, **kwargs)
 

@@ -72,8 +72,11 @@ of the 4B; computed from a host copy of the image grid they cost one. Same value
 the tower's grid work from that copy: the position embedding's interpolation indices and weights
 and the rotary position ids (10 more waits per forward, and `get_image_features`' split one more)
 computed on the host once per image size and kept on the GPU, so that the host queues the whole
-tower without waiting for it. VLM_LORA_HOST_VISION_GRID=0 turns the second part off,
-VLM_LORA_HOST_VISION_SEQLENS=0 both.
+tower without waiting for it. And what the model's forward reads from its inputs after the tower is queued
+(the image token count for transformers' check, the right padding of item 6, the deepstack positions of item 10)
+copied to the host with the grid, in one copy at the forward's start, so that the host queues the tower and the
+language model's forward without waiting until the loss (VLM_LORA_FORWARD_FACTS=0 turns this part off).
+VLM_LORA_HOST_VISION_GRID=0 turns the grid and facts parts off, VLM_LORA_HOST_VISION_SEQLENS=0 all of item 7.
 
 8. Liger's fused SiLU-multiply in Qwen3-VL's MLPs (`swiglu.py`, next to this file), with
 `use_liger_kernel` (Liger has no SwiGLU patch for Qwen3-VL): one kernel instead of three each way
@@ -337,7 +340,12 @@ def _install_right_padding_causal() -> bool:
         from transformers import masking_utils
     except ImportError:
         return False
-    wrap = _load_sibling("right_padding").right_padded_causal_skip
+    skip = _load_sibling("right_padding").right_padded_causal_skip
+    known = _load_sibling("vision_seqlens").known_right_aligned  # the forward's facts (item 7), where gathered
+
+    def wrap(original):
+        return skip(original, known)
+
     return _wrap_once(masking_utils, "_ignore_causal_mask_sdpa", wrap, "_vlm_lora_right_padding")
 
 
@@ -394,7 +402,8 @@ def _install_host_vision() -> tuple[int, dict[str, int]]:
             qwen3_vl.append(importlib.import_module(name))
         except ImportError:  # an older transformers without it
             continue
-    return seqlens, helpers.install_grid([vision_utils, *qwen3_vl])
+    facts = os.environ.get("VLM_LORA_FORWARD_FACTS") != "0"
+    return seqlens, helpers.install_grid([vision_utils, *qwen3_vl], facts=facts)
 
 
 def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:

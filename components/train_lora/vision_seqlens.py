@@ -27,12 +27,28 @@ concatenate the parts on the device; `host_seqlens` moves the boundaries to the 
 attention reads them there (flash attention). A forward thus waits for the GPU once, for the copy of
 `grid_thw`, instead of 12 times, and does no index arithmetic on the host after the first batch of
 each size (about 3 ms for 8 drawings of 1024², 9 ms for 16, on one CPU thread).
+
+The model's forward reads more from its inputs on the host, each time waiting for the GPU: transformers' check
+that the image tokens match the image features (its message formats a GPU count), the plugin's right-padding
+check (`right_padding.py`) and the deepstack positions (`deepstack.py`). These come after the vision tower is
+queued, so each waits for the whole tower (tens of ms of GPU work on a micro-batch of drawings), and the GPU then
+runs dry while the host launches the language model's first layers, which with 8 rows per GPU it launches
+barely faster than the GPU runs them. `facts_call` wraps the model's forward: at its start, where the GPU has
+little queued, one host copy brings the image and video token counts, whether the 2-D attention mask is
+right-aligned and the grids (`Facts`, held in `FACTS` during the forward). `get_placeholder_mask` then checks the
+counts on the host (`placeholder_from_facts`: the same masks and the same ValueError) and tags the image mask
+with its token positions (`nonzero_static` with the known count: no wait), which the deepstack additions take;
+the right-padding check takes the alignment (`known_right_aligned`) and the grid calls the host grid. The
+forward thus waits once, at its start, and the host queues the tower and the language model's forward without
+waiting until the loss. VLM_LORA_FORWARD_FACTS=0 leaves the forward and the mask to transformers.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
+import inspect
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +60,10 @@ HOST_SPLIT_IMPLEMENTATIONS = ("sdpa", "eager")
 TARGET: contextvars.ContextVar = contextvars.ContextVar("vlm_lora_vision_target", default=None)
 TOWER_CLASSES = frozenset({"Qwen3VLVisionModel", "Qwen3VLMoeVisionModel"})
 MODEL_CLASSES = frozenset({"Qwen3VLModel", "Qwen3VLMoeModel"})
+# what a Qwen3-VL model's forward reads from its inputs on the host, copied once at its start (None: no such forward)
+FACTS: contextvars.ContextVar = contextvars.ContextVar("vlm_lora_forward_facts", default=None)
+# the tag `placeholder_from_facts` puts on an image mask: (its version, the flat positions of its true entries)
+POSITIONS_TAG = "_vlm_lora_positions"
 # (method, the grid's argument name) of the calls that get a host copy of their grid
 GRID_CALLS = {
     "tower": (("forward", "grid_thw"),),
@@ -124,7 +144,10 @@ def host_grid_call(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         grid = kwargs.get(name) if name in kwargs else (args[1] if len(args) > 1 else None)
         if not on_device(grid):
             return fn(self, *args, **kwargs)
-        host = grid.detach().to("cpu")  # the forward's one wait for the GPU
+        facts = FACTS.get()
+        host = facts.host_grid(grid) if facts is not None else None
+        if host is None:
+            host = grid.detach().to("cpu")  # the forward's one wait for the GPU
         if name in kwargs:
             kwargs[name] = host
         else:
@@ -137,6 +160,122 @@ def host_grid_call(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     wrapper._vlm_lora_host_grid = True
     return wrapper
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """A forward's inputs as the host needs them: copied from the GPU together, once."""
+
+    input_ids: torch.Tensor
+    tokens: dict[int, int]  # image / video token id -> how many input_ids hold it
+    mask_shape: tuple[int, ...] | None  # the 2-D attention mask's shape (None: no such mask)
+    right_aligned: bool | None  # every row of that mask ones, then zeros
+    grids: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (the device grid, its host copy)
+
+    def host_grid(self, grid: Any) -> torch.Tensor | None:
+        return next((host for device, host in self.grids if device is grid), None)
+
+
+def gather_facts(config: Any, input_ids: Any, attention_mask: Any, grids: list[Any]) -> Facts | None:
+    """The token counts, the mask's alignment and the grids of a forward on the GPU, in one copy to the host;
+    None where there is nothing to gather (input_ids on the host or missing, tracing)."""
+    if not on_device(input_ids) or input_ids.dim() != 2:
+        return None
+    token_ids = [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))]
+    token_ids = [t for t in dict.fromkeys(token_ids) if isinstance(t, int)]
+    parts = [(input_ids == t).sum().reshape(1) for t in token_ids]
+    mask_2d = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
+    if mask_2d:
+        mask = attention_mask.bool()
+        aligned = (mask[:, :-1] | ~mask[:, 1:]).all() if mask.shape[-1] > 1 else torch.ones((), dtype=torch.bool)
+        parts.append(aligned.reshape(1))
+    device_grids = [g for g in grids if isinstance(g, torch.Tensor) and g.device == input_ids.device and g.dim() == 2]
+    parts += [g.reshape(-1) for g in device_grids]
+    host = torch.cat([p.to(torch.int64) for p in parts]).to("cpu").tolist()  # the forward's one wait for the GPU
+    tokens = dict(zip(token_ids, host[: len(token_ids)], strict=True))
+    at = len(token_ids)
+    right_aligned = None
+    if mask_2d:
+        right_aligned, at = bool(host[at]), at + 1
+    copies = []
+    for grid in device_grids:
+        size = grid.numel()
+        copies.append((grid, torch.tensor(host[at : at + size], dtype=grid.dtype).view(grid.shape)))
+        at += size
+    shape = tuple(attention_mask.shape) if mask_2d else None
+    return Facts(input_ids, tokens, shape, right_aligned, tuple(copies))
+
+
+def facts_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A Qwen3-VL model's `forward` run with its `Facts` in `FACTS` (training on the GPU; else as it is)."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled() or FACTS.get() is not None:
+            return fn(self, *args, **kwargs)
+        try:
+            given = signature.bind_partial(self, *args, **kwargs).arguments
+        except TypeError:
+            return fn(self, *args, **kwargs)
+        grids = [given.get("image_grid_thw"), given.get("video_grid_thw")]
+        facts = gather_facts(self.config, given.get("input_ids"), given.get("attention_mask"), grids)
+        if facts is None:
+            return fn(self, *args, **kwargs)
+        token = FACTS.set(facts)
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            FACTS.reset(token)
+
+    wrapper._vlm_lora_host_grid = True
+    return wrapper
+
+
+def _tagged(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """`mask` with the flat positions of its `count` true entries in `POSITIONS_TAG` (found without a wait)."""
+    positions = mask.reshape(-1).nonzero_static(size=count).squeeze(1)
+    setattr(mask, POSITIONS_TAG, (mask._version, positions))
+    return mask
+
+
+def placeholder_from_facts(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`get_placeholder_mask(input_ids, inputs_embeds, image_features, video_features)` checking the token counts
+    on the host from `FACTS` (the same masks and ValueError as transformers, without its wait for the GPU)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, input_ids: Any, inputs_embeds: Any, image_features: Any = None, video_features: Any = None):
+        facts = FACTS.get()
+        ids = (getattr(self.config, "image_token_id", None), getattr(self.config, "video_token_id", None))
+        if (
+            facts is None
+            or input_ids is None
+            or input_ids is not facts.input_ids
+            or not all(i in facts.tokens for i in ids)
+        ):
+            return fn(self, input_ids, inputs_embeds, image_features=image_features, video_features=video_features)
+        masks = []
+        for kind, token_id, features in (("Image", ids[0], image_features), ("Video", ids[1], video_features)):
+            count = facts.tokens[token_id]
+            if features is not None and count * inputs_embeds.shape[-1] != features.numel():
+                raise ValueError(
+                    f"{kind} features and {kind.lower()} tokens do not match, tokens: {count}, "
+                    f"features: {features.shape[0]}"
+                )
+            mask = _tagged(input_ids == token_id, count)
+            masks.append(mask.unsqueeze(-1).to(inputs_embeds.device))
+        return masks[0], masks[1]
+
+    wrapper._vlm_lora_host_grid = True
+    return wrapper
+
+
+def known_right_aligned(mask: Any) -> bool | None:
+    """Whether a 2-D padding mask of the running forward is right-aligned, from `FACTS` (None: not known)."""
+    facts = FACTS.get()
+    if facts is None or facts.right_aligned is None or not isinstance(mask, torch.Tensor):
+        return None
+    return facts.right_aligned if tuple(mask.shape) == facts.mask_shape else None
 
 
 class DeviceParts:
@@ -241,10 +380,15 @@ INDEX_FUNCTIONS = {
 }
 
 
-def install_grid(modules: list[Any]) -> dict[str, int]:
-    """Wraps the index functions each module holds by name and the grid calls of its Qwen3-VL tower and model
-    classes; how many of each were wrapped (a module or class already wrapped counts 0)."""
-    counts = {"functions": 0, "calls": 0}
+# the model methods `facts_call` / `placeholder_from_facts` wrap (`install_grid` with facts)
+FACT_CALLS = {"forward": facts_call, "get_placeholder_mask": placeholder_from_facts}
+
+
+def install_grid(modules: list[Any], facts: bool = True) -> dict[str, int]:
+    """Wraps the index functions each module holds by name, the grid calls of its Qwen3-VL tower and model
+    classes and, with `facts`, the model's forward and placeholder mask (`FACT_CALLS`); how many of each were
+    wrapped (a module or class already wrapped counts 0)."""
+    counts = {"functions": 0, "calls": 0, "facts": 0}
     for module in modules:
         for name, wrap in INDEX_FUNCTIONS.items():
             original = getattr(module, name, None)
@@ -260,4 +404,9 @@ def install_grid(modules: list[Any]) -> dict[str, int]:
                 if callable(original) and not getattr(original, "_vlm_lora_host_grid", False):
                     setattr(cls, method, host_grid_call(original, grid_name))
                     counts["calls"] += 1
+            for method, wrap in FACT_CALLS.items() if facts and kind == "model" else ():
+                original = cls.__dict__.get(method)
+                if callable(original) and not getattr(original, "_vlm_lora_host_grid", False):
+                    setattr(cls, method, wrap(original))
+                    counts["facts"] += 1
     return counts
