@@ -144,6 +144,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the model's forward reading its token counts, padding and deepstack positions from the GPU where it needs
     # them (before the plugin copied them to the host once at the forward's start, session 19)
     "auto_liger_log5_nofacts": auto_liger(logging_steps=5, env={"VLM_LORA_FORWARD_FACTS": "0"}),
+    # all three of session 19's changes off: session 18's final two-GPU configuration
+    "auto_liger_log5_before19": auto_liger(
+        logging_steps=5,
+        env={"VLM_LORA_CAST_CACHE": "0", "VLM_LORA_FOLD_SCALING": "0", "VLM_LORA_FORWARD_FACTS": "0"},
+    ),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer
