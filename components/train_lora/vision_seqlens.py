@@ -135,6 +135,15 @@ def to_device(tensor: torch.Tensor, device: Any) -> torch.Tensor:
     return tensor.to(device)
 
 
+def _holding(var: contextvars.ContextVar, value: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` with `var` set to `value` meanwhile (reset after an error too)."""
+    token = var.set(value)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        var.reset(token)
+
+
 def host_grid_call(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """`fn(self, first, <name>, ...)` run with a host copy of a device grid `<name>` (the second argument after
     `self`, by position or by name) and `TARGET` set to the grid's device."""
@@ -152,11 +161,7 @@ def host_grid_call(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
             kwargs[name] = host
         else:
             args = (args[0], host, *args[2:])
-        token = TARGET.set(grid.device)
-        try:
-            return fn(self, *args, **kwargs)
-        finally:
-            TARGET.reset(token)
+        return _holding(TARGET, grid.device, fn, self, *args, **kwargs)
 
     wrapper._vlm_lora_host_grid = True
     return wrapper
@@ -222,11 +227,7 @@ def facts_call(fn: Callable[..., Any]) -> Callable[..., Any]:
         facts = gather_facts(self.config, given.get("input_ids"), given.get("attention_mask"), grids)
         if facts is None:
             return fn(self, *args, **kwargs)
-        token = FACTS.set(facts)
-        try:
-            return fn(self, *args, **kwargs)
-        finally:
-            FACTS.reset(token)
+        return _holding(FACTS, facts, fn, self, *args, **kwargs)
 
     wrapper._vlm_lora_host_grid = True
     return wrapper
@@ -244,16 +245,26 @@ def placeholder_from_facts(fn: Callable[..., Any]) -> Callable[..., Any]:
     on the host from `FACTS` (the same masks and ValueError as transformers, without its wait for the GPU)."""
 
     @functools.wraps(fn)
-    def wrapper(self: Any, input_ids: Any, inputs_embeds: Any, image_features: Any = None, video_features: Any = None):
+    def wrapper(
+        self: Any,
+        input_ids: Any,
+        inputs_embeds: Any,
+        image_features: Any = None,
+        video_features: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ):
         facts = FACTS.get()
         ids = (getattr(self.config, "image_token_id", None), getattr(self.config, "video_token_id", None))
         if (
-            facts is None
+            args
+            or kwargs  # a transformers with more to this method than this wrapper knows: its own
+            or facts is None
             or input_ids is None
             or input_ids is not facts.input_ids
             or not all(i in facts.tokens for i in ids)
         ):
-            return fn(self, input_ids, inputs_embeds, image_features=image_features, video_features=video_features)
+            return fn(self, input_ids, inputs_embeds, image_features, video_features, *args, **kwargs)
         masks = []
         for kind, token_id, features in (("Image", ids[0], image_features), ("Video", ids[1], video_features)):
             count = facts.tokens[token_id]
