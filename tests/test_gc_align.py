@@ -136,7 +136,7 @@ def test_census_counts_collections_and_pauses():
     ],
 )
 def test_on_with_several_processes_unless_switched(environ, world_size, expected):
-    assert gc_align.wanted(environ, world_size) is expected
+    assert swift_plugin.multi_process_switch(environ, "VLM_LORA_ALIGNED_GC", world_size) is expected
 
 
 class Regression(torch.nn.Module):

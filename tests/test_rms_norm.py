@@ -69,7 +69,12 @@ def test_fused_op_is_detected_per_device():
 
 
 def test_wanted_with_more_than_one_process_unless_switched_off():
-    assert rms_norm.wanted({}, 2) and rms_norm.wanted({"VLM_LORA_TORCH_RMS_NORM": ""}, 8)
-    assert not rms_norm.wanted({}, 1)
-    assert rms_norm.wanted({"VLM_LORA_TORCH_RMS_NORM": "1"}, 1)
-    assert not rms_norm.wanted({"VLM_LORA_TORCH_RMS_NORM": "0"}, 2)
+    from components.train_lora.swift_plugin import multi_process_switch
+
+    def wanted(environ, world_size):
+        return multi_process_switch(environ, "VLM_LORA_TORCH_RMS_NORM", world_size)
+
+    assert wanted({}, 2) and wanted({"VLM_LORA_TORCH_RMS_NORM": ""}, 8)
+    assert not wanted({}, 1)
+    assert wanted({"VLM_LORA_TORCH_RMS_NORM": "1"}, 1)
+    assert not wanted({"VLM_LORA_TORCH_RMS_NORM": "0"}, 2)

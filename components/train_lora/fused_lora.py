@@ -170,7 +170,7 @@ def _adapter_grads(ctx, g, x2, mask, h, a, b, need_x: bool, need_a: bool, need_b
     """The rank-r gradient `gh` (None unless needed), A's and B's gradients (in the adapters' dtypes).
 
     `kernels`: the Triton kernels that apply the mask wherever `gh` is used (`_folding_kernels`); `gh` is then
-    returned without LoRA's scaling, which those kernels apply with the dropout scale (`_gh_scale`).
+    returned without LoRA's scaling, which those kernels apply with the dropout scale.
     """
     scaling, keep = ctx.scaling, _mask_keep(ctx, mask)
     gh = None

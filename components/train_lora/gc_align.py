@@ -144,12 +144,3 @@ class AlignedGc:
         gc.unfreeze()
         if self._was_enabled:
             gc.enable()
-
-
-def wanted(environ, world_size: int) -> bool:
-    """Aligned collection is on with more than one process unless VLM_LORA_ALIGNED_GC=0; VLM_LORA_ALIGNED_GC=1 turns
-    it on for one process too."""
-    value = environ.get("VLM_LORA_ALIGNED_GC", "")
-    if value == "0":
-        return False
-    return value == "1" or world_size > 1

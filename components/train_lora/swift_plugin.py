@@ -367,7 +367,7 @@ def _after_liger(original):
 
 
 def _install_torch_rms_norm(environ=os.environ) -> bool:
-    if not _load_sibling("rms_norm").wanted(environ, _world_size(environ)):
+    if not multi_process_switch(environ, "VLM_LORA_TORCH_RMS_NORM", _world_size(environ)):
         return False
     try:
         from transformers import trainer
@@ -539,6 +539,15 @@ def _world_size(environ) -> int:
     return int(environ.get("WORLD_SIZE", "1") or 1)
 
 
+def multi_process_switch(environ, name: str, world_size: int) -> bool:
+    """A lever that helps where each GPU's micro-step is small (items 9 and 15): on with more than one process
+    unless `name` is 0; `name`=1 turns it on for one process too."""
+    value = environ.get(name, "")
+    if value == "0":
+        return False
+    return value == "1" or world_size > 1
+
+
 def _with_ddp_comm(original, environ=os.environ):
     """transformers' `Trainer._build_accelerator_args`, then item 14's settings on the DDP arguments it built
     (`ddp_comm.py`): one bucket, no broadcast of derived buffers, the gradients as views of the bucket."""
@@ -582,7 +591,7 @@ def gc_callback(environ=os.environ):
     from transformers import TrainerCallback
 
     helpers = _load_sibling("gc_align")
-    aligned = helpers.wanted(environ, _world_size(environ))
+    aligned = multi_process_switch(environ, "VLM_LORA_ALIGNED_GC", _world_size(environ))
 
     class GcCallback(TrainerCallback):
         def __init__(self) -> None:
