@@ -11,9 +11,11 @@ on the training stream: the vision tower's forward, the model's forward with its
 head + loss (Liger's fused loss, which computes its gradient in the forward), the backward pass
 (a micro-step less its forward) and what runs between micro-steps (optimizer, data, host);
 `vision_output_requires_grad` says whether autograd would run the backward through the frozen
-vision tower. The micro-step before the window runs with torch's sync debug mode: `host_syncs`
-lists the source lines that made the host wait for the GPU (`.item()`, `.tolist()`, `nonzero`,
-copies to the CPU) and how often, each a point where the GPU may run dry.
+vision tower. The micro-step before the window, and what runs between it and the micro-step before
+it (the optimizer step, the next batch and its copy to the GPU), run with torch's sync debug mode:
+`host_syncs` lists the source lines that made the host wait for the GPU (`.item()`, `.tolist()`,
+`nonzero`, blocking copies) and how often, each a point where the GPU may run dry; a line inside
+torch (`torch.cuda.synchronize`, a tensor's copy) is followed by ` <- ` and its caller outside torch.
 
 `idle` (from the profiler's trace) says where the GPU waited: per region (the regions are also
 profiler ranges, so each has a span on the GPU's timeline) the span, the kernel time inside it and
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 import warnings
 from bisect import bisect_right
 from collections import Counter, defaultdict
@@ -308,16 +311,58 @@ def host_sync_lines(caught: list) -> dict[str, int]:
     return dict(counts.most_common(40))
 
 
-def _with_sync_debug(torch_module, fn, *args, **kwargs):
-    """Runs fn with torch's CUDA sync debug mode on; returns (result, {line: count})."""
-    with warnings.catch_warnings(record=True) as caught:
+def _inside_torch(filename: str) -> bool:
+    return "/torch/" in filename.replace("\\", "/")
+
+
+def sync_site(filename: str, lineno: int, stack: list) -> str:
+    """Where a wait was asked for: `file:line`, and where that is inside torch (`torch.cuda.synchronize`, ...),
+    ` <- file:line` of the innermost caller outside torch and this file (`stack`: traceback frames, outermost
+    first)."""
+    site = f"{filename}:{lineno}"
+    if not _inside_torch(filename):
+        return site
+    for frame in reversed(stack):
+        name = frame.filename
+        if not _inside_torch(name) and not name.endswith("warnings.py") and name != __file__:
+            return f"{site} <- {name}:{frame.lineno}"
+    return site
+
+
+class SyncSites:
+    """torch's sync-debug warnings by `sync_site`, recorded as they are raised (`showwarning`)."""
+
+    def __init__(self) -> None:
+        self.sites: Counter = Counter()
+
+    def showwarning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" in str(message).lower():
+            self.sites[sync_site(filename, lineno, traceback.extract_stack()[:-1])] += 1
+
+
+class SyncCensus:
+    """torch's CUDA sync debug mode on between `start()` and `stop()`, which returns {site: count}, most frequent
+    first (a warnings context held open across calls: the census spans a step boundary)."""
+
+    def __init__(self, torch_module) -> None:
+        self.torch = torch_module
+        self.sites = SyncSites()
+        self._context = None
+
+    def start(self) -> SyncCensus:
+        self._context = warnings.catch_warnings()
+        self._context.__enter__()
         warnings.simplefilter("always")
-        torch_module.cuda.set_sync_debug_mode(1)
-        try:
-            out = fn(*args, **kwargs)
-        finally:
-            torch_module.cuda.set_sync_debug_mode(0)
-    return out, host_sync_lines(caught)
+        warnings.showwarning = self.sites.showwarning
+        self.torch.cuda.set_sync_debug_mode(1)
+        return self
+
+    def stop(self) -> dict[str, int]:
+        self.torch.cuda.set_sync_debug_mode(0)
+        if self._context is not None:
+            self._context.__exit__(None, None, None)
+            self._context = None
+        return dict(self.sites.sites.most_common(40))
 
 
 def _hook_vision(model, regions: Regions) -> None:
@@ -379,12 +424,15 @@ def _install() -> None:
             prof.__enter__()
             regions.active = True
             state.update(prof=prof, t0=time.perf_counter())
+        if n == START - 1 and cuda and "census" not in state:  # no micro-step before it: this one alone
+            state["census"] = SyncCensus(torch).start()
         token = regions.start("training_step")
-        if n == START - 1 and cuda:
-            out, regions.notes["host_syncs"] = _with_sync_debug(torch, original, self, *args, **kwargs)
-        else:
-            out = original(self, *args, **kwargs)
+        out = original(self, *args, **kwargs)
         regions.stop(token)
+        if n == START - 2 and cuda:  # the census: the step boundary before micro-step START - 1, then that one
+            state["census"] = SyncCensus(torch).start()
+        elif n == START - 1 and "census" in state:
+            regions.notes["host_syncs"] = state.pop("census").stop()
         if n == START + STEPS - 1 and "prof" in state:
             sync()
             wall = time.perf_counter() - state["t0"]

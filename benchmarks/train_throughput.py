@@ -149,6 +149,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         logging_steps=5,
         env={"VLM_LORA_CAST_CACHE": "0", "VLM_LORA_FOLD_SCALING": "0", "VLM_LORA_FORWARD_FACTS": "0"},
     ),
+    # each step's batch copied to the GPU with a wait, and ms-swift's logits_to_keep and the forward's facts read from
+    # the GPU (before the plugin read them from the batch's host copies and queued the copy without waiting,
+    # session 20)
+    "auto_liger_log5_nobatchfacts": auto_liger(logging_steps=5, env={"VLM_LORA_BATCH_FACTS": "0"}),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer

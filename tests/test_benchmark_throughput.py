@@ -160,6 +160,26 @@ def test_host_sync_lines_are_counted_by_source_line():
     assert next(iter(lines)).startswith(__file__)
 
 
+def test_a_wait_inside_torch_is_named_with_its_caller_outside_torch():
+    import traceback
+
+    from benchmarks.profile_plugin import SyncSites, sync_site
+
+    frames = [
+        traceback.FrameSummary("/site/trainer.py", 10, "loop"),
+        traceback.FrameSummary("/site/accelerate/operations.py", 160, "send_to_device"),
+        traceback.FrameSummary("/venv/site-packages/torch/cuda/__init__.py", 1270, "synchronize"),
+    ]
+    torch_line = "/venv/site-packages/torch/cuda/__init__.py"
+    assert sync_site(torch_line, 1281, frames) == f"{torch_line}:1281 <- /site/accelerate/operations.py:160"
+    assert sync_site("/site/mixin.py", 1287, frames) == "/site/mixin.py:1287"  # outside torch: itself
+    assert sync_site(torch_line, 5, frames[2:]) == f"{torch_line}:5"  # no caller outside torch
+    sites = SyncSites()
+    sites.showwarning("called a synchronizing CUDA operation", UserWarning, "/here.py", 3)
+    sites.showwarning("something else", UserWarning, "/here.py", 4)
+    assert dict(sites.sites) == {"/here.py:3": 1}
+
+
 def test_profile_regions_split_a_micro_step():
     from benchmarks.profile_plugin import region_summary
 

@@ -76,6 +76,8 @@ print(
     flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_COMM,
     plugin._load_sibling("fused_lora").CAST_CACHE, plugin._load_sibling("fused_lora").FOLD,
     flag(after.Qwen3VLModel.forward, "_vlm_lora_host_grid"),
+    plugin.BATCH_FACTS, flag(__import__("accelerate.data_loader").data_loader.send_to_device, "_vlm_lora_batch_facts"),
+    flag(Trainer._build_accelerator_args, "_vlm_lora_batch_facts"),
 )
 """
 
@@ -98,6 +100,7 @@ SWITCHES_OFF = {
     "VLM_LORA_CAST_CACHE": "0",
     "VLM_LORA_FOLD_SCALING": "0",
     "VLM_LORA_FORWARD_FACTS": "0",
+    "VLM_LORA_BATCH_FACTS": "0",
 }
 
 
@@ -107,12 +110,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True False True True True True True True True",
+            "True True True False True True True True True True True True True True",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True False False False True False False False",
+            "False False False False True False False False True False False False False False False",
         ),
     ],
 )

@@ -135,6 +135,16 @@ automatic collection. Every rank logs its collections and pauses at the end of t
 Two H200s with the 4B: automatic collection paused each rank 39-59 ms over 30 steps (longest 6.4 ms), at step
 ends 4-5 ms; step time 1.6-3 % lower in the same call, within the run-to-run spread (benchmarks/README.md).
 VLM_LORA_ALIGNED_GC=0 turns it off, =1 turns it on for one process too.
+
+16. The step boundary without waiting for the GPU (`batch_facts.py`, next to this file): at each step's start the
+host waited for the GPU to finish the step before (the blocking copy of the batch, ms-swift's `logits_to_keep`
+`.item()`, the forward's facts of item 7), so the GPU ran dry while the host prepared the next step: a fixed cost
+per optimizer step, which weighs most with few rows per GPU. The plugin keeps the host copies of each batch's small
+integer tensors where accelerate's data loader copies it to the GPU (`send_to_device`), ms-swift's
+`prepare_logits_to_keep` and the forward's facts read those instead of the GPU (the same integers), and the copy
+is queued without waiting (accelerate's `non_blocking`, from the pinned memory the loader already uses). The host
+then queues the next step's copy, vision tower and language model while the GPU still runs the step before. A host
+copy is used only for the very device tensor made from it, unchanged since. VLM_LORA_BATCH_FACTS=0 turns it off.
 """
 
 from __future__ import annotations
@@ -382,7 +392,30 @@ QWEN3_VL_MODELING = (
 )
 
 
-def _install_host_vision() -> tuple[int, dict[str, int]]:
+def _install_batch_facts(environ=os.environ) -> bool:
+    """Item 16: the batch's host copies kept where accelerate's data loader copies it to the GPU, ms-swift's
+    `logits_to_keep` read from them, and the copies queued without waiting (`batch_facts.py`)."""
+    if environ.get("VLM_LORA_BATCH_FACTS") == "0":
+        return False
+    try:
+        from accelerate import data_loader
+        from transformers import Trainer
+    except ImportError:
+        return False
+    helpers = _load_sibling("batch_facts")
+    marker = "_vlm_lora_batch_facts"
+    if not _wrap_once(data_loader, "send_to_device", helpers.remembering, marker):
+        return False
+    _wrap_once(Trainer, "_build_accelerator_args", helpers.non_blocking_copies, marker)
+    try:
+        from swift.trainers.mixin import SwiftMixin
+    except ImportError:  # ms-swift absent (CPU tests): the data loader's part only
+        return True
+    _wrap_once(SwiftMixin, "prepare_logits_to_keep", helpers.logits_to_keep_from_host, marker)
+    return True
+
+
+def _install_host_vision(batch_facts: bool = False) -> tuple[int, dict[str, int]]:
     """Item 7: the vision boundaries from a host copy of the grid (modules wrapped) and, unless
     VLM_LORA_HOST_VISION_GRID=0, the rest of the tower's grid work from that copy (what was wrapped)."""
     if os.environ.get("VLM_LORA_HOST_VISION_SEQLENS") == "0":
@@ -403,7 +436,8 @@ def _install_host_vision() -> tuple[int, dict[str, int]]:
         except ImportError:  # an older transformers without it
             continue
     facts = os.environ.get("VLM_LORA_FORWARD_FACTS") != "0"
-    return seqlens, helpers.install_grid([vision_utils, *qwen3_vl], facts=facts)
+    host_of = _load_sibling("batch_facts").COPIES.host_of if batch_facts else None
+    return seqlens, helpers.install_grid([vision_utils, *qwen3_vl], facts=facts, host_of=host_of)
 
 
 def compile_decoder_layers(model, language: bool = True, vision: bool = False) -> int:
@@ -708,7 +742,8 @@ FUSED_LORA = _install_fused_lora()
 COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
-HOST_VISION_SEQLENS, HOST_VISION_GRID = _install_host_vision()
+BATCH_FACTS = _install_batch_facts()
+HOST_VISION_SEQLENS, HOST_VISION_GRID = _install_host_vision(BATCH_FACTS)
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
 DDP_COMM = _install_ddp_comm()

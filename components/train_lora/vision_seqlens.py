@@ -40,7 +40,9 @@ counts on the host (`placeholder_from_facts`: the same masks and the same ValueE
 with its token positions (`nonzero_static` with the known count: no wait), which the deepstack additions take;
 the right-padding check takes the alignment (`known_right_aligned`) and the grid calls the host grid. The
 forward thus waits once, at its start, and the host queues the tower and the language model's forward without
-waiting until the loss. VLM_LORA_FORWARD_FACTS=0 leaves the forward and the mask to transformers.
+waiting until the loss. Where the batch's host copies are known (`install_grid(..., host_of=...)`, plugin item
+16) the facts come from those, with no copy and no wait at all. VLM_LORA_FORWARD_FACTS=0 leaves the forward and
+the mask to transformers.
 """
 
 from __future__ import annotations
@@ -181,38 +183,60 @@ class Facts:
         return next((host for device, host in self.grids if device is grid), None)
 
 
-def gather_facts(config: Any, input_ids: Any, attention_mask: Any, grids: list[Any]) -> Facts | None:
-    """The token counts, the mask's alignment and the grids of a forward on the GPU, in one copy to the host;
-    None where there is nothing to gather (input_ids on the host or missing, tracing)."""
+def _fact_values(token_ids: list[int], input_ids: Any, mask: Any, grids: list[Any]) -> torch.Tensor:
+    """The token counts, the mask's alignment (if a mask) and the grids' entries, as one int64 vector."""
+    parts = [(input_ids == t).sum().reshape(1) for t in token_ids]
+    if mask is not None:
+        mask = mask.bool()
+        aligned = (mask[:, :-1] | ~mask[:, 1:]).all() if mask.shape[-1] > 1 else torch.ones((), dtype=torch.bool)
+        parts.append(aligned.reshape(1).to(mask.device))
+    parts += [g.reshape(-1) for g in grids]
+    return torch.cat([p.to(torch.int64) for p in parts])
+
+
+def _host_copies(host_of: Callable[[Any], Any] | None, tensors: list[Any]) -> list[Any] | None:
+    """Each tensor's host copy from `host_of` (None entries stay None); None unless every tensor has one."""
+    if host_of is None:
+        return None
+    copies = [None if t is None else host_of(t) for t in tensors]
+    return None if any(c is None for t, c in zip(tensors, copies, strict=True) if t is not None) else copies
+
+
+def gather_facts(
+    config: Any, input_ids: Any, attention_mask: Any, grids: list[Any], host_of: Callable[[Any], Any] | None = None
+) -> Facts | None:
+    """The token counts, the mask's alignment and the grids of a forward on the GPU, in one copy to the host, or
+    with none where `host_of` gives the host copies these device tensors were made from (`batch_facts.py`); None
+    where there is nothing to gather (input_ids on the host or missing, tracing)."""
     if not on_device(input_ids) or input_ids.dim() != 2:
         return None
     token_ids = [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))]
     token_ids = [t for t in dict.fromkeys(token_ids) if isinstance(t, int)]
-    parts = [(input_ids == t).sum().reshape(1) for t in token_ids]
     mask_2d = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
-    if mask_2d:
-        mask = attention_mask.bool()
-        aligned = (mask[:, :-1] | ~mask[:, 1:]).all() if mask.shape[-1] > 1 else torch.ones((), dtype=torch.bool)
-        parts.append(aligned.reshape(1))
+    mask = attention_mask if mask_2d else None
     device_grids = [g for g in grids if isinstance(g, torch.Tensor) and g.device == input_ids.device and g.dim() == 2]
-    parts += [g.reshape(-1) for g in device_grids]
-    host = torch.cat([p.to(torch.int64) for p in parts]).to("cpu").tolist()  # the forward's one wait for the GPU
+    copies = _host_copies(host_of, [input_ids, mask, *device_grids])
+    if copies is not None:  # the batch's host copies: no wait
+        host = _fact_values(token_ids, copies[0], copies[1], copies[2:]).tolist()
+    else:
+        host = _fact_values(token_ids, input_ids, mask, device_grids).to("cpu").tolist()  # the forward's one wait
     tokens = dict(zip(token_ids, host[: len(token_ids)], strict=True))
     at = len(token_ids)
     right_aligned = None
     if mask_2d:
         right_aligned, at = bool(host[at]), at + 1
-    copies = []
+    grid_copies = []
     for grid in device_grids:
         size = grid.numel()
-        copies.append((grid, torch.tensor(host[at : at + size], dtype=grid.dtype).view(grid.shape)))
+        grid_copies.append((grid, torch.tensor(host[at : at + size], dtype=grid.dtype).view(grid.shape)))
         at += size
     shape = tuple(attention_mask.shape) if mask_2d else None
-    return Facts(input_ids, tokens, shape, right_aligned, tuple(copies))
+    return Facts(input_ids, tokens, shape, right_aligned, tuple(grid_copies))
 
 
-def facts_call(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A Qwen3-VL model's `forward` run with its `Facts` in `FACTS` (training on the GPU; else as it is)."""
+def facts_call(fn: Callable[..., Any], host_of: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
+    """A Qwen3-VL model's `forward` run with its `Facts` in `FACTS` (training on the GPU; else as it is); with
+    `host_of`, from the batch's host copies where it has them."""
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -224,7 +248,7 @@ def facts_call(fn: Callable[..., Any]) -> Callable[..., Any]:
         except TypeError:
             return fn(self, *args, **kwargs)
         grids = [given.get("image_grid_thw"), given.get("video_grid_thw")]
-        facts = gather_facts(self.config, given.get("input_ids"), given.get("attention_mask"), grids)
+        facts = gather_facts(self.config, given.get("input_ids"), given.get("attention_mask"), grids, host_of)
         if facts is None:
             return fn(self, *args, **kwargs)
         return _holding(FACTS, facts, fn, self, *args, **kwargs)
@@ -395,10 +419,11 @@ INDEX_FUNCTIONS = {
 FACT_CALLS = {"forward": facts_call, "get_placeholder_mask": placeholder_from_facts}
 
 
-def install_grid(modules: list[Any], facts: bool = True) -> dict[str, int]:
+def install_grid(modules: list[Any], facts: bool = True, host_of: Callable[[Any], Any] | None = None) -> dict[str, int]:
     """Wraps the index functions each module holds by name, the grid calls of its Qwen3-VL tower and model
-    classes and, with `facts`, the model's forward and placeholder mask (`FACT_CALLS`); how many of each were
-    wrapped (a module or class already wrapped counts 0)."""
+    classes and, with `facts`, the model's forward (reading the batch's host copies from `host_of` where given)
+    and placeholder mask (`FACT_CALLS`); how many of each were wrapped (a module or class already wrapped
+    counts 0)."""
     counts = {"functions": 0, "calls": 0, "facts": 0}
     for module in modules:
         for name, wrap in INDEX_FUNCTIONS.items():
@@ -418,6 +443,6 @@ def install_grid(modules: list[Any], facts: bool = True) -> dict[str, int]:
             for method, wrap in FACT_CALLS.items() if facts and kind == "model" else ():
                 original = cls.__dict__.get(method)
                 if callable(original) and not getattr(original, "_vlm_lora_host_grid", False):
-                    setattr(cls, method, wrap(original))
+                    setattr(cls, method, wrap(original, host_of) if method == "forward" else wrap(original))
                     counts["facts"] += 1
     return counts

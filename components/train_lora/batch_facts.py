@@ -1,0 +1,157 @@
+"""What a training step reads of its batch on the host, taken from the batch's host copy before it goes to the GPU.
+
+accelerate's data loader copies each batch to the GPU (`send_to_device`) at the step's start. After that, three
+readers each made the host wait for the GPU, that is for the previous step's backward, optimizer step and the copy,
+before the host could queue the next forward:
+- the copy itself (a blocking copy from pinned memory: it waits for everything queued before it);
+- ms-swift's `prepare_logits_to_keep` (`labels ... .min().item()`, for batches of more than one row);
+- the model forward's facts (`vision_seqlens.facts_call`: image token counts, padding alignment, grids).
+
+So at every step boundary the GPU ran dry while the host prepared the next step, once per optimizer step whatever
+the micro-batch: a fixed cost per step, which weighs most where a step holds few rows per GPU (two GPUs sharing 16
+rows). With the host copies kept (`HostCopies.remember`, called by the plugin's wrapper of accelerate's
+`send_to_device`) the two readers compute the same integers from the host tensors (`host_of`), and the copy is
+queued without waiting (accelerate's `non_blocking`, from the pinned memory the data loader already uses): the host
+queues the next step's copy, its tower and its language model while the GPU still runs the step before.
+
+A host copy is found only for the very device tensor made from it, unchanged since (same object, same version);
+anything else (a tensor a template built, a batch that was not copied by the data loader) gets the reader's own
+device path, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+# the small integer tensors whose host copies the readers use (pixel values are never kept)
+KEPT = ("input_ids", "attention_mask", "labels", "image_grid_thw", "video_grid_thw")
+
+
+class HostCopies:
+    """Host copies of a batch's small tensors, found by the device tensor copied from each."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self.remembered = 0
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def remember(self, host_batch: Any, device_batch: Any) -> int:
+        """Keeps `host_batch[name]` for `device_batch[name]` (names in `KEPT`, host → non-host copies of the same
+        shape and dtype); how many were kept. The entry goes when the device tensor does."""
+        if not isinstance(host_batch, Mapping) or not isinstance(device_batch, Mapping):
+            return 0
+        kept = 0
+        for name in KEPT:
+            host, device = host_batch.get(name), device_batch.get(name)
+            if not (isinstance(host, torch.Tensor) and isinstance(device, torch.Tensor)):
+                continue
+            if host.device.type != "cpu" or device.device.type == "cpu" or host is device:
+                continue
+            if host.shape != device.shape or host.dtype != device.dtype:
+                continue
+            key = id(device)
+            ref = weakref.ref(device, functools.partial(self._forget, key))
+            self._by_id[key] = (ref, device._version, host)
+            kept += 1
+        self.remembered += kept
+        return kept
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        entry = self._by_id.get(key)
+        if entry is not None and entry[0] is ref:
+            del self._by_id[key]
+
+    def host_of(self, device_tensor: Any) -> torch.Tensor | None:
+        """The host copy `device_tensor` was made from, if it is that very tensor and unchanged since; else None."""
+        if not isinstance(device_tensor, torch.Tensor):
+            return None
+        entry = self._by_id.get(id(device_tensor))
+        if entry is None or entry[0]() is not device_tensor or device_tensor._version != entry[1]:
+            return None
+        return entry[2]
+
+
+COPIES = HostCopies()
+
+
+def remembering(send: Callable[..., Any], copies: HostCopies = COPIES) -> Callable[..., Any]:
+    """accelerate's `send_to_device(tensor, device, ...)`, keeping the host copies of a batch it copies."""
+
+    @functools.wraps(send)
+    def send_to_device(tensor: Any, device: Any, *args: Any, **kwargs: Any) -> Any:
+        out = send(tensor, device, *args, **kwargs)
+        copies.remember(tensor, out)
+        return out
+
+    send_to_device._vlm_lora_batch_facts = True
+    return send_to_device
+
+
+def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = COPIES) -> Callable[[Any, dict], Any]:
+    """ms-swift's `prepare_logits_to_keep(self, inputs)` reading the labels' host copy where it would read the GPU.
+
+    For labels of more than one row ms-swift computes `labels.shape[-1] - (labels != -100).int().argmax(-1).min()
+    .item() + 1` and keeps that suffix of the labels (and of `loss_scale`). Here ms-swift's own method runs on the
+    host copy of the labels, so the integer needs no wait; the device labels then get the same suffix. One row
+    (ms-swift builds a mask, no wait), no host copy, or a result this wrapper does not know: ms-swift's method on the
+    device labels, as before.
+    """
+
+    @functools.wraps(prepare)
+    def prepare_logits_to_keep(self: Any, inputs: dict) -> Any:
+        labels = inputs.get("labels") if isinstance(inputs, dict) else None
+        host = copies.host_of(labels)
+        if host is None or labels.dim() != 2 or labels.shape[0] < 2:
+            return prepare(self, inputs)
+        trial = dict(inputs, labels=host)
+        result = prepare(self, trial)
+        keep = trial.get("logits_to_keep")
+        sliced = trial.get("labels")
+        if (
+            not isinstance(keep, int)
+            or isinstance(keep, bool)
+            or not isinstance(sliced, torch.Tensor)
+            or not torch.equal(sliced, host[:, -keep:])
+        ):
+            return prepare(self, inputs)
+        trial["labels"] = labels[:, -keep:]
+        inputs.clear()
+        inputs.update(trial)
+        return result
+
+    prepare_logits_to_keep._vlm_lora_batch_facts = True
+    return prepare_logits_to_keep
+
+
+def non_blocking_copies(build: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' `Trainer._build_accelerator_args(**kwargs)` with the data loader's copies to the GPU queued
+    without waiting (`dataloader_config.non_blocking`) where the loader pins its batches (`dataloader_pin_memory`).
+    A copy from pinned memory is then ordered on the GPU's stream like any kernel, and the pinned block is not
+    reused before the copy has run (PyTorch's host allocator records the copy)."""
+
+    @functools.wraps(build)
+    def _build_accelerator_args(self: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("dataloader_config")
+        training_args = getattr(self, "args", None)
+        if (
+            config is not None
+            and torch.cuda.is_available()
+            and getattr(training_args, "dataloader_pin_memory", False)
+            and not getattr(config, "non_blocking", True)
+        ):
+            config.non_blocking = True
+            print(
+                "train-lora plugin: each batch is copied to the GPU without waiting (non_blocking, pinned memory)",
+                flush=True,
+            )
+        return build(self, **kwargs)
+
+    _build_accelerator_args._vlm_lora_batch_facts = True
+    return _build_accelerator_args
