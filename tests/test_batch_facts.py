@@ -184,47 +184,48 @@ def test_a_missing_host_copy_sends_the_facts_to_the_device_path(monkeypatch):
     assert seen == [True] and facts.tokens == {9: 6, 8: 0}  # computed from the device tensors
 
 
+GPU_CODE = """
+import warnings
+import torch
+from accelerate.data_loader import DataLoaderShard
+from components.train_lora import deepstack, swift_plugin
+from tests.test_vision_seqlens import _batch, _qwen3_vl_model
+
+model = _qwen3_vl_model().cuda()
+deepstack.install(model)
+batch = {k: v.contiguous() for k, v in _batch(model.config).items()}
+pinned = lambda rows: {k: v.pin_memory() for k, v in rows[0].items()}
+(device,) = list(DataLoaderShard([batch], device=torch.device("cuda"), _non_blocking=True, collate_fn=pinned))
+
+def run(inputs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            out = model(**inputs).last_hidden_state
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return out.detach(), sum("synchroniz" in str(w.message) for w in caught)
+
+kept = swift_plugin._load_sibling("batch_facts").COPIES.host_of(device["input_ids"]) is not None
+run(device)  # the tower's per-size parts computed
+mine, waits = run(device)
+stock, stock_waits = run({k: v.clone() for k, v in device.items()})  # no host copies for these
+print(swift_plugin.BATCH_FACTS, kept, waits, stock_waits, bool(torch.allclose(mine, stock)))
+"""
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_data_loader_batch_reaches_the_forward_without_a_wait_gpu():
-    """On a GPU: accelerate's data loader copies each batch without waiting and keeps its host copies; the tiny
-    Qwen3-VL model's training forward then waits for the GPU not once (once without the copies), the same output."""
-    import warnings
+    """On a GPU (a fresh interpreter: the plugin patches libraries): accelerate's data loader copies a batch without
+    waiting and keeps its host copies; the tiny Qwen3-VL model's training forward then waits for the GPU not once
+    (once, for the facts' copy, on tensors without host copies), with the same output."""
+    import os
 
-    from accelerate.data_loader import DataLoaderShard
+    from tests.plugin_run import ROOT, last_line
 
-    from components.train_lora import deepstack, swift_plugin  # noqa: F401 (installs the wrappers)
-    from tests.test_vision_seqlens import _batch as model_batch
-    from tests.test_vision_seqlens import _qwen3_vl_model
-
-    assert swift_plugin.BATCH_FACTS
-    model = _qwen3_vl_model().cuda()
-    deepstack.install(model)
-    batch = model_batch(model.config)
-    loader = DataLoaderShard([batch], device=torch.device("cuda"), _non_blocking=True, collate_fn=lambda rows: {
-        k: v.pin_memory() for k, v in rows[0].items()})  # fmt: skip
-
-    def run(inputs):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-            try:
-                out = model(**inputs).last_hidden_state
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        return out.detach(), sum("synchroniz" in str(w.message) for w in caught)
-
-    (device,) = list(loader)
-    assert batch_facts_of(swift_plugin).host_of(device["input_ids"]) is not None
-    run(device)  # the tower's per-size parts computed
-    mine, waits = run(device)
-    plain = {k: v.clone() for k, v in device.items()}  # no host copies for these
-    stock, stock_waits = run(plain)
-    assert waits == 0 and stock_waits == 1, (waits, stock_waits)
-    torch.testing.assert_close(mine, stock)
-
-
-def batch_facts_of(plugin):
-    return plugin._load_sibling("batch_facts").COPIES
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    assert last_line(GPU_CODE, PYTHONPATH=path) == "True True 0 1 True"
 
 
 def test_the_switch_is_allowed_in_the_job_environment_with_its_values():
@@ -234,3 +235,21 @@ def test_the_switch_is_allowed_in_the_job_environment_with_its_values():
     job_env.check_job_env({"VLM_LORA_BATCH_FACTS": 1})
     with pytest.raises(job_env.JobEnvError, match="VLM_LORA_BATCH_FACTS"):
         job_env.check_job_env({"VLM_LORA_BATCH_FACTS": "off"})
+
+
+def test_the_plugin_reads_logits_to_keep_from_the_host_copy_once_ms_swift_is_loaded():
+    """The plugin does not load ms-swift's trainers (they replace transformers' default callbacks); where they are
+    loaded, ms-swift's method is wrapped, at the plugin's load or at a trainer's creation."""
+    import os
+
+    from tests.plugin_run import ROOT, last_line
+
+    code = """
+import sys
+from components.train_lora import swift_plugin as plugin
+print("swift.trainers.mixin" in sys.modules, end=" ")
+from swift.trainers.mixin import SwiftMixin
+print(plugin._install_logits_to_keep(), SwiftMixin.prepare_logits_to_keep._vlm_lora_batch_facts)
+"""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    assert last_line(code, PYTHONPATH=path) == "False True True"

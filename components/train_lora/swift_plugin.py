@@ -392,10 +392,10 @@ QWEN3_VL_MODELING = (
 )
 
 
-def _install_batch_facts(environ=os.environ) -> bool:
+def _install_batch_facts() -> bool:
     """Item 16: the batch's host copies kept where accelerate's data loader copies it to the GPU, ms-swift's
     `logits_to_keep` read from them, and the copies queued without waiting (`batch_facts.py`)."""
-    if environ.get("VLM_LORA_BATCH_FACTS") == "0":
+    if os.environ.get("VLM_LORA_BATCH_FACTS") == "0":
         return False
     try:
         from accelerate import data_loader
@@ -407,12 +407,19 @@ def _install_batch_facts(environ=os.environ) -> bool:
     if not _wrap_once(data_loader, "send_to_device", helpers.remembering, marker):
         return False
     _wrap_once(Trainer, "_build_accelerator_args", helpers.non_blocking_copies, marker)
-    try:
-        from swift.trainers.mixin import SwiftMixin
-    except ImportError:  # ms-swift absent (CPU tests): the data loader's part only
-        return True
-    _wrap_once(SwiftMixin, "prepare_logits_to_keep", helpers.logits_to_keep_from_host, marker)
+    _install_logits_to_keep()
     return True
+
+
+def _install_logits_to_keep() -> bool:
+    """Item 16's reader in ms-swift (`SwiftMixin.prepare_logits_to_keep`), once ms-swift's trainers are loaded: the
+    plugin does not load them itself (they replace transformers' default callbacks), so a trainer's creation tries
+    again."""
+    mixin = sys.modules.get("swift.trainers.mixin")
+    if mixin is None or not hasattr(mixin, "SwiftMixin"):
+        return False
+    wrap = _load_sibling("batch_facts").logits_to_keep_from_host
+    return _wrap_once(mixin.SwiftMixin, "prepare_logits_to_keep", wrap, "_vlm_lora_batch_facts")
 
 
 def _install_host_vision(batch_facts: bool = False) -> tuple[int, dict[str, int]]:
@@ -682,6 +689,8 @@ def _install_trainer_init() -> tuple[bool, bool]:
         if language:
             keep_liger_out_of_layers(training_args)
         original(self, *args, **kwargs)
+        if BATCH_FACTS:  # ms-swift's trainers are loaded by now where this is ms-swift's trainer
+            _install_logits_to_keep()
         patch_model(self.model, training_args, language=language, vision=vision)
         self.add_callback(gc_callback())
 
