@@ -312,7 +312,9 @@ def host_sync_lines(caught: list) -> dict[str, int]:
 
 
 def _inside_torch(filename: str) -> bool:
-    return "/torch/" in filename.replace("\\", "/")
+    """A file of the torch package itself (not merely under a folder named torch, as a virtualenv may be)."""
+    path = filename.replace("\\", "/")
+    return any(f"{root}/torch/" in path for root in ("site-packages", "dist-packages"))
 
 
 def sync_site(filename: str, lineno: int, stack: list) -> str:

@@ -153,6 +153,12 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the GPU (before the plugin read them from the batch's host copies and queued the copy without waiting,
     # session 20)
     "auto_liger_log5_nobatchfacts": auto_liger(logging_steps=5, env={"VLM_LORA_BATCH_FACTS": "0"}),
+    # ms-swift's NaN check of the gradient norm read on the host at every optimizer step (before the plugin decided
+    # it on the GPU, session 20), and both of session 20's changes off
+    "auto_liger_log5_nangrad": auto_liger(logging_steps=5, env={"VLM_LORA_GRAD_NAN_ON_GPU": "0"}),
+    "auto_liger_log5_before20": auto_liger(
+        logging_steps=5, env={"VLM_LORA_GRAD_NAN_ON_GPU": "0", "VLM_LORA_BATCH_FACTS": "0"}
+    ),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer

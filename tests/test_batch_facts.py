@@ -253,3 +253,16 @@ print(plugin._install_logits_to_keep(), SwiftMixin.prepare_logits_to_keep._vlm_l
 """
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     assert last_line(code, PYTHONPATH=path) == "False True True"
+
+
+def test_the_lookups_are_counted_for_the_log():
+    copies = batch_facts.HostCopies()
+    host = _batch()
+    device = _to_meta(host)
+    copies.remember(host, device)
+    copies.host_of(device["labels"])
+    copies.host_of(device["labels"].clone())
+    device["input_ids"].add_(0)
+    copies.host_of(device["input_ids"])
+    copies.host_of(host["labels"])  # a host tensor: not a lookup of a device tensor
+    assert copies.summary() == "4 host copies kept; device tensors looked up: found 1, unknown 1, changed 1"

@@ -165,13 +165,14 @@ def test_a_wait_inside_torch_is_named_with_its_caller_outside_torch():
 
     from benchmarks.profile_plugin import SyncSites, sync_site
 
+    venv = "/opt/torch/.venv/lib/python3.12/site-packages"  # a virtualenv under a folder named torch
     frames = [
         traceback.FrameSummary("/site/trainer.py", 10, "loop"),
-        traceback.FrameSummary("/site/accelerate/operations.py", 160, "send_to_device"),
-        traceback.FrameSummary("/venv/site-packages/torch/cuda/__init__.py", 1270, "synchronize"),
+        traceback.FrameSummary(f"{venv}/accelerate/operations.py", 160, "send_to_device"),
+        traceback.FrameSummary(f"{venv}/torch/cuda/__init__.py", 1270, "synchronize"),
     ]
-    torch_line = "/venv/site-packages/torch/cuda/__init__.py"
-    assert sync_site(torch_line, 1281, frames) == f"{torch_line}:1281 <- /site/accelerate/operations.py:160"
+    torch_line = f"{venv}/torch/cuda/__init__.py"
+    assert sync_site(torch_line, 1281, frames) == f"{torch_line}:1281 <- {venv}/accelerate/operations.py:160"
     assert sync_site("/site/mixin.py", 1287, frames) == "/site/mixin.py:1287"  # outside torch: itself
     assert sync_site(torch_line, 5, frames[2:]) == f"{torch_line}:5"  # no caller outside torch
     sites = SyncSites()

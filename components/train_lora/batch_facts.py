@@ -38,6 +38,7 @@ class HostCopies:
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
         self.remembered = 0
+        self.reads = {"found": 0, "unknown": 0, "changed": 0}  # host_of's answers for device tensors
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -73,9 +74,19 @@ class HostCopies:
         if not isinstance(device_tensor, torch.Tensor):
             return None
         entry = self._by_id.get(id(device_tensor))
-        if entry is None or entry[0]() is not device_tensor or device_tensor._version != entry[1]:
+        if entry is None or entry[0]() is not device_tensor:
+            self.reads["unknown"] += device_tensor.device.type != "cpu"
             return None
+        if device_tensor._version != entry[1]:
+            self.reads["changed"] += 1
+            return None
+        self.reads["found"] += 1
         return entry[2]
+
+    def summary(self) -> str:
+        """What was kept and how the readers fared, for the log at the end of training."""
+        reads = ", ".join(f"{k} {v}" for k, v in self.reads.items())
+        return f"{self.remembered} host copies kept; device tensors looked up: {reads}"
 
 
 COPIES = HostCopies()

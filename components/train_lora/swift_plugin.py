@@ -145,6 +145,12 @@ integer tensors where accelerate's data loader copies it to the GPU (`send_to_de
 is queued without waiting (accelerate's `non_blocking`, from the pinned memory the loader already uses). The host
 then queues the next step's copy, vision tower and language model while the GPU still runs the step before. A host
 copy is used only for the very device tensor made from it, unchanged since. VLM_LORA_BATCH_FACTS=0 turns it off.
+
+17. ms-swift's skip of an optimizer step whose gradient norm is NaN, decided on the GPU (`grad_nan.py`, next to this
+file): ms-swift reads `grad_norm.isnan().item()` after clipping, so the host waited at every optimizer step for the
+backward and the all-reduce before it could queue the step. With fused torch Adam / AdamW and no gradient scaler the
+optimizers get the NaN flag as `found_inf` (GradScaler's mechanism: their kernel then changes nothing, the same as
+ms-swift's skip); otherwise ms-swift's check runs. VLM_LORA_GRAD_NAN_ON_GPU=0 turns it off.
 """
 
 from __future__ import annotations
@@ -411,6 +417,19 @@ def _install_batch_facts() -> bool:
     return True
 
 
+def _install_grad_nan() -> bool:
+    """Item 17: ms-swift's NaN-gradient skip decided on the GPU (`grad_nan.py`), once ms-swift's trainers are loaded
+    (as item 16's reader)."""
+    mixin = sys.modules.get("swift.trainers.mixin")
+    cls = getattr(mixin, "SwiftMixin", None)
+    original = getattr(cls, "__dict__", {}).get("_fix_grad_norm_nan")
+    if os.environ.get("VLM_LORA_GRAD_NAN_ON_GPU") == "0" or not isinstance(original, staticmethod):
+        return False
+    if not getattr(original.__func__, "_vlm_lora_grad_nan", False):
+        cls._fix_grad_norm_nan = staticmethod(_load_sibling("grad_nan").device_nan_skip(original.__func__))
+    return True
+
+
 def _install_logits_to_keep() -> bool:
     """Item 16's reader in ms-swift (`SwiftMixin.prepare_logits_to_keep`), once ms-swift's trainers are loaded: the
     plugin does not load them itself (they replace transformers' default callbacks), so a trainer's creation tries
@@ -660,6 +679,11 @@ def gc_callback(environ=os.environ):
         on_prediction_step = on_substep_end  # an evaluation batch: the same
 
         def on_train_end(self, args, state, control, **kwargs):
+            if BATCH_FACTS:  # item 16's lookups, on every rank (one line)
+                copies = _load_sibling("batch_facts").COPIES
+                print(
+                    f"train-lora plugin: rank {environ.get('RANK', '0')}, batch facts: {copies.summary()}", flush=True
+                )
             self.census.detach()
             if self.aligner is not None:
                 self.aligner.stop()
@@ -691,6 +715,7 @@ def _install_trainer_init() -> tuple[bool, bool]:
         original(self, *args, **kwargs)
         if BATCH_FACTS:  # ms-swift's trainers are loaded by now where this is ms-swift's trainer
             _install_logits_to_keep()
+        _install_grad_nan()
         patch_model(self.model, training_args, language=language, vision=vision)
         self.add_callback(gc_callback())
 
@@ -752,6 +777,7 @@ COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
 BATCH_FACTS = _install_batch_facts()
+GRAD_NAN_ON_GPU = _install_grad_nan()  # False until ms-swift's trainers are loaded (then at a trainer's creation)
 HOST_VISION_SEQLENS, HOST_VISION_GRID = _install_host_vision(BATCH_FACTS)
 TORCH_RMS_NORM = _install_torch_rms_norm()
 ADAPTER_ONLY_SAVE = _install_adapter_only_save()
