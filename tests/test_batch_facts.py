@@ -60,20 +60,33 @@ def test_only_host_to_device_copies_of_the_same_shape_and_dtype_are_kept():
     assert copies.remember(host, None) == 0 and copies.remember([1], [2]) == 0
 
 
-def test_the_wrapped_send_to_device_keeps_the_copies_and_returns_what_it_sent():
+def test_the_wrapped_to_device_queues_the_copy_without_waiting_and_keeps_the_host_copies():
     copies = batch_facts.HostCopies()
     calls = []
 
-    def send(tensor, device, non_blocking=False, skip_keys=None):
+    def to_device(data, device, non_blocking=False):
         calls.append((device, non_blocking))
-        return {k: v.to(device) for k, v in tensor.items()}
+        return {k: v.to(device) for k, v in data.items()}
 
-    wrapped = batch_facts.remembering(send, copies)
+    wrapped = batch_facts.remembering(to_device, copies)
     host = _batch()
-    out = wrapped(host, "meta", non_blocking=True)
+    out = wrapped(host, "meta")  # as ms-swift's loaders call it
     assert calls == [("meta", True)] and out["labels"].device.type == "meta"
     assert copies.host_of(out["image_grid_thw"]) is host["image_grid_thw"]
-    assert wrapped.__wrapped__ is send and wrapped._vlm_lora_batch_facts
+    assert wrapped.__wrapped__ is to_device and wrapped._vlm_lora_batch_facts
+
+
+def test_ms_swift_s_own_data_loader_keeps_the_host_copies_through_the_wrapper(monkeypatch):
+    """ms-swift's `DataLoaderShard` (the loader its trainer builds) with its `to_device` wrapped as the plugin does:
+    each batch reaches the device and its host copies are kept."""
+    from swift.dataloader import shard
+
+    copies = batch_facts.HostCopies()
+    monkeypatch.setattr(shard, "to_device", batch_facts.remembering(shard.to_device, copies))
+    host = _batch()
+    (device,) = list(shard.DataLoaderShard([host], device="meta", collate_fn=lambda rows: rows[0]))
+    assert device["input_ids"].device.type == "meta"
+    assert copies.host_of(device["input_ids"]) is host["input_ids"] and len(copies) == 4
 
 
 def _ms_swift_prepare(self, inputs):
@@ -123,25 +136,6 @@ def test_logits_to_keep_without_a_host_copy_or_for_one_row_is_ms_swift_s():
     assert isinstance(one["logits_to_keep"], torch.Tensor)
 
 
-def test_the_copies_are_queued_without_waiting_only_from_pinned_memory_on_a_gpu(monkeypatch):
-    built = []
-
-    def build(self, **kwargs):
-        built.append(kwargs["dataloader_config"].non_blocking)
-        return kwargs
-
-    wrapped = batch_facts.non_blocking_copies(build)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for pinned, given, want in ((True, False, True), (False, False, False), (True, True, True)):
-        trainer = SimpleNamespace(args=SimpleNamespace(dataloader_pin_memory=pinned))
-        wrapped(trainer, dataloader_config=SimpleNamespace(non_blocking=given))
-        assert built[-1] is want
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    wrapped(SimpleNamespace(args=SimpleNamespace(dataloader_pin_memory=True)), dataloader_config=SimpleNamespace(
-        non_blocking=False))  # fmt: skip
-    assert built[-1] is False
-
-
 def test_the_forward_facts_come_from_the_host_copies_without_reading_the_device(monkeypatch):
     config = SimpleNamespace(image_token_id=9, video_token_id=8)
     host = _batch()
@@ -187,15 +181,16 @@ def test_a_missing_host_copy_sends_the_facts_to_the_device_path(monkeypatch):
 GPU_CODE = """
 import warnings
 import torch
-from accelerate.data_loader import DataLoaderShard
 from components.train_lora import deepstack, swift_plugin
+from swift.dataloader.shard import DataLoaderShard
 from tests.test_vision_seqlens import _batch, _qwen3_vl_model
 
 model = _qwen3_vl_model().cuda()
 deepstack.install(model)
 batch = {k: v.contiguous() for k, v in _batch(model.config).items()}
 pinned = lambda rows: {k: v.pin_memory() for k, v in rows[0].items()}
-(device,) = list(DataLoaderShard([batch], device=torch.device("cuda"), _non_blocking=True, collate_fn=pinned))
+swift_plugin._install_swift_readers()  # as at a trainer's creation, ms-swift's modules loaded
+(device,) = list(DataLoaderShard([batch], device=torch.device("cuda"), collate_fn=pinned))
 
 def run(inputs):
     with warnings.catch_warnings(record=True) as caught:
@@ -217,7 +212,7 @@ print(swift_plugin.BATCH_FACTS, kept, waits, stock_waits, bool(torch.allclose(mi
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_a_data_loader_batch_reaches_the_forward_without_a_wait_gpu():
-    """On a GPU (a fresh interpreter: the plugin patches libraries): accelerate's data loader copies a batch without
+    """On a GPU (a fresh interpreter: the plugin patches libraries): ms-swift's data loader copies a batch without
     waiting and keeps its host copies; the tiny Qwen3-VL model's training forward then waits for the GPU not once
     (once, for the facts' copy, on tensors without host copies), with the same output."""
     import os
@@ -237,9 +232,10 @@ def test_the_switch_is_allowed_in_the_job_environment_with_its_values():
         job_env.check_job_env({"VLM_LORA_BATCH_FACTS": "off"})
 
 
-def test_the_plugin_reads_logits_to_keep_from_the_host_copy_once_ms_swift_is_loaded():
-    """The plugin does not load ms-swift's trainers (they replace transformers' default callbacks); where they are
-    loaded, ms-swift's method is wrapped, at the plugin's load or at a trainer's creation."""
+def test_the_plugin_wraps_ms_swift_s_readers_once_they_are_loaded():
+    """The plugin does not load ms-swift's modules (its trainers replace transformers' default callbacks); where they
+    are loaded, the loaders' `to_device` and `prepare_logits_to_keep` are wrapped, at the plugin's load or at a
+    trainer's creation; not with the switch off."""
     import os
 
     from tests.plugin_run import ROOT, last_line
@@ -249,10 +245,15 @@ import sys
 from components.train_lora import swift_plugin as plugin
 print("swift.trainers.mixin" in sys.modules, end=" ")
 from swift.trainers.mixin import SwiftMixin
-print(plugin._install_logits_to_keep(), SwiftMixin.prepare_logits_to_keep._vlm_lora_batch_facts)
+from swift.dataloader import shard
+if plugin.BATCH_FACTS:
+    plugin._install_swift_readers()  # as the plugin's Trainer.__init__ does
+flag = lambda f: getattr(f, "_vlm_lora_batch_facts", False)
+print(plugin.BATCH_FACTS, flag(shard.to_device), flag(SwiftMixin.prepare_logits_to_keep))
 """
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    assert last_line(code, PYTHONPATH=path) == "False True True"
+    assert last_line(code, PYTHONPATH=path) == "False True True True"
+    assert last_line(code, PYTHONPATH=path, VLM_LORA_BATCH_FACTS="0") == "False False False False"
 
 
 def test_the_lookups_are_counted_for_the_log():

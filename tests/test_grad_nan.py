@@ -146,24 +146,37 @@ print(before, plugin._install_grad_nan(), plugin._install_grad_nan(),
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_on_a_gpu_the_skip_needs_no_wait_gpu():
+def test_on_a_gpu_the_skip_adds_no_wait_where_ms_swift_s_check_adds_one_gpu():
+    """Clip and step on a GPU with a NaN gradient, counted with torch's sync debug mode: the plugin's skip waits no
+    more than clip and step alone, ms-swift's `.item()` once more; the plugin's skip leaves the parameters."""
     import warnings
 
-    model, optimizer = _model_and_optimizer()
-    model.cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    _step(model, optimizer, torch.randn(3, 6, device="cuda"))
-    before = [p.detach().clone() for p in model.parameters()]
-    model(torch.full((3, 6), float("nan"), device="cuda")).sum().backward()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode(1)
-        try:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            grad_nan.skip_if_nan([optimizer], norm)
-            optimizer.step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    assert sum("synchroniz" in str(w.message) for w in caught) == 0
-    for got, want in zip(model.parameters(), before, strict=True):
-        assert torch.equal(got, want)
+    def clip_and_step(how):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 4).cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+        _step(model, optimizer, torch.randn(3, 6, device="cuda"))
+        before = [p.detach().clone() for p in model.parameters()]
+        model(torch.full((3, 6), float("nan"), device="cuda")).sum().backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+            try:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if how == "plugin":
+                    grad_nan.skip_if_nan([optimizer], norm)
+                elif how == "ms-swift" and norm.isnan().item():
+                    for p in model.parameters():
+                        p.grad = None
+                optimizer.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        sites = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+        kept = all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+        return sites, kept
+
+    alone, _ = clip_and_step("neither")
+    plugin, plugin_kept = clip_and_step("plugin")
+    swift, swift_kept = clip_and_step("ms-swift")
+    assert len(plugin) == len(alone) and len(swift) == len(alone) + 1, (alone, plugin, swift)
+    assert plugin_kept and swift_kept

@@ -76,8 +76,7 @@ print(
     flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_COMM,
     plugin._load_sibling("fused_lora").CAST_CACHE, plugin._load_sibling("fused_lora").FOLD,
     flag(after.Qwen3VLModel.forward, "_vlm_lora_host_grid"),
-    plugin.BATCH_FACTS, flag(__import__("accelerate.data_loader").data_loader.send_to_device, "_vlm_lora_batch_facts"),
-    flag(Trainer._build_accelerator_args, "_vlm_lora_batch_facts"),
+    plugin.BATCH_FACTS,
 )
 """
 
@@ -110,12 +109,12 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True False True True True True True True True True True True",
+            "True True True False True True True True True True True True",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True False False False True False False False False False False",
+            "False False False False True False False False True False False False False",
         ),
     ],
 )

@@ -1,22 +1,20 @@
 """What a training step reads of its batch on the host, taken from the batch's host copy before it goes to the GPU.
 
-accelerate's data loader copies each batch to the GPU (`send_to_device`) at the step's start. After that, three
-readers each made the host wait for the GPU, that is for the previous step's backward, optimizer step and the copy,
-before the host could queue the next forward:
-- the copy itself (a blocking copy from pinned memory: it waits for everything queued before it);
+ms-swift's data loaders (`swift.dataloader`: `DataLoaderShard`, `DataLoaderDispatcher`) copy each batch to the GPU
+with ms-swift's `to_device`, one blocking copy per tensor (8 for a Qwen3-VL batch, counted with torch's sync debug
+mode on an H200). After that, two readers each made the host wait for the GPU again:
 - ms-swift's `prepare_logits_to_keep` (`labels ... .min().item()`, for batches of more than one row);
 - the model forward's facts (`vision_seqlens.facts_call`: image token counts, padding alignment, grids).
 
-So at every step boundary the GPU ran dry while the host prepared the next step, once per optimizer step whatever
-the micro-batch: a fixed cost per step, which weighs most where a step holds few rows per GPU (two GPUs sharing 16
-rows). With the host copies kept (`HostCopies.remember`, called by the plugin's wrapper of accelerate's
-`send_to_device`) the two readers compute the same integers from the host tensors (`host_of`), and the copy is
-queued without waiting (accelerate's `non_blocking`, from the pinned memory the data loader already uses): the host
-queues the next step's copy, its tower and its language model while the GPU still runs the step before.
+Each of these waits for everything queued before it (the previous step's backward and optimizer step), so at every
+step boundary the GPU ran dry while the host prepared the next step: a fixed cost per optimizer step, which weighs
+most where a step holds few rows per GPU (two GPUs sharing 16 rows). With the host copies kept (`remembering`, which
+wraps the loaders' `to_device`) the two readers compute the same integers from the host tensors (`host_of`), and the
+copies are queued without waiting (`non_blocking`, from the pinned memory the loaders already use with
+`dataloader_pin_memory`; PyTorch's host allocator keeps a pinned block until its copy has run).
 
 A host copy is found only for the very device tensor made from it, unchanged since (same object, same version);
-anything else (a tensor a template built, a batch that was not copied by the data loader) gets the reader's own
-device path, as before.
+anything else (a tensor a template built, a batch another loader copied) gets the reader's own device path.
 """
 
 from __future__ import annotations
@@ -93,16 +91,17 @@ COPIES = HostCopies()
 
 
 def remembering(send: Callable[..., Any], copies: HostCopies = COPIES) -> Callable[..., Any]:
-    """accelerate's `send_to_device(tensor, device, ...)`, keeping the host copies of a batch it copies."""
+    """ms-swift's `to_device(data, device, non_blocking=False)` as its data loaders call it: the copy queued without
+    waiting, and the host copies of a batch it copies kept."""
 
     @functools.wraps(send)
-    def send_to_device(tensor: Any, device: Any, *args: Any, **kwargs: Any) -> Any:
-        out = send(tensor, device, *args, **kwargs)
-        copies.remember(tensor, out)
+    def to_device(data: Any, device: Any, non_blocking: bool = False) -> Any:
+        out = send(data, device, non_blocking=True)
+        copies.remember(data, out)
         return out
 
-    send_to_device._vlm_lora_batch_facts = True
-    return send_to_device
+    to_device._vlm_lora_batch_facts = True
+    return to_device
 
 
 def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = COPIES) -> Callable[[Any, dict], Any]:
@@ -139,30 +138,3 @@ def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = C
 
     prepare_logits_to_keep._vlm_lora_batch_facts = True
     return prepare_logits_to_keep
-
-
-def non_blocking_copies(build: Callable[..., Any]) -> Callable[..., Any]:
-    """transformers' `Trainer._build_accelerator_args(**kwargs)` with the data loader's copies to the GPU queued
-    without waiting (`dataloader_config.non_blocking`) where the loader pins its batches (`dataloader_pin_memory`).
-    A copy from pinned memory is then ordered on the GPU's stream like any kernel, and the pinned block is not
-    reused before the copy has run (PyTorch's host allocator records the copy)."""
-
-    @functools.wraps(build)
-    def _build_accelerator_args(self: Any, **kwargs: Any) -> Any:
-        config = kwargs.get("dataloader_config")
-        training_args = getattr(self, "args", None)
-        if (
-            config is not None
-            and torch.cuda.is_available()
-            and getattr(training_args, "dataloader_pin_memory", False)
-            and not getattr(config, "non_blocking", True)
-        ):
-            config.non_blocking = True
-            print(
-                "train-lora plugin: each batch is copied to the GPU without waiting (non_blocking, pinned memory)",
-                flush=True,
-            )
-        return build(self, **kwargs)
-
-    _build_accelerator_args._vlm_lora_batch_facts = True
-    return _build_accelerator_args

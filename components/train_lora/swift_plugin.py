@@ -137,14 +137,14 @@ ends 4-5 ms; step time 1.6-3 % lower in the same call, within the run-to-run spr
 VLM_LORA_ALIGNED_GC=0 turns it off, =1 turns it on for one process too.
 
 16. The step boundary without waiting for the GPU (`batch_facts.py`, next to this file): at each step's start the
-host waited for the GPU to finish the step before (the blocking copy of the batch, ms-swift's `logits_to_keep`
-`.item()`, the forward's facts of item 7), so the GPU ran dry while the host prepared the next step: a fixed cost
-per optimizer step, which weighs most with few rows per GPU. The plugin keeps the host copies of each batch's small
-integer tensors where accelerate's data loader copies it to the GPU (`send_to_device`), ms-swift's
-`prepare_logits_to_keep` and the forward's facts read those instead of the GPU (the same integers), and the copy
-is queued without waiting (accelerate's `non_blocking`, from the pinned memory the loader already uses). The host
-then queues the next step's copy, vision tower and language model while the GPU still runs the step before. A host
-copy is used only for the very device tensor made from it, unchanged since. VLM_LORA_BATCH_FACTS=0 turns it off.
+host waited for the GPU to finish the step before (ms-swift's data loader copies each batch with a blocking copy per
+tensor, ms-swift's `logits_to_keep` `.item()`, the forward's facts of item 7), so the GPU ran dry while the host
+prepared the next step: a fixed cost per optimizer step, which weighs most with few rows per GPU. The plugin wraps
+the `to_device` of ms-swift's data loaders: the copies are queued without waiting (from the pinned memory the
+loaders use) and the host copies of each batch's small integer tensors are kept; ms-swift's
+`prepare_logits_to_keep` and the forward's facts read those instead of the GPU (the same integers). A host copy is
+used only for the very device tensor made from it, unchanged since. Each rank logs at the end of training how many
+copies were kept and found. VLM_LORA_BATCH_FACTS=0 turns it off.
 
 17. ms-swift's skip of an optimizer step whose gradient norm is NaN, decided on the GPU (`grad_nan.py`, next to this
 file): ms-swift reads `grad_norm.isnan().item()` after clipping, so the host waited at every optimizer step for the
@@ -399,22 +399,33 @@ QWEN3_VL_MODELING = (
 
 
 def _install_batch_facts() -> bool:
-    """Item 16: the batch's host copies kept where accelerate's data loader copies it to the GPU, ms-swift's
-    `logits_to_keep` read from them, and the copies queued without waiting (`batch_facts.py`)."""
+    """Item 16 (`batch_facts.py`): ms-swift's data loaders keep their batches' host copies and queue the copies
+    without waiting, and ms-swift's `logits_to_keep` reads the labels' copy; the forward's facts read theirs
+    (`_install_host_vision`). Wrapped once ms-swift's modules are loaded (`_install_swift_readers`)."""
     if os.environ.get("VLM_LORA_BATCH_FACTS") == "0":
         return False
-    try:
-        from accelerate import data_loader
-        from transformers import Trainer
-    except ImportError:
-        return False
+    _install_swift_readers()
+    return True
+
+
+SWIFT_LOADERS = ("swift.dataloader.shard", "swift.dataloader.dispatcher")
+
+
+def _install_swift_readers() -> int:
+    """Item 16's wrappers in ms-swift (the loaders' `to_device`, `SwiftMixin.prepare_logits_to_keep`) where its
+    modules are loaded: the plugin does not load them itself (ms-swift's trainers replace transformers' default
+    callbacks), so a trainer's creation tries again; how many are wrapped."""
     helpers = _load_sibling("batch_facts")
     marker = "_vlm_lora_batch_facts"
-    if not _wrap_once(data_loader, "send_to_device", helpers.remembering, marker):
-        return False
-    _wrap_once(Trainer, "_build_accelerator_args", helpers.non_blocking_copies, marker)
-    _install_logits_to_keep()
-    return True
+    wrapped = sum(
+        _wrap_once(sys.modules[name], "to_device", helpers.remembering, marker)
+        for name in SWIFT_LOADERS
+        if name in sys.modules
+    )
+    mixin = sys.modules.get("swift.trainers.mixin")
+    if mixin is not None and hasattr(mixin, "SwiftMixin"):
+        wrapped += _wrap_once(mixin.SwiftMixin, "prepare_logits_to_keep", helpers.logits_to_keep_from_host, marker)
+    return wrapped
 
 
 def _install_grad_nan() -> bool:
@@ -428,17 +439,6 @@ def _install_grad_nan() -> bool:
     if not getattr(original.__func__, "_vlm_lora_grad_nan", False):
         cls._fix_grad_norm_nan = staticmethod(_load_sibling("grad_nan").device_nan_skip(original.__func__))
     return True
-
-
-def _install_logits_to_keep() -> bool:
-    """Item 16's reader in ms-swift (`SwiftMixin.prepare_logits_to_keep`), once ms-swift's trainers are loaded: the
-    plugin does not load them itself (they replace transformers' default callbacks), so a trainer's creation tries
-    again."""
-    mixin = sys.modules.get("swift.trainers.mixin")
-    if mixin is None or not hasattr(mixin, "SwiftMixin"):
-        return False
-    wrap = _load_sibling("batch_facts").logits_to_keep_from_host
-    return _wrap_once(mixin.SwiftMixin, "prepare_logits_to_keep", wrap, "_vlm_lora_batch_facts")
 
 
 def _install_host_vision(batch_facts: bool = False) -> tuple[int, dict[str, int]]:
@@ -713,8 +713,8 @@ def _install_trainer_init() -> tuple[bool, bool]:
         if language:
             keep_liger_out_of_layers(training_args)
         original(self, *args, **kwargs)
-        if BATCH_FACTS:  # ms-swift's trainers are loaded by now where this is ms-swift's trainer
-            _install_logits_to_keep()
+        if BATCH_FACTS:  # ms-swift's modules are loaded by now where this is ms-swift's trainer
+            _install_swift_readers()
         _install_grad_nan()
         patch_model(self.model, training_args, language=language, vision=vision)
         self.add_callback(gc_callback())
