@@ -179,10 +179,10 @@ def test_a_missing_host_copy_sends_the_facts_to_the_device_path(monkeypatch):
 
 
 GPU_CODE = """
-import warnings
 import torch
 from components.train_lora import deepstack, swift_plugin
 from swift.dataloader.shard import DataLoaderShard
+from tests.gpu_waits import gpu_waits
 from tests.test_vision_seqlens import _batch, _qwen3_vl_model
 
 model = _qwen3_vl_model().cuda()
@@ -193,14 +193,8 @@ swift_plugin._install_swift_readers()  # as at a trainer's creation, ms-swift's 
 (device,) = list(DataLoaderShard([batch], device=torch.device("cuda"), collate_fn=pinned))
 
 def run(inputs):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode(1)
-        try:
-            out = model(**inputs).last_hidden_state
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return out.detach(), sum("synchroniz" in str(w.message) for w in caught)
+    out, waits = gpu_waits(lambda: model(**inputs).last_hidden_state)
+    return out.detach(), len(waits)
 
 kept = swift_plugin._load_sibling("batch_facts").COPIES.host_of(device["input_ids"]) is not None
 run(device)  # the tower's per-size parts computed

@@ -149,7 +149,7 @@ print(before, plugin._install_grad_nan(), plugin._install_grad_nan(),
 def test_on_a_gpu_the_skip_adds_no_wait_where_ms_swift_s_check_adds_one_gpu():
     """Clip and step on a GPU with a NaN gradient, counted with torch's sync debug mode: the plugin's skip waits no
     more than clip and step alone, ms-swift's `.item()` once more; the plugin's skip leaves the parameters."""
-    import warnings
+    from tests.gpu_waits import gpu_waits
 
     def clip_and_step(how):
         torch.manual_seed(0)
@@ -158,20 +158,17 @@ def test_on_a_gpu_the_skip_adds_no_wait_where_ms_swift_s_check_adds_one_gpu():
         _step(model, optimizer, torch.randn(3, 6, device="cuda"))
         before = [p.detach().clone() for p in model.parameters()]
         model(torch.full((3, 6), float("nan"), device="cuda")).sum().backward()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-            try:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                if how == "plugin":
-                    grad_nan.skip_if_nan([optimizer], norm)
-                elif how == "ms-swift" and norm.isnan().item():
-                    for p in model.parameters():
-                        p.grad = None
-                optimizer.step()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        sites = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+
+        def clip_skip_step():
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if how == "plugin":
+                grad_nan.skip_if_nan([optimizer], norm)
+            elif how == "ms-swift" and norm.isnan().item():
+                for p in model.parameters():
+                    p.grad = None
+            optimizer.step()
+
+        _, sites = gpu_waits(clip_skip_step)
         kept = all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
         return sites, kept
 

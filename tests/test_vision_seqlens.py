@@ -524,20 +524,15 @@ def test_one_wait_for_the_whole_model_forward_gpu(monkeypatch):
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
     from components.train_lora import deepstack, swift_plugin  # noqa: F401 (installs the wrappers)
+    from tests.gpu_waits import gpu_waits
 
     model = _qwen3_vl_model().cuda()
     deepstack.install(model)
     batch = {k: v.cuda() for k, v in _batch(model.config).items()}
 
     def run():
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-            try:
-                out = model(**batch).last_hidden_state
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        return out.detach(), sum("synchroniz" in str(w.message) for w in caught)
+        out, waits = gpu_waits(lambda: model(**batch).last_hidden_state)
+        return out.detach(), len(waits)
 
     cls = modeling_qwen3_vl.Qwen3VLModel
     assert getattr(cls.forward, "_vlm_lora_host_grid", False)
