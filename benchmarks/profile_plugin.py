@@ -15,7 +15,8 @@ vision tower. The micro-step before the window, and what runs between it and the
 it (the optimizer step, the next batch and its copy to the GPU), run with torch's sync debug mode:
 `host_syncs` lists the source lines that made the host wait for the GPU (`.item()`, `.tolist()`,
 `nonzero`, blocking copies) and how often, each a point where the GPU may run dry; a line inside
-torch (`torch.cuda.synchronize`, a tensor's copy) is followed by ` <- ` and its caller outside torch.
+torch (`torch.cuda.synchronize`, a tensor's copy) is followed by ` <- ` and its two innermost callers outside
+torch (this profiler's own frames included: it may be the one waiting).
 
 `idle` (from the profiler's trace) says where the GPU waited: per region (the regions are also
 profiler ranges, so each has a span on the GPU's timeline) the span, the kernel time inside it and
@@ -317,18 +318,21 @@ def _inside_torch(filename: str) -> bool:
     return any(f"{root}/torch/" in path for root in ("site-packages", "dist-packages"))
 
 
-def sync_site(filename: str, lineno: int, stack: list) -> str:
+def sync_site(filename: str, lineno: int, stack: list, callers: int = 2) -> str:
     """Where a wait was asked for: `file:line`, and where that is inside torch (`torch.cuda.synchronize`, ...),
-    ` <- file:line` of the innermost caller outside torch and this file (`stack`: traceback frames, outermost
-    first)."""
+    ` <- file:line` for each of the `callers` innermost callers outside torch (`stack`: traceback frames, outermost
+    first; the warnings machinery left out, this file's own frames kept: the profiler may be the one waiting)."""
     site = f"{filename}:{lineno}"
     if not _inside_torch(filename):
         return site
+    found = []
     for frame in reversed(stack):
         name = frame.filename
-        if not _inside_torch(name) and not name.endswith("warnings.py") and name != __file__:
-            return f"{site} <- {name}:{frame.lineno}"
-    return site
+        if not _inside_torch(name) and not name.endswith("warnings.py"):
+            found.append(f"{name}:{frame.lineno}")
+            if len(found) == callers:
+                break
+    return " <- ".join([site, *found])
 
 
 class SyncSites:

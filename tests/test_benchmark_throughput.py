@@ -172,7 +172,10 @@ def test_a_wait_inside_torch_is_named_with_its_caller_outside_torch():
         traceback.FrameSummary(f"{venv}/torch/cuda/__init__.py", 1270, "synchronize"),
     ]
     torch_line = f"{venv}/torch/cuda/__init__.py"
-    assert sync_site(torch_line, 1281, frames) == f"{torch_line}:1281 <- {venv}/accelerate/operations.py:160"
+    assert sync_site(torch_line, 1281, frames) == (
+        f"{torch_line}:1281 <- {venv}/accelerate/operations.py:160 <- /site/trainer.py:10"
+    )
+    assert sync_site(torch_line, 1281, frames, callers=1) == f"{torch_line}:1281 <- {venv}/accelerate/operations.py:160"
     assert sync_site("/site/mixin.py", 1287, frames) == "/site/mixin.py:1287"  # outside torch: itself
     assert sync_site(torch_line, 5, frames[2:]) == f"{torch_line}:5"  # no caller outside torch
     sites = SyncSites()
