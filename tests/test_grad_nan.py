@@ -78,7 +78,7 @@ def test_only_fused_adam_without_a_scaler_decides_on_the_device():
     assert grad_nan.fused_optimizers(SimpleNamespace(scaler=None, _optimizers=[])) is None
 
 
-def test_the_context_clips_with_accelerate_and_hands_the_flag_to_the_optimizer(monkeypatch):
+def test_the_context_clips_with_accelerate_and_hands_the_flag_to_the_optimizer(monkeypatch, capsys):
     """ms-swift's context manager stands in as ms-swift writes it: its clip wrapper reads `.item()`; inside the
     plugin's context accelerate's clip runs instead, and the optimizer gets the NaN flag."""
     import contextlib
@@ -118,6 +118,7 @@ def test_the_context_clips_with_accelerate_and_hands_the_flag_to_the_optimizer(m
     with context():
         norm = Accelerator.clip_grad_norm_(accelerator, model.parameters(), 1.0)
     assert calls == ["accelerate"] and norm.isnan() and bool(optimizer.found_inf) is True
+    assert "decided on the device (fused optimizer's found_inf)" in capsys.readouterr().out
     assert all(p.grad is not None for p in model.parameters())  # left for the step, which skips
     assert Accelerator.clip_grad_norm_ is accelerate_clip  # both contexts undone
     _, plain = _model_and_optimizer(fused=False)

@@ -67,10 +67,17 @@ def device_nan_skip(swift_context: Callable[[], Any]) -> Callable[[], Any]:
         with swift_context():
             swift_clip = Accelerator.clip_grad_norm_
 
+            said: list[bool] = []
+
             def clip_grad_norm_(self: Any, parameters: Any, *args: Any, **kwargs: Any) -> Any:
                 parameters = list(parameters)
                 optimizers = fused_optimizers(self)
-                if optimizers is None or str(getattr(self, "distributed_type", "")).endswith("FSDP"):
+                on_gpu = optimizers is not None and not str(getattr(self, "distributed_type", "")).endswith("FSDP")
+                if not said:  # once per training: which way the NaN check goes
+                    said.append(True)
+                    how = "on the device (fused optimizer's found_inf)" if on_gpu else "by ms-swift on the host"
+                    print(f"train-lora plugin: a NaN gradient norm skips the optimizer step, decided {how}", flush=True)
+                if not on_gpu:
                     return swift_clip(self, parameters, *args, **kwargs)  # (ms-swift handles FSDP2 offload itself)
                 grad_norm = accelerate_clip(self, parameters, *args, **kwargs)
                 if isinstance(grad_norm, torch.Tensor):  # ms-swift checks tensors only
