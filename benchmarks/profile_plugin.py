@@ -304,14 +304,6 @@ def unprofiled_summary(regions: dict[str, float], wall_s: float, profiled: dict)
     }
 
 
-def host_sync_lines(caught: list) -> dict[str, int]:
-    """Source lines of the warnings torch's sync debug mode raised, most frequent first."""
-    counts = Counter(
-        f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(getattr(w, "message", "")).lower()
-    )
-    return dict(counts.most_common(40))
-
-
 def _inside_torch(filename: str) -> bool:
     """A file of the torch package itself (not merely under a folder named torch, as a virtualenv may be)."""
     path = filename.replace("\\", "/")

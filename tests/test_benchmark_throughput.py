@@ -148,14 +148,16 @@ def test_any_profile_can_run_under_the_profiler():
 def test_host_sync_lines_are_counted_by_source_line():
     import warnings
 
-    from benchmarks.profile_plugin import host_sync_lines
+    from benchmarks.profile_plugin import SyncSites
 
-    with warnings.catch_warnings(record=True) as caught:
+    sites = SyncSites()
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = sites.showwarning
         for _ in range(3):
             warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
         warnings.warn("something else", UserWarning, stacklevel=1)
-    lines = host_sync_lines(caught)
+    lines = dict(sites.sites)
     assert list(lines.values()) == [3]
     assert next(iter(lines)).startswith(__file__)
 

@@ -62,6 +62,7 @@ def device_nan_skip(swift_context: Callable[[], Any]) -> Callable[[], Any]:
     @contextlib.contextmanager
     def _fix_grad_norm_nan() -> Iterator[None]:
         from accelerate import Accelerator
+        from accelerate.utils import DistributedType
 
         accelerate_clip = Accelerator.clip_grad_norm_
         with swift_context():
@@ -72,7 +73,7 @@ def device_nan_skip(swift_context: Callable[[], Any]) -> Callable[[], Any]:
             def clip_grad_norm_(self: Any, parameters: Any, *args: Any, **kwargs: Any) -> Any:
                 parameters = list(parameters)
                 optimizers = fused_optimizers(self)
-                on_gpu = optimizers is not None and not str(getattr(self, "distributed_type", "")).endswith("FSDP")
+                on_gpu = optimizers is not None and getattr(self, "distributed_type", None) != DistributedType.FSDP
                 if not said:  # once per training: which way the NaN check goes
                     said.append(True)
                     how = "on the device (fused optimizer's found_inf)" if on_gpu else "by ms-swift on the host"

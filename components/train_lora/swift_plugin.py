@@ -411,6 +411,12 @@ def _install_batch_facts() -> bool:
 SWIFT_LOADERS = ("swift.dataloader.shard", "swift.dataloader.dispatcher")
 
 
+def _swift_mixin():
+    """ms-swift's `SwiftMixin` where its trainers are loaded already (None otherwise: the plugin does not load them,
+    as they replace transformers' default callbacks)."""
+    return getattr(sys.modules.get("swift.trainers.mixin"), "SwiftMixin", None)
+
+
 def _install_swift_readers() -> int:
     """Item 16's wrappers in ms-swift (the loaders' `to_device`, `SwiftMixin.prepare_logits_to_keep`) where its
     modules are loaded: the plugin does not load them itself (ms-swift's trainers replace transformers' default
@@ -422,17 +428,16 @@ def _install_swift_readers() -> int:
         for name in SWIFT_LOADERS
         if name in sys.modules
     )
-    mixin = sys.modules.get("swift.trainers.mixin")
-    if mixin is not None and hasattr(mixin, "SwiftMixin"):
-        wrapped += _wrap_once(mixin.SwiftMixin, "prepare_logits_to_keep", helpers.logits_to_keep_from_host, marker)
+    mixin = _swift_mixin()
+    if mixin is not None:
+        wrapped += _wrap_once(mixin, "prepare_logits_to_keep", helpers.logits_to_keep_from_host, marker)
     return wrapped
 
 
 def _install_grad_nan() -> bool:
     """Item 17: ms-swift's NaN-gradient skip decided on the GPU (`grad_nan.py`), once ms-swift's trainers are loaded
     (as item 16's reader)."""
-    mixin = sys.modules.get("swift.trainers.mixin")
-    cls = getattr(mixin, "SwiftMixin", None)
+    cls = _swift_mixin()
     original = getattr(cls, "__dict__", {}).get("_fix_grad_norm_nan")
     if os.environ.get("VLM_LORA_GRAD_NAN_ON_GPU") == "0" or not isinstance(original, staticmethod):
         return False
