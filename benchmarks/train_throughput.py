@@ -159,6 +159,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_log5_before20": auto_liger(
         logging_steps=5, env={"VLM_LORA_GRAD_NAN_ON_GPU": "0", "VLM_LORA_BATCH_FACTS": "0"}
     ),
+    # the loss reading the GPU three times per micro-step: the labelled rows, Liger's count of them and its check of
+    # the loss's gradient (before the plugin took them from the labels' host copy, session 21)
+    "auto_liger_log5_losswait": auto_liger(logging_steps=5, env={"VLM_LORA_LOSS_NO_WAIT": "0"}),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer

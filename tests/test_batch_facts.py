@@ -117,6 +117,8 @@ def test_logits_to_keep_from_the_host_copy_equals_ms_swift_on_the_labels():
     assert device["labels"].device.type == "meta" and device["labels"].shape == want["labels"].shape
     assert device["loss_scale"].device.type == "meta" and device["loss_scale"].shape == (3, 6)
     assert set(device) == {*host, "loss_scale", "logits_to_keep"}
+    # the suffix's host copy is kept for the loss (item 18)
+    assert torch.equal(copies.host_of(device["labels"]), want["labels"])
 
 
 def test_logits_to_keep_without_a_host_copy_or_for_one_row_is_ms_swift_s():

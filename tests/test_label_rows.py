@@ -8,7 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.train_lora.label_rows import label_rows, label_rows_only
+from components.train_lora.label_rows import (
+    host_rows_for_loss,
+    label_rows,
+    label_rows_only,
+    selected_target,
+    shifted_label_rows,
+)
 
 
 @dataclasses.dataclass
@@ -108,6 +114,98 @@ def test_unexpected_shapes_go_through_unchanged():
     wrapped = label_rows_only(lambda *a, **k: seen.append(a[0].shape) or 0)
     wrapped(h.view(3, 20, 16), w, t)
     assert seen == [(3, 20, 16)]
+
+
+def _labels(rows=3, length=9, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.full((rows, length), -100)
+    labels[0, 5:] = torch.randint(0, 50, (4,), generator=gen)
+    labels[1, 2:6] = torch.randint(0, 50, (4,), generator=gen)
+    labels[2, 0] = 3  # the first position: no row predicts it (dropped by the shift)
+    labels[2, 8] = 7
+    return labels
+
+
+def copy_of(device, host):
+    """host_of for one device tensor: its host copy."""
+    return lambda t: host if t is device else None
+
+
+def liger_like_loss(
+    hidden_states, lm_head_weight, labels, hidden_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None
+):
+    """LigerForCausalLMLoss's own steps (liger_kernel/transformers/model/loss_utils.py, 0.8.5) around `FLCE`."""
+    if shift_labels is None:
+        labels = F.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    return FLCE(
+        hidden_states.view(-1, hidden_size), lm_head_weight, shift_labels.view(-1), num_items_in_batch, ignore_index
+    )
+
+
+FLCE = None  # set by each test: the wrapped fixed_fused_linear_cross_entropy
+
+
+def test_the_host_rows_are_those_of_liger_s_shifted_target():
+    labels = _labels()
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+    assert torch.equal(shifted_label_rows(labels), label_rows(shifted, -100))
+    assert shifted_label_rows(labels).tolist() == [4, 5, 6, 7, 10, 11, 12, 13, 25]  # position i predicts label i + 1
+    assert shifted_label_rows(torch.where(labels == -100, -1, labels), -1).tolist() == [4, 5, 6, 7, 10, 11, 12, 13, 25]
+
+
+def test_the_loss_takes_its_rows_from_the_labels_host_copy_without_reading_the_device():
+    global FLCE
+    labels = _labels()
+    device = labels.to("meta")  # no values: a read of it (nonzero) would fail
+    seen = []
+
+    def head(hidden, weight, target, *rest):
+        seen.append((hidden.shape, target.shape, target is selected_target()))
+        return hidden.sum()
+
+    FLCE = label_rows_only(head)
+    loss = host_rows_for_loss(liger_like_loss, copy_of(device, labels))
+    hidden = torch.empty(3, 9, 16, device="meta")
+    loss(hidden, torch.empty(50, 16, device="meta"), device, 16, 8)
+    assert seen == [((9, 16), (9,), True)]  # the 9 labelled rows; the target handed on is the one selected
+    assert selected_target() is None  # only during the call
+    with pytest.raises(Exception):  # noqa: B017 - without the host copy the rows come from the device: meta fails
+        host_rows_for_loss(liger_like_loss, lambda t: None)(hidden, torch.empty(50, 16, device="meta"), device, 16, 8)
+
+
+@pytest.mark.parametrize("num_items", [None, 8])
+def test_the_loss_and_gradient_from_the_host_rows_are_the_full_call_s(num_items):
+    global FLCE
+    labels = _labels()
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(3, 9, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, generator=gen, dtype=torch.float64)
+    FLCE = reference_flce
+    full = liger_like_loss(hidden, weight, labels, 16, num_items)
+    (grad_full,) = torch.autograd.grad(full, hidden)
+    seen: list[int] = []
+    FLCE = label_rows_only(lambda *a, **k: reference_flce(*a, **k, seen=seen))
+    kept = host_rows_for_loss(liger_like_loss, copy_of(labels, labels.clone()))(hidden, weight, labels, 16, num_items)
+    (grad_kept,) = torch.autograd.grad(kept, hidden)
+    assert seen == [9]
+    assert kept.item() == pytest.approx(full.item(), rel=1e-12)
+    assert torch.allclose(grad_kept, grad_full, rtol=1e-12, atol=1e-15)
+
+
+def test_given_shift_labels_the_host_copy_is_not_used():
+    global FLCE
+    labels = _labels()
+    wrong = torch.full_like(labels, -100)  # a host "copy" that, if used, would pick no row at all
+    seen: list[int] = []
+    FLCE = label_rows_only(lambda *a, **k: reference_flce(*a, **k, seen=seen))
+    hidden = torch.randn(3, 9, 16, dtype=torch.float64)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    shift = F.pad(labels, (0, 1), value=-100)[:, 1:].contiguous()
+    host_rows_for_loss(liger_like_loss, copy_of(labels, wrong))(hidden, weight, labels, 16, shift_labels=shift)
+    assert seen == [9]  # Liger uses shift_labels: the rows come from it, on the device path
+    host_rows_for_loss(liger_like_loss, copy_of(labels, wrong))(hidden, weight, labels, 16)
+    assert seen == [9, 27]  # without shift_labels the copy is used: this wrong one picks no row, so all 27 go
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -38,6 +38,18 @@ FAKE_LIGER = {
                                                     shift_labels.view(-1), num_items_in_batch, ignore_index,
                                                     final_logit_softcapping)
     """,
+    "liger_kernel/ops/__init__.py": "",
+    "liger_kernel/ops/fused_linear_cross_entropy.py": """
+        def fused_linear_cross_entropy_forward(_input, weight, target, ignore_index=-100):
+            target_mask = target != ignore_index
+            total_n_non_ignore = target_mask.sum().item()
+            return total_n_non_ignore
+
+        def fused_linear_cross_entropy_backward(grad_output, grad_input, grad_weight, grad_bias):
+            return grad_input, grad_weight, grad_bias
+    """,
+    # a model module binds LigerForCausalLMLoss by name (transformers loads it when training starts)
+    "liger_kernel/transformers/model/qwen3_vl.py": "from .loss_utils import LigerForCausalLMLoss\n",
 }
 
 CODE = """
@@ -48,7 +60,8 @@ from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as before
 from components.train_lora import swift_plugin as plugin
 from transformers.models.qwen3_vl import modeling_qwen3_vl as after
 from transformers import Trainer, masking_utils
-from liger_kernel.transformers.model import loss_utils
+from liger_kernel.transformers.model import loss_utils, qwen3_vl as liger_qwen3_vl
+from liger_kernel.ops import fused_linear_cross_entropy as flce_ops
 
 hidden = torch.randn(2, 8, 4, requires_grad=True)
 labels = torch.full((2, 8), -100)
@@ -77,6 +90,9 @@ print(
     plugin._load_sibling("fused_lora").CAST_CACHE, plugin._load_sibling("fused_lora").FOLD,
     flag(after.Qwen3VLModel.forward, "_vlm_lora_host_grid"),
     plugin.BATCH_FACTS,
+    plugin.LOSS_NO_WAIT, flag(flce_ops.fused_linear_cross_entropy_forward, "_vlm_lora_count"),
+    flag(flce_ops.fused_linear_cross_entropy_backward, "_vlm_lora_scaled"),
+    flag(liger_qwen3_vl.LigerForCausalLMLoss, "_vlm_lora_host_rows"),
 )
 """
 
@@ -100,6 +116,7 @@ SWITCHES_OFF = {
     "VLM_LORA_FOLD_SCALING": "0",
     "VLM_LORA_FORWARD_FACTS": "0",
     "VLM_LORA_BATCH_FACTS": "0",
+    "VLM_LORA_LOSS_NO_WAIT": "0",
 }
 
 
@@ -109,23 +126,32 @@ SWITCHES_OFF = {
         (
             False,
             "True 3 True True True True True True True False True True True True True True True False False True "
-            "True True True False True True True True True True True True",
+            "True True True False True True True True True True True True True True True True",
         ),
         (
             True,
             "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True False False False True False False False False",
+            "False False False False True False False False True False False False False False False False False",
         ),
     ],
 )
 def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, expected):
+    env = {k: (v if flipped else "") for k, v in SWITCHES_OFF.items()}
+    assert _run_with_fake_liger(tmp_path, **env) == expected
+
+
+def _run_with_fake_liger(tmp_path, **env: str) -> str:
     for name, text in FAKE_LIGER.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
-    env = {k: (v if flipped else "") for k, v in SWITCHES_OFF.items()}
-    line = last_line(textwrap.dedent(CODE), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **env)
-    assert line == expected
+    return last_line(textwrap.dedent(CODE), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **env)
+
+
+def test_the_loss_s_waits_have_their_own_switch(tmp_path):
+    """Item 18 off, item 5 (the labelled rows) on: Liger's forward, backward and loss are left as they are."""
+    fields = _run_with_fake_liger(tmp_path, VLM_LORA_LOSS_NO_WAIT="0").split()
+    assert fields[:3] == ["True", "3", "True"] and fields[-4:] == ["False"] * 4
 
 
 @pytest.mark.parametrize(

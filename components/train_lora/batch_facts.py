@@ -109,7 +109,8 @@ def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = C
 
     For labels of more than one row ms-swift computes `labels.shape[-1] - (labels != -100).int().argmax(-1).min()
     .item() + 1` and keeps that suffix of the labels (and of `loss_scale`). Here ms-swift's own method runs on the
-    host copy of the labels, so the integer needs no wait; the device labels then get the same suffix. One row
+    host copy of the labels, so the integer needs no wait; the device labels then get the same suffix, whose host
+    copy is kept in turn. One row
     (ms-swift builds a mask, no wait), no host copy, or a result this wrapper does not know: ms-swift's method on the
     device labels, as before.
     """
@@ -132,6 +133,7 @@ def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = C
         ):
             return prepare(self, inputs)
         trial["labels"] = labels[:, -keep:]
+        copies.remember({"labels": sliced}, trial)  # the loss finds the suffix's host copy (item 18)
         inputs.clear()
         inputs.update(trial)
         return result

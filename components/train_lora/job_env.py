@@ -43,6 +43,8 @@ _PLUGIN_SWITCHES = {
     "read from the GPU) or 1 (read from the batch's host copies, the copies queued without waiting, the default)",
     "VLM_LORA_GRAD_NAN_ON_GPU": "0 (ms-swift reads the gradient norm on the host at every optimizer step) or 1 (a NaN "
     "norm skips the fused optimizer's step on the GPU, the default)",
+    "VLM_LORA_LOSS_NO_WAIT": "0 (the loss reads the GPU: the labelled rows, Liger's count of them and its gradient "
+    "check) or 1 (from the labels' host copy, without waiting, the default)",
     "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
     "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
     "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's); unset: "

@@ -151,6 +151,13 @@ file): ms-swift reads `grad_norm.isnan().item()` after clipping, so the host wai
 backward and the all-reduce before it could queue the step. With fused torch Adam / AdamW and no gradient scaler the
 optimizers get the NaN flag as `found_inf` (GradScaler's mechanism: their kernel then changes nothing, the same as
 ms-swift's skip); otherwise ms-swift's check runs. VLM_LORA_GRAD_NAN_ON_GPU=0 turns it off.
+
+18. The loss without waiting for the GPU (`label_rows.py`, `liger_waits.py`, next to this file): the loss read the
+GPU three times at every micro-step, each a wait for the whole forward: item 5's `nonzero` finding the labelled rows,
+Liger's count of them (`.item()`) and Liger's backward asking whether the loss's gradient is one (`torch.equal`). The
+labelled rows now come from the labels' host copy (item 16) through Liger's `LigerForCausalLMLoss`, which builds the
+shifted target from them; Liger's forward counts the rows item 5 passes by their length (its own source with that
+one line changed); its backward multiplies by the gradient without asking. VLM_LORA_LOSS_NO_WAIT=0 turns it off.
 """
 
 from __future__ import annotations
@@ -347,6 +354,38 @@ def _install_label_rows_loss() -> bool:
         return False
     wrap = _load_sibling("label_rows").label_rows_only
     return _wrap_once(loss_utils, "fixed_fused_linear_cross_entropy", wrap, "_vlm_lora_label_rows")
+
+
+LIGER_MODELS = "liger_kernel.transformers.model."
+
+
+def _install_loss_no_wait() -> bool:
+    """Item 18: Liger's forward counts and its backward scales without reading the GPU (`liger_waits.py`), and its
+    `LigerForCausalLMLoss` hands item 5 the labelled rows from the labels' host copy (`label_rows.py`)."""
+    if os.environ.get("VLM_LORA_LOSS_NO_WAIT") == "0" or not LABEL_ROWS_LOSS:
+        return False
+    rows, waits = _load_sibling("label_rows"), _load_sibling("liger_waits")
+    ops = sys.modules.get("liger_kernel.ops.fused_linear_cross_entropy")
+    if ops is None:
+        try:
+            ops = importlib.import_module("liger_kernel.ops.fused_linear_cross_entropy")
+        except ImportError:  # a Liger laid out otherwise: its count and check read the GPU
+            ops = None
+    counted = ops is not None and waits.count_without_wait(ops, rows.selected_target)
+    if ops is not None:
+        _wrap_once(ops, waits.BACKWARD, waits.scaled_without_wait, "_vlm_lora_scaled")
+    host_of = _load_sibling("batch_facts").COPIES.host_of
+
+    def wrap(loss_fn):
+        return rows.host_rows_for_loss(loss_fn, host_of)
+
+    # loss_utils first: the model modules Liger loads later bind its wrapped function
+    modules = [sys.modules[LIGER_MODELS + "loss_utils"]]
+    modules += [m for name, m in list(sys.modules.items()) if name.startswith(LIGER_MODELS) and m not in modules]
+    wrapped = sum(_wrap_once(m, "LigerForCausalLMLoss", wrap, "_vlm_lora_host_rows") for m in modules if m)
+    if not counted:
+        print("train-lora plugin: Liger's forward is not the one item 18 knows; its count reads the GPU", flush=True)
+    return wrapped > 0
 
 
 def _install_right_padding_causal() -> bool:
@@ -782,6 +821,7 @@ COMPILE_LAYERS, TRAINER_INIT = _install_trainer_init()
 LABEL_ROWS_LOSS = _install_label_rows_loss()
 RIGHT_PAD_CAUSAL = _install_right_padding_causal()
 BATCH_FACTS = _install_batch_facts()
+LOSS_NO_WAIT = _install_loss_no_wait()
 GRAD_NAN_ON_GPU = _install_grad_nan()  # False until ms-swift's trainers are loaded (then at a trainer's creation)
 HOST_VISION_SEQLENS, HOST_VISION_GRID = _install_host_vision(BATCH_FACTS)
 TORCH_RMS_NORM = _install_torch_rms_norm()

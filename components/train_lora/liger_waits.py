@@ -1,0 +1,91 @@
+"""Liger's fused linear cross-entropy without its two reads of the GPU (plugin item 18).
+
+Liger 0.8.5's `fused_linear_cross_entropy_forward` counts the labelled rows with
+`target_mask.sum().item()` (the count is a scalar argument of its Triton kernel), and its
+backward asks `torch.equal(grad_output, torch.tensor(1.0, device=...))` to skip a
+multiplication by one. Each makes the host wait for everything queued before it: the whole
+forward, then the loss, so the GPU ran dry at the loss while the host caught up (the sync
+census of 2 × H200 counted them at lines 132 and 420 at every micro-step).
+
+- `count_without_wait(module, selected)` recompiles Liger's forward from its own source with
+  that one line replaced by a call that returns the target's length where `selected()` is
+  that very target (label_rows_only passes labelled rows only, so the count is its length)
+  and reads the GPU as before otherwise. Any other source (another Liger) leaves Liger as it is.
+- `scaled_without_wait(backward)` always multiplies the input gradient by `grad_output`
+  (out of place, in the input gradient's dtype, as Liger's kernel stores it): by one the
+  product is the same number; where Liger also computes the LM head's gradient (a trained
+  head), its own backward runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+FORWARD = "fused_linear_cross_entropy_forward"
+BACKWARD = "fused_linear_cross_entropy_backward"
+COUNT_LINE = "total_n_non_ignore = target_mask.sum().item()"
+HOOK = "_vlm_lora_labelled_count"
+
+
+def labelled_count(selected: Callable[[], torch.Tensor | None]) -> Callable[[torch.Tensor, torch.Tensor], int]:
+    """Liger's `target_mask.sum().item()`: the target's length, no wait, where `selected()` is that target."""
+
+    def count(target: torch.Tensor, target_mask: torch.Tensor) -> int:
+        if target is selected() and target_mask.shape == target.shape and target.dim() == 1:
+            return target.shape[0]
+        return target_mask.sum().item()
+
+    return count
+
+
+def count_without_wait(module: ModuleType, selected: Callable[[], torch.Tensor | None]) -> bool:
+    """Replaces `module.fused_linear_cross_entropy_forward` by its own source with COUNT_LINE counting through
+    `labelled_count(selected)`; False (nothing changed) unless that line is in it exactly once."""
+    original = getattr(module, FORWARD, None)
+    if original is None:
+        return False
+    if getattr(original, "_vlm_lora_count", False):
+        return True
+    try:
+        lines, first = inspect.getsourcelines(original)
+        filename = inspect.getsourcefile(original) or "<liger>"
+    except (OSError, TypeError):
+        return False
+    source = textwrap.dedent("".join(lines))
+    if source.count(COUNT_LINE) != 1:
+        return False
+    tree = ast.parse(source.replace(COUNT_LINE, f"total_n_non_ignore = {HOOK}(target, target_mask)"))
+    ast.increment_lineno(tree, first - 1)  # tracebacks name Liger's own lines
+    made: dict[str, Any] = {}
+    exec(compile(tree, filename, "exec"), module.__dict__, made)  # noqa: S102 - Liger's own source, one line changed
+    replaced = made.get(FORWARD)
+    if not callable(replaced):
+        return False
+    replaced._vlm_lora_count = True
+    replaced._vlm_lora_original = original
+    setattr(module, HOOK, labelled_count(selected))
+    setattr(module, FORWARD, replaced)
+    return True
+
+
+def scaled_without_wait(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """Liger's `fused_linear_cross_entropy_backward(grad_output, grad_input, grad_weight, grad_bias)` without
+    `torch.equal(grad_output, 1.0)`: the input gradient times `grad_output`, queued. With a weight or bias
+    gradient (a trained LM head): Liger's own."""
+
+    @functools.wraps(backward)
+    def fused_linear_cross_entropy_backward(grad_output, grad_input, grad_weight, grad_bias):
+        if grad_weight is not None or grad_bias is not None or grad_input is None or grad_output.numel() != 1:
+            return backward(grad_output, grad_input, grad_weight, grad_bias)
+        return grad_input * grad_output.reshape(()), None, None
+
+    fused_linear_cross_entropy_backward._vlm_lora_scaled = True
+    return fused_linear_cross_entropy_backward
