@@ -12,8 +12,9 @@ census of 2 × H200 counted them at lines 132 and 420 at every micro-step).
   that very target (label_rows_only passes labelled rows only, so the count is its length)
   and reads the GPU as before otherwise. Any other source (another Liger) leaves Liger as it is.
 - `scaled_without_wait(backward)` always multiplies the input gradient by `grad_output`
-  (out of place, in the input gradient's dtype, as Liger's kernel stores it): by one the
-  product is the same number; where Liger also computes the LM head's gradient (a trained
+  (out of place; in float32, stored in the input gradient's dtype, as Liger's kernel does:
+  a bf16 product on the GPU would round the factor to bf16 first); by one the product is
+  the same number; where Liger also computes the LM head's gradient (a trained
   head), its own backward runs.
 """
 
@@ -85,7 +86,8 @@ def scaled_without_wait(backward: Callable[..., Any]) -> Callable[..., Any]:
     def fused_linear_cross_entropy_backward(grad_output, grad_input, grad_weight, grad_bias):
         if grad_weight is not None or grad_bias is not None or grad_input is None or grad_output.numel() != 1:
             return backward(grad_output, grad_input, grad_weight, grad_bias)
-        return grad_input * grad_output.reshape(()), None, None
+        product = grad_input.float() * grad_output.reshape(()).float()  # as Liger's kernel: in float32, then stored
+        return product.to(grad_input.dtype), None, None
 
     fused_linear_cross_entropy_backward._vlm_lora_scaled = True
     return fused_linear_cross_entropy_backward
