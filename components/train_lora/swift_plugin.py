@@ -367,15 +367,16 @@ def _install_loss_no_wait() -> bool:
     if os.environ.get("VLM_LORA_LOSS_NO_WAIT") == "0" or not LABEL_ROWS_LOSS:
         return False
     rows, waits = _load_sibling("label_rows"), _load_sibling("liger_waits")
-    ops = sys.modules.get("liger_kernel.ops.fused_linear_cross_entropy")
-    if ops is None:
-        try:
-            ops = importlib.import_module("liger_kernel.ops.fused_linear_cross_entropy")
-        except ImportError:  # a Liger laid out otherwise: its count and check read the GPU
-            ops = None
-    counted = ops is not None and waits.count_without_wait(ops, rows.selected_target)
+    try:
+        ops = importlib.import_module("liger_kernel.ops.fused_linear_cross_entropy")
+    except ImportError:  # a Liger laid out otherwise: its count and check read the GPU
+        ops = None
     if ops is not None:
         _wrap_once(ops, waits.BACKWARD, waits.scaled_without_wait, "_vlm_lora_scaled")
+    if ops is None or not waits.count_without_wait(ops, rows.selected_target):
+        print("train-lora plugin: Liger's forward is not the one item 18 knows; its count reads the GPU", flush=True)
+    if not BATCH_FACTS:  # no host copies kept: the labelled rows come from the GPU
+        return ops is not None
     host_of = _load_sibling("batch_facts").COPIES.host_of
 
     def wrap(loss_fn):
@@ -385,9 +386,7 @@ def _install_loss_no_wait() -> bool:
     modules = [sys.modules[LIGER_MODELS + "loss_utils"]]
     modules += [m for name, m in list(sys.modules.items()) if name.startswith(LIGER_MODELS) and m not in modules]
     wrapped = sum(_wrap_once(m, "LigerForCausalLMLoss", wrap, "_vlm_lora_host_rows") for m in modules if m)
-    if not counted:
-        print("train-lora plugin: Liger's forward is not the one item 18 knows; its count reads the GPU", flush=True)
-    return wrapped > 0
+    return ops is not None or wrapped > 0
 
 
 def _install_right_padding_causal() -> bool:
