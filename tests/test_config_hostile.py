@@ -101,7 +101,7 @@ def test_alias_bomb_is_refused_fast(tmp_path, kind):
     path = write(tmp_path, text)
     start = time.monotonic()
     msg = error_of(path)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # a hang guard (unbounded before #21): the refusal takes well under 1 s
     assert f"more than {config.MAX_YAML_NODES} values once its aliases (*name) are expanded" in msg
     assert "a config needs no anchors (&name) or aliases (*name)" in msg
     assert msg.startswith(f"{path}:")
@@ -402,7 +402,7 @@ def test_cli_duplicate_key(tmp_path):
 def test_cli_alias_bomb_finishes_in_seconds(tmp_path, kind):
     start = time.monotonic()
     result, _ = _compile(tmp_path, bomb(kind))  # a subprocess with a 60 s timeout; before #21 it never ended
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 60  # a hang guard: the compile CLI starts and refuses in ~3-8 s
     _assert_refused(result, tmp_path)
     assert "aliases (*name) are expanded" in result.stderr
 

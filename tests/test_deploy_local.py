@@ -132,7 +132,7 @@ def test_wait_healthy_is_bounded_and_names_the_failure(tmp_path):
         start = time.monotonic()
         with pytest.raises(ServerNotHealthyError, match=r"did not answer 200 within 1 s"):
             wait_healthy(f"http://127.0.0.1:{silent.getsockname()[1]}", 1.0, interval_s=0.1)
-        assert time.monotonic() - start < 8
+        assert time.monotonic() - start < 20  # a hang guard: the 1 s bound ends it in ~1-3 s
     log = tmp_path / "log"
     log.write_text("loading\nOSError: broken weights\n")
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])

@@ -8,6 +8,7 @@ wall-clock bound. GPU figures come from benchmarks/preflight_gpu.sh on a GPU mac
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,6 +23,9 @@ from components.train_lora._launch import LaunchPlan
 from components.train_lora.job_env import JobEnvError, check_job_env, job_env_strings
 
 ROOT = Path(__file__).resolve().parent.parent
+# Hang guards, not speed checks: each bounded run here takes 3-10 s on a loaded 2-core machine,
+# so this is at least 5x that; an unbounded wait (rendezvous timeout_s=60 or more) still fails it.
+HANG_BOUND_S = 50
 H100 = "NVIDIA H100 80GB HBM3"
 GIB = 2**30
 
@@ -295,9 +299,25 @@ def test_job_env_refusals_name_the_key_and_the_fix(env, match):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port P with P and P + 1 (the preflight's rendezvous: PORT_OFFSET) both free, below the ephemeral range.
+
+    A port the kernel hands out for `bind(0)` comes from the ephemeral range (32768-60999 on
+    Linux), the same range that every outgoing connection of the tests running beside this
+    one (gloo's pairs, HTTP clients) takes its local port from: such a port, and P + 1 even
+    more, can be taken between this check and the preflight's bind. Ports below that range
+    are only ever handed out by an explicit bind.
+    """
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + pf.PORT_OFFSET))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair in 20000-32000")
 
 
 def _cli(args, env_extra=None, timeout=60):
@@ -317,7 +337,7 @@ def test_gloo_all_reduce_and_ddp_across_two_processes_pass(tmp_path, capsys):
     metrics = core.run_node_preflight(
         LaunchPlan(nproc_per_node=2), 0, "fail", work_dir=str(tmp_path), device="cpu", sizes_mb=(1.0, 4.0)
     )
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < HANG_BOUND_S
     assert set(metrics) == {"preflight_seconds", "preflight_gpus", "preflight_tflops_min", "preflight_busbw_gbps"}
     assert (
         metrics["preflight_busbw_gbps"] > 0 and metrics["preflight_tflops_min"] > 0 and metrics["preflight_gpus"] == 0
@@ -374,7 +394,7 @@ def test_a_node_that_never_joins_is_named_within_the_timeout(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(pf.RendezvousTimeout) as info:
         pf.run_launch(opts, plan, hosts=["127.0.0.1", "worker-b"], log=lambda line: None)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < HANG_BOUND_S  # a hang guard: the 3 s timeout ends it in ~5-10 s
     assert "1 of 2 rank(s) did not join the preflight within 3 s: rank 1 (node 1, worker-b)" in str(info.value)
     assert "Traceback" not in str(info.value)
 
@@ -386,8 +406,12 @@ def test_a_worker_without_its_chief_fails_after_the_timeout():
         "task": {"type": "workerpool1", "index": 0},
     }
     t0 = time.monotonic()
-    run = _cli(["--launch", "--device", "cpu", "--timeout-s", "3"], {"CLUSTER_SPEC": json.dumps(spec)})
-    assert time.monotonic() - t0 < 15
+    run = _cli(
+        ["--launch", "--device", "cpu", "--timeout-s", "3"],
+        {"CLUSTER_SPEC": json.dumps(spec)},
+        timeout=2 * HANG_BOUND_S,
+    )
+    assert time.monotonic() - t0 < HANG_BOUND_S  # a hang guard: the 3 s timeout ends it in ~5-10 s
     assert run.returncode == 1
     assert (
         f"RendezvousTimeout: rank 1 (node 1, 127.0.0.1) could not reach rank 0's rendezvous at 127.0.0.1:{port + 1}"
@@ -422,7 +446,7 @@ def test_the_wall_clock_bound_kills_a_hung_preflight(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(pf.PreflightFailed, match="did not finish within 4 s and was stopped"):
         pf.run_launch(opts, plan, wall_s=4, log=lambda line: None)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < HANG_BOUND_S  # a hang guard: without the bound it waits out timeout_s=60
 
 
 def test_under_torchrun_directly(tmp_path):

@@ -237,10 +237,10 @@ def test_killed_stager_is_taken_over_at_once_and_its_partials_cleaned(model, cac
     assert partials(entry), "the killed stager should have left a partial file"
 
     start = time.monotonic()
-    result = stage_model(str(model), str(cache), lock_wait_s=30)  # default stale bound: 300 s
+    result = stage_model(str(model), str(cache), lock_wait_s=120)  # default stale bound: 300 s
     elapsed = time.monotonic() - start
     print(f"second stager after kill -9: {elapsed:.2f} s")
-    assert elapsed < 10
+    assert elapsed < 60  # "at once" against the 300 s stale bound: it takes ~1-3 s
     assert Path(result.entry) == entry and verify_entry(entry) == (True, "ok")
     assert not partials(entry) and not lock.exists()
 
@@ -258,8 +258,8 @@ def test_lock_of_a_zombie_owner_is_taken_over_at_once(model, cache, tmp_path):
     lock.write_text(json.dumps(held))
     try:
         start = time.monotonic()
-        result = stage_model(str(model), str(cache), lock_wait_s=10)
-        assert time.monotonic() - start < 5 and result.cache_hit is False
+        result = stage_model(str(model), str(cache), lock_wait_s=120)
+        assert time.monotonic() - start < 60 and result.cache_hit is False  # not waited out: ~1 s, the wait is 120
         assert verify_entry(entry) == (True, "ok")
     finally:
         zombie.wait()
@@ -273,8 +273,8 @@ def test_lock_of_a_reused_pid_is_taken_over(model, cache):
     held["proc_start"] = held["proc_start"] - 1  # our own pid, started at another time
     (entry.parent / (entry.name + ".lock")).write_text(json.dumps(held))
     start = time.monotonic()
-    assert stage_model(str(model), str(cache), lock_wait_s=10).cache_hit is False
-    assert time.monotonic() - start < 5
+    assert stage_model(str(model), str(cache), lock_wait_s=120).cache_hit is False
+    assert time.monotonic() - start < 60  # not waited out: ~1 s, the wait is 120
 
 
 def test_live_lock_of_another_host_is_waited_for(model, cache):
@@ -291,26 +291,30 @@ def test_live_lock_of_another_host_is_waited_for(model, cache):
     assert time.monotonic() - start >= 0.45
 
 
-def slow_first_put(monkeypatch, cls, seconds: float) -> None:
+def slow_first_put(monkeypatch, cls, seconds: float) -> threading.Event:
+    """Makes the copy of the weights take `seconds`; the event is set once a stager copies them."""
     real = cls.put
+    copying = threading.Event()
 
     def put(self, local, rel, info):
         if rel == "model.safetensors":
+            copying.set()
             time.sleep(seconds)
         return real(self, local, rel, info)
 
     monkeypatch.setattr(cls, "put", put)
+    return copying
 
 
-def two_stagers(cache: str, model: Path, stale_s: float) -> list:
+def two_stagers(cache: str, model: Path, stale_s: float, copying: threading.Event) -> list:
     results = [None, None]
 
     def run(i):
-        results[i] = stage_model(str(model), cache, lock_stale_s=stale_s, poll_s=0.02, lock_wait_s=30)
+        results[i] = stage_model(str(model), cache, lock_stale_s=stale_s, poll_s=0.02, lock_wait_s=60)
 
     first = threading.Thread(target=run, args=(0,))
     first.start()
-    time.sleep(0.3)  # the first one holds the lock and is copying
+    assert copying.wait(60), "the first stager never started copying"  # it holds the lock now
     run(1)
     first.join(timeout=60)
     return results
@@ -318,14 +322,14 @@ def two_stagers(cache: str, model: Path, stale_s: float) -> list:
 
 def test_short_stale_bound_keeps_a_live_local_lock(model, cache, monkeypatch):
     """The heartbeat beats faster than the stale bound, so a live holder is never taken over."""
-    slow_first_put(monkeypatch, core.LocalEntry, 2.0)
-    first, second = two_stagers(str(cache), model, stale_s=0.5)
+    copying = slow_first_put(monkeypatch, core.LocalEntry, 3.0)
+    first, second = two_stagers(str(cache), model, stale_s=1.0, copying=copying)
     assert first.cache_hit is False and second.cache_hit is True and second.bytes_copied == 0
 
 
 def test_short_stale_bound_keeps_a_live_gcs_lock(model, gcs_bucket, monkeypatch):
-    slow_first_put(monkeypatch, _gcs.GcsEntry, 2.0)
-    first, second = two_stagers(f"gs://{gcs_bucket}/models", model, stale_s=0.5)
+    copying = slow_first_put(monkeypatch, _gcs.GcsEntry, 3.0)
+    first, second = two_stagers(f"gs://{gcs_bucket}/models", model, stale_s=1.0, copying=copying)
     assert first.cache_hit is False and second.cache_hit is True and second.bytes_copied == 0
 
 
@@ -353,8 +357,8 @@ def test_gcs_lock_of_a_dead_stager_on_this_host_is_taken_over_at_once(model, gcs
     held.update(pid=dead.pid, proc_start=None)
     gcs.bucket.blob(gcs.prefix + ".lock").upload_from_string(json.dumps(held))
     start = time.monotonic()
-    result = stage_model(str(model), cache, lock_wait_s=10)
-    assert time.monotonic() - start < 5 and result.cache_hit is False
+    result = stage_model(str(model), cache, lock_wait_s=120)
+    assert time.monotonic() - start < 60 and result.cache_hit is False  # not waited out: ~1 s, the wait is 120
     assert verify_entry(entry) == (True, "ok") and gcs.bucket.get_blob(gcs.prefix + ".lock") is None
 
 

@@ -122,7 +122,8 @@ def _terminate(proc: subprocess.Popen, pids: Path) -> tuple[str, str, list[int]]
         for pid in (swift_pid, child_pid):  # never leave strays behind, whatever happened
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    assert time.monotonic() - t0 < 10, "the task took longer than its grace period"
+    # Vertex sends SIGKILL 30 s after SIGTERM; the task's own grace (term_wait_s=5) ends it in ~5-8 s
+    assert time.monotonic() - t0 < 30, "the task outlived Vertex's 30 s grace after SIGTERM"
     return out, err, [swift_pid, child_pid]
 
 
