@@ -162,6 +162,23 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the loss reading the GPU three times per micro-step: the labelled rows, Liger's count of them and its check of
     # the loss's gradient (before the plugin took them from the labels' host copy, session 21)
     "auto_liger_log5_losswait": auto_liger(logging_steps=5, env={"VLM_LORA_LOSS_NO_WAIT": "0"}),
+    # the plugin items whose gain the records put inside the spread, all off together (issue 42, 2026-11-28): the LM
+    # head on labelled rows and the loss without waits (items 5, 18), the vision grid and the forward's facts on the
+    # host (item 7's second part), torch's RMSNorm and aligned collection (items 9, 15: on with several processes),
+    # the cast cache and the folded scaling (item 3's launches): what the layer is without them
+    "auto_liger_log5_lean": auto_liger(
+        logging_steps=5,
+        env={
+            "VLM_LORA_LABEL_ROWS_LOSS": "0",
+            "VLM_LORA_LOSS_NO_WAIT": "0",
+            "VLM_LORA_HOST_VISION_GRID": "0",
+            "VLM_LORA_FORWARD_FACTS": "0",
+            "VLM_LORA_TORCH_RMS_NORM": "0",
+            "VLM_LORA_ALIGNED_GC": "0",
+            "VLM_LORA_CAST_CACHE": "0",
+            "VLM_LORA_FOLD_SCALING": "0",
+        },
+    ),
     # DDP copying each gradient into its bucket and back (before the plugin made them views of the bucket)
     "auto_liger_log5_noview": auto_liger(logging_steps=5, env={"VLM_LORA_DDP_BUCKET_VIEW": "0"}),
     # each batch's copy to the GPU without waiting (accelerate's non_blocking, from pinned memory): the host no longer
@@ -485,7 +502,7 @@ def run_profile(
         row.update(batch=result.metrics["plan_micro_batch"], grad_accum=result.metrics["plan_grad_accum"])
         row["plan"] = {k: v for k, v in result.metrics.items() if k.startswith("plan_") or k == "oom_replans"}
         args = {**args, "gradient_checkpointing": bool(result.metrics["plan_gradient_checkpointing"])}
-    steady = steady_state(result.log_history, skip_steps=2)
+    steady = steady_state(result.log_history, skip_steps=SKIP_STEPS)
     sps = samples_per_step / steady["seconds_per_step"] if steady else 0.0
     gc_on = bool(args.get("gradient_checkpointing", True))
     vit_gc = args.get("vit_gradient_checkpointing")
@@ -620,16 +637,37 @@ def validated_data(
     return train_dir
 
 
+SKIP_STEPS = 2  # steps before the measured window (`steady_state`)
+
+
+def logged_in_window(logging_steps: int, steps: int, skip_steps: int = SKIP_STEPS) -> list[int]:
+    """The logged optimizer steps (every `logging_steps`-th) at or after `skip_steps`."""
+    return [k for k in range(logging_steps, steps + 1, logging_steps) if k >= skip_steps]
+
+
 def profile_runs(
     names: list[str], steps: int, seed_steps: int = 0, warmup_steps: int = 0
 ) -> list[tuple[str, int, bool]]:
     """(profile, optimizer steps, reported) in the order they run: with `warmup_steps`, the first profile once
-    unreported first; seed profiles for `seed_steps` where given."""
+    unreported first; seed profiles for `seed_steps` where given.
+
+    Raises:
+        SystemExit: A negative --warmup-steps, or a profile whose logging interval leaves fewer than two logged
+            steps in the measured window (its figures would all be 0.0).
+    """
     if warmup_steps < 0:
         raise SystemExit(f"--warmup-steps {warmup_steps}: give 0 (none) or more steps")
     runs = [(names[0], warmup_steps, False)] if warmup_steps and names else []
     for name in names:
         runs.append((name, seed_steps if (seed_steps and name.startswith("seed")) else steps, True))
+    for name, n, reported in runs:
+        every = int(profile_settings(name).get("logging_steps", 1))
+        if reported and len(logged_in_window(every, n)) < 2:
+            raise SystemExit(
+                f"profile {name}: it logs every {every} step(s), so {n} steps leave "
+                f"{len(logged_in_window(every, n))} logged step(s) from step {SKIP_STEPS} on and no measured window; "
+                f"give --steps {max(2 * every, SKIP_STEPS + every)} or more"
+            )
     return runs
 
 

@@ -419,8 +419,23 @@ def test_rank_profiles_read_every_ranks_summary(tmp_path):
 def test_profile_runs_put_an_unreported_warm_up_first():
     from benchmarks.train_throughput import profile_runs
 
-    assert profile_runs(["a", "seed"], 30, seed_steps=6) == [("a", 30, True), ("seed", 6, True)]
-    assert profile_runs(["a", "b"], 30, warmup_steps=10) == [("a", 10, False), ("a", 30, True), ("b", 30, True)]
+    a, b = "auto_liger", "auto_liger_log5"
+    assert profile_runs([a, "seed"], 30, seed_steps=6) == [(a, 30, True), ("seed", 6, True)]
+    assert profile_runs([a, b], 30, warmup_steps=10) == [(a, 10, False), (a, 30, True), (b, 30, True)]
     assert profile_runs([], 30, warmup_steps=10) == []
     with pytest.raises(SystemExit, match="--warmup-steps -1"):
-        profile_runs(["a"], 30, warmup_steps=-1)
+        profile_runs([a], 30, warmup_steps=-1)
+
+
+def test_a_logging_interval_that_leaves_no_measured_window_is_refused():
+    from benchmarks.train_throughput import logged_in_window, profile_runs
+
+    assert logged_in_window(5, 8) == [5] and logged_in_window(5, 30) == [5, 10, 15, 20, 25, 30]
+    assert logged_in_window(1, 3) == [2, 3]
+    with pytest.raises(SystemExit, match=r"profile auto_liger_log5: it logs every 5 step\(s\), so 8 steps leave 1 "):
+        profile_runs(["auto_liger_log5"], 8)  # it printed 0.0 for every figure
+    with pytest.raises(SystemExit, match="profile seed: it logs every 1 step"):
+        profile_runs(["seed"], 30, seed_steps=2)
+    with pytest.raises(SystemExit, match="unknown profile 'nope'"):
+        profile_runs(["nope"], 30)
+    assert profile_runs(["auto_liger_log5"], 10) == [("auto_liger_log5", 10, True)]
