@@ -5,18 +5,23 @@
     python -m components.validate_data convert DATA.jsonl --to norm1000 --out NEW.jsonl
         [--from pixel] [--model DIR] [--max-pixels N]     (rewrite the boxes into a model's convention)
 
-Writes DIR/train/, DIR/eval/ (data.jsonl + images/), DIR/quarantine.jsonl and
-DIR/report.html, prints the summary, and exits 1 when the policy fails (or a file is
-missing / empty, or DIR holds an input: re-validate a clean set into another folder),
-0 otherwise.
+Writes DIR/train/, DIR/eval/ (data.jsonl + images/, each whole with its completion
+marker), DIR/quarantine.jsonl, DIR/report.html and, last, DIR/complete.json (DIR is
+complete; a run that was killed leaves none), prints the summary, and exits 1 when the
+policy fails (or a file is missing / empty, or DIR holds an input: re-validate a clean set
+into another folder), 0 otherwise. One run writes DIR at a time: a second one into the same DIR is refused by
+name (the holder's pid and host), exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
+from components.common import manifest
+from components.common.lock import LockError, Taken, hold_folder, leftovers_of_dead_writers
 from components.validate_data.core import TASKS, DataError, check_paths, validate_data
 
 
@@ -57,6 +62,47 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"validate-data: FAILED: {exc}", file=sys.stderr)
         return 1
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"validate-data: FAILED: --out {out}: cannot create the folder ({exc}); pass a folder you can write",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    try:  # one writer per --out: a second one is refused by name (components.common.lock)
+        with hold_folder(out, "validate-data", fix=_IN_USE_FIX) as taken:
+            _clear_for_writing(out, taken)
+            code = _validate(args, out)
+            if code == 0:  # written last: DIR is complete (train/ and eval/ carry their own markers)
+                manifest.write_manifest(out, _OUT_FILES, producer="validate-data")
+            return code
+    except LockError as exc:
+        print(f"validate-data: FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+_IN_USE_FIX = "wait for it to finish, or write to another folder (--out OTHER_DIR)"
+# DIR's own completion marker lists these: the two datasets through their markers, and the files beside them
+_OUT_FILES = ("train/complete.json", "eval/complete.json", "quarantine.jsonl", "report.html")
+
+
+def _clear_for_writing(out: Path, taken: Taken) -> None:
+    """Removes DIR's completion marker (DIR is incomplete until this run ends) and a dead writer's leftovers."""
+    (out / manifest.MANIFEST_FILE).unlink(missing_ok=True)
+    for path in leftovers_of_dead_writers(out):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    if taken.previous:
+        print(
+            f"validate-data: {out} was left by pid {taken.previous.get('pid')} on {taken.previous.get('host')}, "
+            "which ended while writing; its leftovers are removed and DIR is written again",
+            file=sys.stderr,
+        )
+
+
+def _validate(args: argparse.Namespace, out: Path) -> int:
+    """Validates into DIR (its lock held); returns the exit code."""
     (out / "report.html").unlink(missing_ok=True)  # never point at an older run's report
     print(f"validate-data: {', '.join(args.data)}" + (f" (eval: {', '.join(args.eval)})" if args.eval else ""))
     try:

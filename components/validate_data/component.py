@@ -100,5 +100,8 @@ def validate_data(
         }
     )
     eval_dataset.metadata.update({"rows": result.counts["n_eval"], "format": "ms-swift jsonl"})
+    # each dataset's completion marker digest: a reader or a cache check catches files changed since
+    train_dataset.metadata["manifest_sha256"] = result.stats["manifests"]["train"]
+    eval_dataset.metadata["manifest_sha256"] = result.stats["manifests"]["eval"]
     quarantine.metadata["rows"] = result.counts["n_invalid"]
     return namedtuple("Outputs", ["n_train", "n_eval"])(result.counts["n_train"], result.counts["n_eval"])

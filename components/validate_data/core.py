@@ -14,9 +14,13 @@ A dataset written here is a folder:
     data.jsonl    one row per line, image paths relative to this folder
     token_stats.json  the rows' token counts (max, p95, mean; `components.common.dataset`)
     images/       the rows' images, named by content hash (copied once)
+    complete.json the completion marker, written last: every file's size and sha256
+                  (`components.common.manifest`; readers check it)
 
-so it is self-contained and readable by the training task wherever the folder is
-(`/gcs/...` on Vertex, a local folder under kfp.local). Images given as http(s) URLs,
+written into a staging folder beside its final path and renamed into place at the end, so
+it is whole or absent (an interrupted run leaves the previous folder), and self-contained:
+readable by the training task wherever the folder is (`/gcs/...` on Vertex, a local folder
+under kfp.local). Images given as http(s) URLs,
 gs:// URIs or base64 are fetched once and copied in like local ones.
 
 How it runs: the output paths are checked first (none may be, or hold, an input file or
@@ -38,6 +42,7 @@ counts, distributions and the first errors with thumbnails.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -54,6 +59,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from components.common import manifest
 from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
@@ -846,19 +852,30 @@ def _check_line_accounting(
     return n_rows
 
 
+def _temp_name(path: Path) -> Path:
+    """A temporary name beside `path`, unique per process and thread (two writers never share one)."""
+    return path.with_name(f".{path.name}.partial-{os.getpid()}-{threading.get_ident()}")
+
+
 def _copy_file(src: Path, dst: Path) -> None:
     """Copies src to dst through a temporary file and a rename: a file hard-linked to dst is never written through."""
-    tmp = dst.with_name(f".{dst.name}.{threading.get_ident()}.tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    tmp = _temp_name(dst)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _write_text_lines(path: Path, lines: Iterator[str]) -> None:
     """Writes a text file through a temporary file and a rename (never through a hard link, never half)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-    os.replace(tmp, path)
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _write_dataset(rows: list[_CheckedRow], out_dir: Path, pool: ThreadPoolExecutor) -> int:
@@ -895,13 +912,42 @@ def _write_outputs(
     train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected], outputs: _Outputs,
     pool: ThreadPoolExecutor, token_settings: dict[str, Any] | None = None,
 ) -> int:  # fmt: skip
-    """Writes the quarantine and both datasets (with their token figures); returns the number of images written."""
+    """Writes the quarantine and both datasets (with their token figures); returns the number of images written.
+
+    `outputs.train` / `outputs.eval` are the staging folders of `_staged_outputs`; the quarantine
+    is one file, written through a temporary name and a rename.
+    """
     outputs.quarantine.parent.mkdir(parents=True, exist_ok=True)
     _write_text_lines(outputs.quarantine, (json.dumps(_record(r.issue), ensure_ascii=False) + "\n" for r in rejected))
     written = _write_dataset(train, outputs.train, pool) + _write_dataset(held_out, outputs.eval, pool)
     for rows, folder in ((train, outputs.train), (held_out, outputs.eval)):
         write_token_stats(folder, token_stats([r.tokens for r in rows], **(token_settings or {})))
     return written
+
+
+@contextmanager
+def _staged_outputs(outputs: _Outputs, digests: dict[str, str]) -> Iterator[_Outputs]:
+    """Yields `outputs` with the two dataset folders replaced by staging folders; publishes both at the end.
+
+    Each dataset folder is written whole (`components.common.manifest`): its completion marker
+    (size + sha256 of every file) is written last and the folder renamed into place, so an
+    interrupted run leaves the previous folder or none, never a mix. On an error both staging
+    folders are removed and nothing at the final paths changes.
+
+    Args:
+        outputs: The final paths.
+        digests: Filled on success with {"train", "eval"}: each marker's sha256.
+    """
+    staged = {}
+    try:
+        for split, final in (("train", outputs.train), ("eval", outputs.eval)):
+            staged[split] = manifest.staging_folder(final)
+        yield dataclasses.replace(outputs, train=staged["train"], eval=staged["eval"])
+        for split, final in (("train", outputs.train), ("eval", outputs.eval)):
+            digests[split] = manifest.publish(staged.pop(split), final, producer="validate-data")
+    finally:
+        for split, staging in staged.items():
+            manifest.discard(staging, getattr(outputs, split))
 
 
 def _result(
@@ -1190,13 +1236,16 @@ def _validate(
     n_lines = _check_line_accounting(files, train, held_out, rejected)
 
     settings = {"max_length": max_length, "max_pixels": counter.max_pixels, "source": counter.source}
-    n_images = _write_outputs(train, held_out, rejected, outputs, pool, settings)
-    result = _result(
-        checked, train, held_out, rejected, n_lines=n_lines, n_images=n_images, outputs=outputs,
-        counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
-    )  # fmt: skip
-    if snapshot is not None:
-        _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, outputs.train)
+    digests: dict[str, str] = {}
+    with _staged_outputs(outputs, digests) as staged:  # each dataset folder whole, its marker last
+        n_images = _write_outputs(train, held_out, rejected, staged, pool, settings)
+        result = _result(
+            checked, train, held_out, rejected, n_lines=n_lines, n_images=n_images, outputs=outputs,
+            counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
+        )  # fmt: skip
+        if snapshot is not None:
+            _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, staged.train)
+    result.stats["manifests"] = digests
     if outputs.report:
         from components.validate_data._report import write_report
 
