@@ -88,6 +88,11 @@ def resolve(ref: str, base: str) -> Source:
             is not supported.
     """
     ref_s = ref.strip()
+    if "\0" in ref_s:
+        raise Reject(
+            "E_IMAGE_PATH",
+            f"image {ref[:200]!r} holds a NUL byte (\\u0000), which no file name can: remove it from the path",
+        )
     if ref_s.startswith(("http://", "https://")):
         return Source("http", ref_s)
     if ref_s.startswith("gs://"):
@@ -116,13 +121,34 @@ def resolve(ref: str, base: str) -> Source:
     if len(ref_s) > 200 and _BASE64_RE.match(ref_s) and not os.path.exists(ref_s):
         return Source("base64", ref_s)
     path = Path(ref_s)
+    _check_name_lengths(ref, path)
     if path.is_absolute():
         return Source("file", str(path))
     base_path = Path(base).resolve()
-    resolved = (base_path / path).resolve()
+    try:
+        resolved = (base_path / path).resolve()
+    except RuntimeError:  # Path.resolve's symlink loop (Python 3.11)
+        raise Reject("E_IMAGE_PATH", f"image {ref!r} is a symlink loop: point the link at the image file") from None
+    except OSError as exc:
+        raise Reject("E_IMAGE_PATH", f"image {ref!r} cannot be resolved ({exc}); fix the path") from None
     if not resolved.is_relative_to(base_path):
         raise Reject("E_IMAGE_PATH", f"image {ref!r} escapes the dataset folder {base}")
     return Source("file", str(resolved))
+
+
+MAX_NAME_BYTES = 255  # longest file or folder name (one path component) of Linux file systems and Cloud Storage FUSE
+
+
+def _check_name_lengths(ref: str, path: Path) -> None:
+    """Raises Reject E_IMAGE_PATH when a component of a local image path is longer than MAX_NAME_BYTES."""
+    for part in path.parts:
+        size = len(part.encode("utf-8", errors="surrogateescape"))
+        if size > MAX_NAME_BYTES:
+            raise Reject(
+                "E_IMAGE_PATH",
+                f"image {ref[:80]!r}...: the name {part[:40]!r}... is {size} bytes, over the file system's limit of "
+                f"{MAX_NAME_BYTES}; no such file can exist: rename the image and this row's path",
+            )
 
 
 class _Deadline:

@@ -43,6 +43,7 @@ counts, distributions and the first errors with thumbnails.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -362,6 +363,20 @@ class _Decoder:
         return future.result()
 
 
+def _missing_reason(ref: str, path: Path) -> str:
+    """Returns why an image path names no readable file: not found, a symlink loop, a folder, or an OS error."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return f"image {ref!r} not found (looked at {path})"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"image {ref!r} is a symlink loop ({path}): point the link at the image file"
+        return f"image {ref!r} cannot be read ({exc.strerror or exc}; looked at {path})"
+    kind = "a folder" if path.is_dir() else "not a regular file"
+    return f"image {ref!r} is {kind} ({path}): name the image file itself"
+
+
 def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: float, decoder: _Decoder) -> _Image:
     """Fetches (if remote), hashes, reads the header of, and decodes one image; raises _Reject.
 
@@ -370,7 +385,7 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
     """
     path = _sources.fetch(source, ref, staging, timeout)
     if not path.is_file():
-        raise _Reject("E_IMAGE_MISSING", f"image {ref!r} not found (looked at {path})")
+        raise _Reject("E_IMAGE_MISSING", _missing_reason(ref, path))
     try:
         sha = sha_of_file(path)
         with warnings.catch_warnings():
@@ -570,6 +585,8 @@ def _load_json(text: str) -> Any:
         raise _Reject("E_JSON", f"{exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise _Reject("E_JSON", "JSON nested too deeply") from None
+    except ValueError as exc:  # an integer over Python's digit limit (sys.get_int_max_str_digits)
+        raise _Reject("E_JSON", f"a number cannot be read ({exc}); write it as a string or with fewer digits") from None
     key, keys = repeated[0]
     shown = ", ".join(map(repr, keys[:12])) + (", ..." if len(keys) > 12 else "")
     raise _Reject(
@@ -1012,6 +1029,31 @@ def _is_in(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def _output_problem(name: str, *, want_folder: bool) -> str:
+    """Returns why an output cannot be written where it is named ("" when it can), reading nothing.
+
+    Checks what is there now: the output itself of the wrong kind (a file where a folder goes,
+    a folder where a file goes), its nearest existing parent not a folder, or that folder not
+    writable. gs:// outputs are not checked here.
+    """
+    if name.startswith("gs://"):
+        return ""
+    path = Path(name)
+    if path.exists():
+        if want_folder and not path.is_dir():
+            return "is a file, but a dataset folder goes here: remove or rename it, or write the outputs elsewhere"
+        if not want_folder and path.is_dir():
+            return "is a folder, but a file goes here: remove or rename the folder, or write the outputs elsewhere"
+    parent = path if path.is_dir() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder: pass an output folder that is not inside a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the folder {parent} is not writable by this user: pass a folder you can write ({_OTHER_FOLDER})"
+    return ""
+
+
 def check_paths(inputs: list[str], *, train_out: str, eval_out: str, quarantine_out: str, report_out: str = "") -> None:
     """Refuses outputs that would overwrite an input or each other; reads and writes nothing.
 
@@ -1023,12 +1065,18 @@ def check_paths(inputs: list[str], *, train_out: str, eval_out: str, quarantine_
         report_out: HTML report file; "" = none. Default "".
 
     Raises:
-        DataError: An input file lies in an output dataset folder or is an output file
+        DataError: An output cannot be written (a file where a folder goes or the reverse,
+            inside a file, or in a folder this user cannot write), an input file lies in an
+            output dataset folder or is an output file
             (re-validating a clean set into its own folder), the two dataset folders are
             one, or an output file lies in a dataset folder. The message names both paths.
     """
     folders = {"train_out": train_out, "eval_out": eval_out}
     files = {"quarantine_out": quarantine_out, **({"report_out": report_out} if report_out else {})}
+    for arg, name in {**folders, **files}.items():
+        problem = _output_problem(name, want_folder=arg in folders)
+        if problem:
+            raise DataError(f"{arg} {name}: {problem}")
     real = {arg: _local_path(name) for arg, name in {**folders, **files}.items()}
     if real["train_out"] == real["eval_out"]:
         raise DataError(f"train_out and eval_out are the same folder {train_out}: {_OTHER_FOLDER} for each")
