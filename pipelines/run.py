@@ -25,6 +25,7 @@ so: no new data since the snapshot, no training ran.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import json
@@ -33,6 +34,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +181,101 @@ class _TaskTimer(logging.Filter):
         return record.levelno >= self.floor or logging.getLogger().handlers != self.handlers
 
 
-def _newest_run_dir(root: Path, name: str, after: float) -> Path | None:
-    runs = [p for p in root.glob(f"{name}-*") if p.is_dir() and p.stat().st_mtime >= after - 1]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+@contextlib.contextmanager
+def own_run_dir(root: Path, pipeline_name: str) -> Iterator[Path]:
+    """Creates this run's folder under the pipeline root and makes kfp.local run in it.
+
+    kfp.local 2.17 names a run `<pipeline>-<timestamp>` in
+    `kfp.local.executor_input_utils.get_local_pipeline_resource_name` and keeps the name
+    to itself; two runs into one root could only be told apart by guessing. Here the run
+    creates its folder first (`<pipeline>-<timestamp>-<pid>`, `mkdir` fails if it exists, so
+    no other run has it) and that function returns its name for the run's duration. After
+    the block the name must have been taken exactly once (the patch took hold).
+
+    Args:
+        root: The pipeline root.
+        pipeline_name: The pipeline's name (the config's `pipeline.name`).
+
+    Yields:
+        The run folder.
+
+    Raises:
+        RunError: This kfp has no such function (another version: the run cannot know its
+            folder), or kfp.local did not take the name.
+    """
+    from kfp import __version__ as kfp_version
+    from kfp.local import executor_input_utils
+
+    original = getattr(executor_input_utils, "get_local_pipeline_resource_name", None)
+    if original is None:
+        raise RunError(f"kfp {kfp_version}: kfp.local no longer names runs in get_local_pipeline_resource_name; "
+                       "pipelines.run supports kfp 2.17 (pip install kfp==2.17.0)")  # fmt: skip
+    while True:
+        stamp = time.strftime("%Y-%m-%d-%H-%M-%S") + f"-{time.time_ns() // 1000 % 1_000_000:06d}-{os.getpid()}"
+        run_dir = root / f"{pipeline_name}-{stamp}"
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            time.sleep(0.001)
+    taken: list[str] = []
+
+    def this_run(name: str) -> str:
+        taken.append(name)
+        return run_dir.name
+
+    executor_input_utils.get_local_pipeline_resource_name = this_run
+    try:
+        yield run_dir
+    finally:
+        executor_input_utils.get_local_pipeline_resource_name = original
+    if len(taken) != 1:
+        raise RunError(f"kfp.local named {len(taken)} runs {taken} instead of taking {run_dir.name} once; "
+                       "the run cannot say which folder is its own")  # fmt: skip
+
+
+def check_cache_entries(cache_dir: Path, root_dir: Path) -> list[str]:
+    """Drops kfp.local cache entries whose artifact folders no longer match their completion markers.
+
+    kfp.local reuses an entry while its artifact paths exist; it never looks at the bytes. An
+    artifact folder with a completion marker (`components.common.manifest`; validate-data's
+    datasets), or whose producer recorded one (`manifest_sha256` in its metadata, kept in the
+    entry), is checked here: a file missing, truncated or changed, or the marker gone or
+    edited, drops the entry, so the task runs again (and every task after it, whose inputs
+    are then new).
+
+    Args:
+        cache_dir: kfp.local's cache folder (`<pipeline root>/.kfp_cache`); absent = nothing to do.
+        root_dir: The pipeline root: only artifacts under it are checked.
+
+    Returns:
+        One line per dropped entry: the task, the output, the file and what differs.
+    """
+    from components.common.manifest import ManifestError, verify_if_marked
+
+    lines = []
+    root = str(root_dir.resolve()) + os.sep
+    for entry in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
+        try:
+            outputs = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue  # kfp.local ignores an unreadable entry too
+        for name, value in outputs.items() if isinstance(outputs, dict) else []:
+            uri = str(value.get("uri") or "") if isinstance(value, dict) and value.get("__kfp_artifact__") else ""
+            if not uri.startswith(root) or not os.path.isdir(uri):
+                continue
+            digest = (value.get("metadata") or {}).get("manifest_sha256") or ""
+            try:
+                verify_if_marked(uri, expected_sha256=str(digest))
+            except ManifestError as exc:
+                entry.unlink(missing_ok=True)
+                task = Path(uri).parent.name
+                lines.append(
+                    f"cache: {task}'s output {name} changed since {task} wrote it ({exc.folder}/{exc.file}: "
+                    f"{exc.problem}); its cache entry {entry.stem[:12]} is dropped and {task} runs again"
+                )
+                break
+    return lines
 
 
 def read_task_outputs(run_dir: Path | None, cache_dir: Path, hits: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -337,6 +431,9 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     root_dir = Path(cfg.pipeline.root).expanduser().resolve()
     root_dir.mkdir(parents=True, exist_ok=True)
     caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching
+    if caching:  # a reused output must still be what its task wrote
+        for line in check_cache_entries(root_dir / ".kfp_cache", root_dir):
+            print(line, flush=True)
     local.init(local.SubprocessRunner(use_venv=False), pipeline_root=str(root_dir), enable_caching=caching)
 
     root_logger = logging.getLogger()
@@ -350,7 +447,10 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
     root_logger.addFilter(timer)
     start = time.time()
     try:
-        passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
+        with own_run_dir(root_dir, cfg.pipeline.name) as run_dir:
+            passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
+    except RunError:
+        raise
     except RuntimeError as exc:
         failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
         raise RunError(
@@ -365,11 +465,10 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
         if caching:
             write_metrics_files(root_dir / ".kfp_cache", root_dir)
     wall = time.time() - start
-    run_dir = _newest_run_dir(root_dir, cfg.pipeline.name, start)
     outputs = read_task_outputs(run_dir, root_dir / ".kfp_cache", timer.hits)
     metrics = outputs.get("evaluate", {}).get("metrics", {}).get("metadata", {})
     return {
-        "run_dir": str(run_dir) if run_dir else str(root_dir),
+        "run_dir": str(run_dir),
         "passed": bool(passed),
         "wall_s": round(wall, 1),
         "tasks": {name: round(sec, 1) for name, (sec, _) in timer.times.items()},
