@@ -141,6 +141,17 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
             }
         ),
         "E_ANSWER": line(row("q", ["img/d0.png"], answer="two holes at [1, 2]")),
+        "E_GOLD_FENCE": line(row("q", ["img/d0.png"], answer='```json\n[{"label": "hole", "bbox": [1, 2, 30, 40]}]')),
+        "E_GOLD_DUPLICATE_KEY": line(
+            row("q", ["img/d0.png"], answer='```json\n[{"label": "hole", "label": "pin", "bbox": [1, 2, 30, 40]}]\n```')
+        ),
+        "E_GOLD_MIXED_BOX_KEYS": line(
+            row(
+                "q",
+                ["img/d0.png"],
+                answer='```json\n[{"label": "hole", "bbox": [1, 2, 30, 40], "bbox_2d": [1, 2, 9, 9]}]\n```',
+            )
+        ),
         "E_IMAGE_PATH": line(row("q", ["../../etc/passwd"])),
         "E_IMAGE_FETCH": line(row("q", [f"http://127.0.0.1:{closed_port()}/a.png"])),
         "E_IMAGE_MISSING": line(row("q", ["img/nope.png"])),
@@ -152,11 +163,16 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
     }
 
 
+# Codes that need another setting than ALL_CHECKS: key_value gold (task key_value) and leakage (an eval file);
+# tests/test_validate_data_integrity.py has a line for each.
+OTHER_SETUP = {"E_GOLD_KEY_COLLISION", "E_GOLD_EMPTY_KEY", "E_LEAK"}
+
+
 def test_every_code_has_a_bad_line(data):
-    assert set(bad_lines(data)) == set(CODES)
+    assert set(bad_lines(data)) == set(CODES) - OTHER_SETUP
 
 
-@pytest.mark.parametrize("code", list(CODES))
+@pytest.mark.parametrize("code", [c for c in CODES if c not in OTHER_SETUP])
 def test_each_check_fires_on_its_own_line(data, run, monkeypatch, code):
     monkeypatch.setattr(core, "MAX_LINE_BYTES", 300)
     good = [line(r) for r in good_rows()]
@@ -197,11 +213,12 @@ def test_messages_name_the_problem(data, run, monkeypatch):
     monkeypatch.setattr(core, "MAX_LINE_BYTES", 300)
     bad = bad_lines(data)
     good = [line(r) for r in good_rows()]
-    path = write_lines(data / "train.jsonl", good + [bad[c] for c in CODES])
+    codes = list(bad)
+    path = write_lines(data / "train.jsonl", good + [bad[c] for c in codes])
     result = run([path], max_invalid_fraction=0.9, **ALL_CHECKS)
     by_code = {i.code: i for i in result.issues}
-    assert [i.code for i in result.issues] == list(CODES)
-    assert [i.line for i in result.issues] == list(range(5, 5 + len(CODES)))
+    assert [i.code for i in result.issues] == codes == [c for c in CODES if c in codes]  # in check order
+    assert [i.line for i in result.issues] == list(range(5, 5 + len(codes)))
     assert "'human'" in by_code["E_ROLE"].message
     assert "'user' messages in a row" in by_code["E_ORDER"].message
     assert "2 <image> tag(s)" in by_code["E_IMAGE_COUNT"].message and "1 image(s)" in by_code["E_IMAGE_COUNT"].message
@@ -212,12 +229,12 @@ def test_messages_name_the_problem(data, run, monkeypatch):
     # the duplicate points at the first occurrence
     assert f"{path}:1" in by_code["E_DUPLICATE"].message
     c = result.counts
-    assert c["n_lines"] == 4 + len(CODES)
-    assert c["n_invalid"] == len(CODES)
+    assert c["n_lines"] == 4 + len(codes)
+    assert c["n_invalid"] == len(codes)
     assert c["n_valid"] + c["n_invalid"] == c["n_lines"]
     assert c["n_train"] + c["n_eval"] == c["n_valid"] == 4
-    assert sum(c[k] for k in CODES) == c["n_invalid"]
-    assert len(run.quarantined()) == len(CODES)
+    assert sum(c[k] for k in codes) == c["n_invalid"]
+    assert len(run.quarantined()) == len(codes)
     assert [q["line"] for q in run.quarantined()] == [i.line for i in result.issues]
 
 

@@ -165,3 +165,35 @@ def test_read_only_out_is_named(data):
         os.chmod(top / "read-only", 0o755)
         subprocess.run(["rm", "-rf", str(top)], check=True)
     assert f"the folder {out} is not writable by this user" in message
+
+
+# --- gold answers parsed strictly --------------------------------------------------
+
+KV_GOOD = [
+    '```json\n{"invoice": "A-%d", "total": "1.00"}\n```' % i  # noqa: UP031 - the braces are JSON's
+    for i in range(4)
+]
+KV_BAD = {
+    "E_GOLD_FENCE": '```json\n{"invoice": "A-9", "total": "1.00"}',
+    "E_GOLD_DUPLICATE_KEY": '```json\n{"total": "1.00", "total": "999.00"}\n```',
+    "E_GOLD_KEY_COLLISION": '```json\n{"total": "1.00", "Total ": "999.00"}\n```',
+    "E_GOLD_EMPTY_KEY": '```json\n{"": "1.00", "total": "2.00"}\n```',
+}
+
+
+@pytest.mark.parametrize("code", list(KV_BAD))
+def test_key_value_bad_gold_is_quarantined_with_its_code(data, run, code):
+    good = [line(row(f"read invoice {i}", [f"img/d{i}.png"], answer=a)) for i, a in enumerate(KV_GOOD)]
+    path = write_lines(data / "train.jsonl", [*good, line(row("read it", ["img/d0.png"], answer=KV_BAD[code]))])
+    result = run([path], max_invalid_fraction=0.5, task="key_value")
+    issue = only_issue(result, path, code)
+    assert str(issue).startswith(f"{path}:5: {code}: messages[1].content (assistant, the gold answer): ")
+    assert result.counts[code] == 1
+    assert run.quarantined()[0]["code"] == code
+
+
+def test_detection_gold_with_two_different_boxes_is_quarantined(data, run):
+    answer = '```json\n[{"label": "hole", "bbox": [1, 2, 30, 40], "bbox_2d": [100, 200, 300, 400]}]\n```'
+    path = write_lines(data / "train.jsonl", [*good_lines(), line(row("q", ["img/d0.png"], answer=answer))])
+    issue = only_issue(run([path], max_invalid_fraction=0.5, task="detection"), path, "E_GOLD_MIXED_BOX_KEYS")
+    assert '"bbox_2d": [100, 200, 300, 400]' in issue.message and "keep one key" in issue.message

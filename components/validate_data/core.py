@@ -68,7 +68,7 @@ from components.common.dataset import token_stats, write_token_stats
 from components.common.files import sha256_file
 from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
-from components.common.tasks import TASK_NAMES, get_task
+from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
 from components.validate_data import _sources
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -95,6 +95,7 @@ CODES = {
     "E_ORDER": "messages out of order (alternation / last message must be the assistant's)",
     "E_IMAGE_COUNT": "number of <image> tags differs from len(images)",
     "E_ANSWER": "assistant answer is not fenced JSON of the task's shape (only with task=...)",
+    **GOLD_CODES,  # the strict parse of gold answers (components.common.tasks.check_gold; only with task=...)
     "E_IMAGE_PATH": "image path escapes the dataset folder or uses an unsupported form",
     "E_IMAGE_FETCH": "image URL / gs:// object could not be downloaded (timeout, HTTP or storage error)",
     "E_IMAGE_MISSING": "image file not found",
@@ -253,10 +254,15 @@ def _check_objects(row: dict[str, Any]) -> None:
 
 
 def _check_answer(messages: list[dict[str, Any]], task: str) -> None:
-    """Checks that every assistant answer has the task's shape (`components.common.tasks`)."""
+    """Checks that every assistant answer is gold parsed strictly (`check_gold`: E_GOLD_*) and has the task's
+    shape (E_ANSWER); see `components.common.tasks`."""
     check = get_task(task).check_answer
     for i, msg in enumerate(messages):
-        if msg["role"] == "assistant" and (reason := check(msg["content"])):
+        if msg["role"] != "assistant":
+            continue
+        if problem := check_gold(task, msg["content"]):
+            raise _Reject(problem.code, f"messages[{i}].content (assistant, the gold answer): {problem.message}")
+        if reason := check(msg["content"]):
             raise _Reject("E_ANSWER", f"messages[{i}] (assistant): {reason}")
 
 
