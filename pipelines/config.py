@@ -53,6 +53,7 @@ from typing import Any
 
 import yaml
 
+from components.common import data_policy
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
 from components.common.model_fit import (
@@ -157,6 +158,11 @@ class DataSection:
             pixels of the original image before IoU. Default "pixel".
         task: Check of the assistant answers: "" (none), "json" (fenced JSON) or
             "detection" (fenced JSON list of {label, bbox}). Default "".
+        leakage: What validation does with an eval row whose image (by content hash), or
+            images and prompt, a train row has too: "quarantine" (the eval copy, code
+            E_LEAK), "error" (validation fails, naming both rows' file:line) or "warn"
+            (kept; counted and listed in the report). The hash split keeps rows that share
+            an image on one side (unless every row shares one). Default "quarantine".
     """
 
     train: str
@@ -166,6 +172,7 @@ class DataSection:
     split_seed: str = "split-v1"
     task: str = ""
     box_convention: str = "pixel"
+    leakage: str = data_policy.DEFAULT_LEAKAGE
 
 
 @dataclass(frozen=True)
@@ -962,8 +969,10 @@ _BOX_CONVENTIONS = (AUTO_CONVENTION, *CONVENTIONS)
 def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     d, e = cfg.data, cfg.eval
     checks = [
-        ("data.eval_fraction", 0.0 < d.eval_fraction < 1.0, "a number between 0 and 1 (exclusive)"),
-        ("data.max_invalid_fraction", 0.0 <= d.max_invalid_fraction <= 1.0, "a number between 0 and 1"),
+        *(  # the rules validate-data's core and CLI check with too (components.common.data_policy)
+            (f"data.{name}", not data_policy.setting_problem(name, getattr(d, name)), data_policy.expected(name))
+            for name in data_policy.RULES
+        ),
         ("data.task", d.task in TASK_NAMES, "one of " + ", ".join(repr(name) for name in TASK_NAMES)),
         ("data.box_convention", d.box_convention in _BOX_CONVENTIONS, "one of " + ", ".join(_BOX_CONVENTIONS)),
         ("eval.max_new_tokens", e.max_new_tokens > 0, "a positive integer"),

@@ -102,6 +102,7 @@ RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("data_split_seed", "data.split_seed"),
     ("data_task", "data.task"),
     ("data_box_convention", "data.box_convention"),
+    ("data_leakage", "data.leakage"),
     ("swift_args", "swift"),
     ("eval_max_new_tokens", "eval.max_new_tokens"),
     ("eval_batch_size", "eval.batch_size"),
@@ -231,6 +232,7 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
         data_split_seed: str = a["data_split_seed"],
         data_task: str = a["data_task"],
         data_box_convention: str = a["data_box_convention"],
+        data_leakage: str = a["data_leakage"],
         swift_args: dict = a["swift_args"],
         eval_max_new_tokens: int = a["eval_max_new_tokens"],
         eval_batch_size: int = a["eval_batch_size"],
@@ -259,6 +261,8 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
             data_task: Answer check in validation: "", "json" or "detection".
             data_box_convention: What the data's boxes mean: "pixel", "norm1000",
                 "resized_pixel" or "auto" (the staged model family's own).
+            data_leakage: An eval row sharing an image or a prompt with a train row:
+                "quarantine" (E_LEAK), "error" or "warn".
             swift_args: `swift sft` arguments (ms-swift names).
             eval_max_new_tokens: Greedy generation budget per held-out sample.
             eval_batch_size: Held-out samples generated together.
@@ -346,6 +350,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             swift_args=p["swift_args"],
             task=p["data_task"],
             box_convention=p["data_box_convention"],
+            leakage=p["data_leakage"],
             **({"champion_uri": champion.outputs["uri"]} if champion is not None else {}),
         ),
         "validate-data",

@@ -501,3 +501,21 @@ def test_repository_config_loads(path):
 def test_expected_repository_configs_exist():
     for rel in ("local/tiny_cpu.yaml", "qwen3_vl_4b/lora_seed.yaml"):
         assert (CONFIG_DIR / rel).is_file(), f"configs/{rel} is missing"
+
+
+@pytest.mark.parametrize("value", ["quarantine", "error", "warn"])
+def test_data_leakage_modes_load(tmp_path, value):
+    text = MINIMAL.replace("  train: data/train.jsonl\n", f"  train: data/train.jsonl\n  leakage: {value}\n")
+    assert load_config(write(tmp_path, text)).data.leakage == value
+
+
+def test_data_leakage_defaults_to_quarantine_and_bad_values_are_named(tmp_path):
+    assert load_config(write(tmp_path, MINIMAL)).data.leakage == "quarantine"
+    text = MINIMAL.replace("  train: data/train.jsonl\n", "  train: data/train.jsonl\n  leakage: ignore\n")
+    message = error_of(write(tmp_path, text, "bad.yaml"))
+    assert "'data.leakage' must be one of quarantine, error, warn, got 'ignore'" in message
+
+
+def test_nan_eval_fraction_is_refused(tmp_path):
+    text = MINIMAL.replace("  train: data/train.jsonl\n", "  train: data/train.jsonl\n  eval_fraction: .nan\n")
+    assert "data.eval_fraction" in error_of(write(tmp_path, text))

@@ -382,13 +382,18 @@ def test_good_lines_pass_through_unchanged(data, run):
 
 
 def test_image_shared_by_rows_is_written_once(data, run):
-    rows = [row(f"question {i}", ["img/d0.png"]) for i in range(6)]
+    """Rows sharing an image are written with one copy of it, all on one side of the split (issue #41: the
+    split used to put some in eval, which then measured memorisation)."""
+    rows = [row(f"question {i}", ["img/d0.png"]) for i in range(6)] + [row("other", ["img/d1.png"])]
     path = write_lines(data / "train.jsonl", [line(r) for r in rows])
     result = run([path])
-    train, _ = run.rows()
-    assert len({r["images"][0] for r in train}) == 1
-    assert len(list((run.train / "images").iterdir())) == 1
-    assert result.counts["n_images"] == 2  # once in train, once in eval
+    train, evals = run.rows()
+    assert len(train) + len(evals) == 7
+    assert {len(train), len(evals)} == {1, 6}
+    for split, folder in ((train, run.train), (evals, run.eval)):
+        assert len({r["images"][0] for r in split}) == 1
+        assert len(list((folder / "images").iterdir())) == 1
+    assert result.counts["n_images"] == 2 and result.counts["n_leaked"] == 0
 
 
 def test_absolute_image_paths_are_accepted(tmp_path, run):
@@ -593,8 +598,15 @@ def test_several_train_files_are_combined(data, run):
 # --- eval set and the split --------------------------------------------------------
 
 
+def eval_rows(data: Path, n: int) -> list[dict]:
+    """Rows with images of their own (e0.png, ...): held-out rows no train row of `good_rows` gives away."""
+    for i in range(n):
+        png(data / "img" / f"e{i}.png", color=(10, 20 * i, 200))
+    return [row(f"find the holes in held-out drawing {i}", [f"img/e{i}.png"], answer=fenced(i)) for i in range(n)]
+
+
 def test_separate_eval_file_is_the_eval_set(data, run):
-    rows = good_rows(8)
+    rows = good_rows(5) + eval_rows(data, 3)
     train = write_lines(data / "train.jsonl", [line(r) for r in rows[:5]])
     held = write_lines(data / "eval.jsonl", [line(r) for r in rows[5:]])
     result = run([train], eval_files=[str(held)], eval_fraction=0.5)
@@ -607,7 +619,7 @@ def test_separate_eval_file_is_the_eval_set(data, run):
 
 
 def test_eval_row_that_repeats_a_train_row_is_quarantined(data, run):
-    rows = good_rows(6)
+    rows = good_rows(4) + eval_rows(data, 2)
     train = write_lines(data / "train.jsonl", [line(r) for r in rows[:4]])
     held = write_lines(data / "eval.jsonl", [line(rows[4]), line(rows[1]), line(rows[5])])
     result = run([train], eval_files=[str(held)], max_invalid_fraction=0.2)

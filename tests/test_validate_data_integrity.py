@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components.common.provenance import ORIGIN_KEY
 from components.validate_data import core
 from components.validate_data.core import DataError
 from tests.test_validate_data import Run, good_rows, line, png, row, write_lines
@@ -197,3 +198,138 @@ def test_detection_gold_with_two_different_boxes_is_quarantined(data, run):
     path = write_lines(data / "train.jsonl", [*good_lines(), line(row("q", ["img/d0.png"], answer=answer))])
     issue = only_issue(run([path], max_invalid_fraction=0.5, task="detection"), path, "E_GOLD_MIXED_BOX_KEYS")
     assert '"bbox_2d": [100, 200, 300, 400]' in issue.message and "keep one key" in issue.message
+
+
+# --- train/eval leakage ------------------------------------------------------------
+
+
+def held_out(data: Path, rows: list[dict]) -> Path:
+    return write_lines(data / "eval.jsonl", [line(r) for r in rows])
+
+
+def own_image(data: Path, i: int) -> str:
+    png(data / "img" / f"e{i}.png", color=(5, 40 * i, 220))
+    return f"img/e{i}.png"
+
+
+def test_eval_rows_reusing_train_images_are_quarantined_as_leaks(data, run):
+    train = write_lines(data / "train.jsonl", good_lines())  # d0..d3 on lines 1..4
+    (data / "img" / "copy-of-d2.png").write_bytes((data / "img" / "d2.png").read_bytes())
+    rows = [
+        row("held-out question", [own_image(data, 0)]),
+        row("what is drawn here?", ["img/d1.png"]),  # the same path, another prompt
+        row("find the holes in drawing 3", ["img/d3.png"], answer="```json\n[]\n```"),  # same image and prompt
+        row("another question", ["img/copy-of-d2.png"]),  # the same bytes under another name
+    ]
+    evals = held_out(data, rows)
+    result = run([train], eval_files=[str(evals)])
+    assert [(i.file, i.line, i.code) for i in result.issues] == [(str(evals), n, "E_LEAK") for n in (2, 3, 4)]
+    assert result.counts["n_leaked"] == result.counts["E_LEAK"] == 3
+    assert (result.counts["n_train"], result.counts["n_eval"]) == (4, 1)
+    by_line = {i.line: i.message for i in result.issues}
+    assert f"the same image (another prompt) as train row {train}:2" in by_line[2]
+    assert f"the same image and prompt as train row {train}:4" in by_line[3]
+    assert f"as train row {train}:3: image 'img/copy-of-d2.png', compared by content" in by_line[4]
+    assert all("leakage: warn" in m for m in by_line.values())  # the fix and the setting
+    assert [r["images"] for r in run.rows()[1]] == [["images/" + n.name] for n in (run.eval / "images").iterdir()]
+    assert result.stats["leaks"][0] == {
+        "eval": f"{evals}:2", "train": [f"{train}:2"], "shared": "image", "images": ["img/d1.png"]
+    }  # fmt: skip
+    assert [q["code"] for q in run.quarantined()] == ["E_LEAK"] * 3
+
+
+def test_text_rows_with_a_train_prompt_leak(data, run):
+    text_rows = [row(f"what is {i} + {i}?", answer=f"{2 * i}") for i in range(4)]
+    train = write_lines(data / "train.jsonl", [line(r) for r in text_rows])
+    evals = held_out(data, [row("what is 9 + 9?", answer="18"), row("what is 2 + 2?", answer="four")])
+    result = run([train], eval_files=[str(evals)])
+    assert [(i.line, i.code) for i in result.issues] == [(2, "E_LEAK")]
+    assert f"the same prompt as train row {train}:3 (no image)" in result.issues[0].message
+
+
+def test_leaks_do_not_count_against_max_invalid_fraction(data, run):
+    train = write_lines(data / "train.jsonl", good_lines())
+    evals = held_out(data, [row("q", [own_image(data, 0)]), row("q2", ["img/d0.png"])])
+    result = run([train], eval_files=[str(evals)], max_invalid_fraction=0.0)  # the default: no invalid line
+    assert result.counts["n_invalid"] == 1 and result.counts["E_LEAK"] == 1
+    assert core.invalid_fraction(result.counts) == 0.0
+
+
+def test_leakage_error_fails_naming_both_rows(data, run):
+    train = write_lines(data / "train.jsonl", good_lines())
+    evals = held_out(data, [row("q", [own_image(data, 0)]), row("q2", ["img/d0.png"])])
+    with pytest.raises(DataError, match=rf"1 eval row\(s\) share .*eval {evals}:2 <- train {train}:1"):
+        run([train], eval_files=[str(evals)], leakage="error")
+
+
+def test_leakage_warn_keeps_the_rows_and_counts_them(data, run):
+    train = write_lines(data / "train.jsonl", good_lines())
+    evals = held_out(data, [row("q", [own_image(data, 0)]), row("q2", ["img/d0.png"])])
+    with pytest.warns(UserWarning, match=rf"1 eval row\(s\) share .*{evals}:2 has the same image"):
+        result = run([train], eval_files=[str(evals)], leakage="warn")
+    assert (result.counts["n_eval"], result.counts["n_leaked"], result.counts.get("E_LEAK", 0)) == (2, 1, 0)
+    assert result.issues == []
+
+
+def test_hash_split_keeps_rows_sharing_an_image_on_one_side(data, run):
+    """Four prompts per image: the old row-by-row split put some of an image's rows in eval, some in train."""
+    rows = [row(f"question {k} about drawing {i}", [f"img/d{i}.png"]) for i in range(4) for k in range(4)]
+    train = write_lines(data / "train.jsonl", [line(r) for r in rows])
+    result = run([train], eval_fraction=0.3)
+    out_train, out_eval = run.rows()
+    assert out_eval and out_train
+    origins = [{r[ORIGIN_KEY]["images"][0] for r in split} for split in (out_train, out_eval)]
+    assert not origins[0] & origins[1]
+    assert result.counts["n_leaked"] == 0
+
+
+def test_report_has_a_leakage_section(data, tmp_path):
+    train = write_lines(data / "train.jsonl", good_lines())
+    evals = held_out(data, [row("q", [own_image(data, 0)]), row("q2", ["img/d0.png"])])
+    out = tmp_path / "out"
+    result = core.validate_data(
+        [str(train)], str(out / "train"), str(out / "eval"), str(out / "q.jsonl"), eval_files=[str(evals)],
+        report_out=str(out / "report.html"),
+    )  # fmt: skip
+    html = (out / "report.html").read_text(encoding="utf-8")
+    section = html[html.index('<h2 id="leakage">') : html.index("<h2>Token length")]
+    assert "1 eval row(s) share an image" in section and "quarantined (<code>E_LEAK</code>)" in section
+    assert f"<code>{evals}:2</code>" in section and f"<code>{train}:1</code>" in section
+    assert "img/d0.png" in section
+    assert result.counts["n_leaked"] == 1
+
+
+# --- the CLI's arguments, checked with the config's rules ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--eval-fraction", "0"), ("--eval-fraction", "-1"), ("--eval-fraction", "nan"), ("--eval-fraction", "1"),
+     ("--max-invalid-fraction", "nan"), ("--max-invalid-fraction", "1.5"), ("--max-invalid-fraction", "-0.1")],
+)  # fmt: skip
+def test_cli_refuses_a_setting_the_config_refuses(data, tmp_path, flag, value):
+    path = write_lines(data / "train.jsonl", good_lines())
+    out = tmp_path / "out"
+    done = subprocess.run([*CLI, str(path), flag, value, "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"validate-data: {flag} must be a number between 0 and 1")
+    assert "the rule of data." in done.stderr
+    assert not out.exists()
+
+
+def test_core_refuses_the_same_settings(data, run):
+    path = write_lines(data / "train.jsonl", good_lines())
+    for kwargs in ({"eval_fraction": float("nan")}, {"max_invalid_fraction": float("nan")}, {"leakage": "ignore"}):
+        with pytest.raises(DataError, match=r"must be .* got"):
+            run([path], **kwargs)
+
+
+def test_cli_leakage_flag_reaches_the_core(data, tmp_path):
+    train = write_lines(data / "train.jsonl", good_lines())
+    evals = held_out(data, [row("q", [own_image(data, 0)]), row("q2", ["img/d0.png"])])
+    out = tmp_path / "out"
+    args = [*CLI, str(train), "--eval", str(evals), "--out", str(out), "--leakage", "error"]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"eval {evals}:2 <- train {train}:1" in done.stderr

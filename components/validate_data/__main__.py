@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from components.common import manifest
+from components.common import data_policy, manifest
 from components.common.lock import LockError, Taken, hold_folder, leftovers_of_dead_writers
 from components.validate_data.core import TASKS, DataError, check_paths, validate_data
 
@@ -50,8 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-invalid-fraction", type=float, default=0.0, help="tolerated invalid fraction (0)")
     parser.add_argument("--split-seed", default="split-v1", help="salt of the split hash (split-v1)")
     parser.add_argument("--fetch-timeout", type=float, default=30.0, help="seconds per image download (30)")
+    parser.add_argument(
+        "--leakage", default=data_policy.DEFAULT_LEAKAGE, choices=data_policy.LEAKAGE_MODES,
+        help="an eval row sharing an image (or images and prompt) with a train row: quarantine it (E_LEAK), fail "
+        "(error) or keep it (warn); default quarantine",
+    )  # fmt: skip
     parser.add_argument("--out", default="validate-data-out", help="output folder (validate-data-out)")
     args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:  # one line, exit 2 as argparse's own usage errors
+        print(f"validate-data: {problem}", file=sys.stderr)
+        return 2
 
     out = Path(args.out)
     try:  # before the old report is removed: refused here, nothing in DIR changes
@@ -101,6 +110,19 @@ def _clear_for_writing(out: Path, taken: Taken) -> None:
         )
 
 
+# The flags checked with the config's rules (components.common.data_policy): flag -> setting
+_RULED_FLAGS = {"--eval-fraction": "eval_fraction", "--max-invalid-fraction": "max_invalid_fraction"}
+
+
+def _argument_problem(args: argparse.Namespace) -> str:
+    """Returns the first flag whose value breaks the config's rule for its setting ("" when none)."""
+    for flag, name in _RULED_FLAGS.items():
+        problem = data_policy.setting_problem(name, getattr(args, name))
+        if problem:
+            return f"{flag} {problem} (the rule of data.{name} in a config)"
+    return ""
+
+
 def _validate(args: argparse.Namespace, out: Path) -> int:
     """Validates into DIR (its lock held); returns the exit code."""
     (out / "report.html").unlink(missing_ok=True)  # never point at an older run's report
@@ -122,6 +144,7 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
             task=args.task,
             box_convention=args.box_convention,
             fetch_timeout=args.fetch_timeout,
+            leakage=args.leakage,
         )
     except DataError as exc:
         print(f"validate-data: FAILED: {exc}", file=sys.stderr)

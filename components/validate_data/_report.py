@@ -5,7 +5,9 @@ with matplotlib (`components.common.report`) as inline SVG. No scripts and no ex
 resources, so it renders the same in the Vertex AI console's HTML artifact viewer, a browser
 opened on the file, and headless Chromium in the tests.
 
-What it shows: the verdict, counts per check, the token length per row over the data's own
+What it shows: the verdict, counts per check, train/eval leakage (each eval row that shares
+an image or a prompt with train rows, with both rows' `file:line` and what the leakage setting
+did with it), the token length per row over the data's own
 range (max_length marked, or named at the edge when it lies beyond the data), image sizes
 (width x height with the count of each size written beside it, readable when every image
 has one size), and the first rejected lines of each check with their `file:line` (and the
@@ -32,6 +34,7 @@ EXAMPLES_PER_CODE = 3
 THUMBS_PER_EXAMPLE = 4
 THUMB_PX = 96
 MAX_BINS = 30
+MAX_LEAKS_SHOWN = 50  # leaked eval rows listed in the leakage section (all are in stats and the quarantine)
 LIMIT_IN_RANGE = 1.25  # max_length within this factor of the longest row: widen the axis to draw it
 
 
@@ -181,6 +184,11 @@ def _examples(issues: list[tuple[Issue, list[Path]]]) -> list[dict[str, Any]]:
     return out
 
 
+def _passed(c: dict[str, int], fraction_ok: bool, leakage: str) -> bool:
+    """Whether the run passes: invalid lines within the limit, both sets non-empty, no leak with leakage "error"."""
+    return fraction_ok and c["n_train"] > 0 and c["n_eval"] > 0 and not (leakage == "error" and c.get("n_leaked"))
+
+
 def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]]]) -> str:
     """Returns the report's HTML.
 
@@ -191,11 +199,12 @@ def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]
     Returns:
         One self-contained HTML page.
     """
-    from components.validate_data.core import CODES
+    from components.validate_data.core import CODES, invalid_fraction
 
     c, stats = result.counts, result.stats
     allowed = stats.get("max_invalid_fraction", 0.0)
-    fraction = c["n_invalid"] / c["n_lines"] if c["n_lines"] else 0.0
+    fraction = invalid_fraction(c)
+    leakage = stats.get("leakage", "quarantine")
     sizes = stats.get("image_sizes", [])
     tokens = stats.get("token_counts", [])
     return render_template(
@@ -203,7 +212,10 @@ def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]
         "report.html.jinja",
         c=c,
         codes=CODES,
-        passed=fraction <= allowed and c["n_train"] > 0 and c["n_eval"] > 0,
+        passed=_passed(c, fraction <= allowed, leakage),
+        leakage=leakage,
+        leaks=stats.get("leaks", [])[:MAX_LEAKS_SHOWN],
+        n_leaked=c.get("n_leaked", 0),
         fraction=fraction,
         allowed=allowed,
         lineage=stats.get("lineage"),

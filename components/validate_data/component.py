@@ -25,6 +25,7 @@ def validate_data(
     training_key: str = "",
     champion_uri: str = "",
     max_pixels: int = 0,
+    leakage: str = "quarantine",
 ) -> NamedTuple("Outputs", [("n_train", int), ("n_eval", int)]):
     """Checks every line of the data; writes clean train/eval datasets and a quarantine.
 
@@ -55,6 +56,10 @@ def validate_data(
         max_pixels: ms-swift's `max_pixels` (px) the training run resizes images with; 0 =
             `swift_args["max_pixels"]` (none when absent). Counts and resized_pixel boxes use
             it; a value that differs from swift_args' is an error. Default 0.
+        leakage: An eval row that shares an image (by content) or, without images, its
+            prompt with a train row: "quarantine" it (E_LEAK), "error" (the task fails,
+            naming both rows) or "warn" (kept). Metrics' n_leaked counts them; the report
+            lists them. Default "quarantine".
     """
     from collections import namedtuple
 
@@ -78,6 +83,7 @@ def validate_data(
             task=task,
             box_convention=box_convention,
             model_dir=base_model.path,
+            leakage=leakage,
         )
     except DataError as exc:
         raise SystemExit(f"validate-data: {exc}") from None

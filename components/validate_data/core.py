@@ -60,7 +60,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from components.common import manifest
+from components.common import data_policy, manifest
 from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
@@ -69,7 +69,8 @@ from components.common.files import sha256_file
 from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
-from components.validate_data import _sources
+from components.validate_data import _leakage, _sources
+from components.validate_data._leakage import Leak as _Leak
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
 
@@ -106,6 +107,7 @@ CODES = {
     "E_TOKENS": "token count (as ms-swift encodes the row, images resized by max_pixels) exceeds max_length "
     "(only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
+    "E_LEAK": "eval row shares an image (by content) or its prompt with a train row (data.leakage: quarantine)",
 }
 TASKS = TASK_NAMES  # answer checks (components.common.tasks): none, fenced JSON, detection, key_value
 
@@ -180,6 +182,11 @@ class ValidationResult:
         for code in CODES:
             if c.get(code):
                 lines.append(f"  {code}: {c[code]}  ({CODES[code]})")
+        if c.get("n_leaked"):
+            lines.append(
+                f"  {c['n_leaked']} eval row(s) share an image or a prompt with train rows "
+                f"(data.leakage {self.stats.get('leakage', 'quarantine')}; the report lists them)"
+            )
         for issue in self.issues[:max_issues]:
             lines.append(f"  {issue}")
         if len(self.issues) > max_issues:
@@ -513,6 +520,9 @@ class _CheckedRow:
         tokens: Its estimated token count.
         is_eval: Whether it came from an eval file.
         origin: The user's file, line and image names (`components.common.provenance`).
+        file: The file it was read from. Default "".
+        line: Its line number there. Default 0.
+        raw: The line as read (a leaked eval row goes to the quarantine with it). Default b"".
     """
 
     row: dict[str, Any]
@@ -521,6 +531,9 @@ class _CheckedRow:
     tokens: int
     is_eval: bool
     origin: dict[str, Any] = field(default_factory=dict)
+    file: str = ""
+    line: int = 0
+    raw: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -809,7 +822,7 @@ def _check_row(
         raise _Reject("E_DUPLICATE", f"same messages and images as {seen[key]}")
     seen[key] = f"{p.file}:{p.line}"
     origin = origin_of(p.row) or make_origin(p.file, p.line, [ref for ref, _ in p.sources])
-    return _CheckedRow(p.row, images, key, n_tokens, p.is_eval, origin)
+    return _CheckedRow(p.row, images, key, n_tokens, p.is_eval, origin, p.file, p.line, p.raw)
 
 
 def _thumbnails(p: _Pending, inspected: dict[_sources.Source, _Image | _Reject]) -> list[Path]:
@@ -845,15 +858,58 @@ def _check_rows(
 def _split(
     checked: list[_CheckedRow], *, hash_split: bool, eval_fraction: float, split_seed: str
 ) -> tuple[list[_CheckedRow], list[_CheckedRow]]:
-    """Returns (train rows, eval rows): by source file, or by the hash split when `hash_split`."""
+    """Returns (train rows, eval rows): by source file, or by the hash split when `hash_split`.
+
+    The hash split places groups of rows (`_leakage.split_groups`: rows sharing an image by
+    content, or a prompt when they have no image), each at the split position of its
+    smallest row key; a row that shares nothing keeps its own position. When all rows form
+    one group, no split keeps them apart: rows are split one by one and the leaks reported
+    (`_handle_leaks`).
+    """
     train = [r for r in checked if not r.is_eval]
     if not hash_split:
         return train, [r for r in checked if r.is_eval]
-    positions = {r.key: split_key(r.key, split_seed) for r in train}
-    eval_keys = {k for k, pos in positions.items() if pos < eval_fraction}
-    if not eval_keys and len(train) >= 2:
-        eval_keys = {min(positions, key=positions.get)}
-    return [r for r in train if r.key not in eval_keys], [r for r in train if r.key in eval_keys]
+    group = _leakage.split_groups(train)  # rows sharing an image or a prompt stay on one side: no leak
+    if len(set(group.values())) < 2:  # one group: no split keeps them apart (the leaks are reported)
+        group = {r.key: r.key for r in train}
+    positions = {g: split_key(g, split_seed) for g in set(group.values())}
+    eval_groups = {g for g, pos in positions.items() if pos < eval_fraction}
+    if not eval_groups and len(positions) >= 2:
+        eval_groups = {min(positions, key=positions.get)}
+    return [r for r in train if group[r.key] not in eval_groups], [r for r in train if group[r.key] in eval_groups]
+
+
+def _handle_leaks(
+    train: list[_CheckedRow], held_out: list[_CheckedRow], rejected: list[_Rejected], leakage: str
+) -> tuple[list[_CheckedRow], list[_Leak]]:
+    """Finds the eval rows a train row gives away (`_leakage.find_leaks`) and applies the leakage setting.
+
+    quarantine and error: each leaked eval row goes to `rejected` (E_LEAK, naming the train
+    rows' file:line); error then fails the run in `_enforce_policy`. warn: the rows stay in
+    eval, each named in a warning. Returns (the eval rows kept, the leaks).
+    """
+    leaks = _leakage.find_leaks(train, held_out)
+    if not leaks:
+        return held_out, leaks
+    if leakage == "warn":
+        shown = "; ".join(f"{k.eval_row.file}:{k.eval_row.line} has {k.describe()}" for k in leaks[:3])
+        warnings.warn(
+            f"{len(leaks)} eval row(s) share an image or a prompt with train rows and stay in eval (data.leakage "
+            f"warn, or a hash split of rows that all share one image): {shown}{'; ...' if len(leaks) > 3 else ''}",
+            stacklevel=2,
+        )
+        return held_out, leaks
+    fix = (
+        "remove the row from the eval data (or its image from the train data); data.leakage: warn (CLI --leakage "
+        "warn) keeps it"
+    )
+    for leak in leaks:
+        e = leak.eval_row
+        rej = _Reject("E_LEAK", f"eval row has {leak.describe()}; scoring it would measure memorisation: {fix}")
+        thumbs = [i.path for i in e.images]
+        rejected.append(_Rejected(_issue(e.file, e.line, rej, e.raw, e.row), thumbs))
+    leaked = {id(leak.eval_row) for leak in leaks}
+    return [r for r in held_out if id(r) not in leaked], leaks
 
 
 def _check_line_accounting(
@@ -1006,15 +1062,29 @@ def _result(
     )
 
 
-def _enforce_policy(result: ValidationResult, max_invalid_fraction: float) -> None:
-    """Raises DataError when too many lines are invalid or a dataset came out empty."""
+def invalid_fraction(counts: dict[str, int]) -> float:
+    """Returns the fraction of lines that max_invalid_fraction limits: quarantined ones, leaked eval rows not
+    counted (E_LEAK rows are valid rows moved out of eval, by the data.leakage setting)."""
+    return (counts["n_invalid"] - counts.get("E_LEAK", 0)) / counts["n_lines"] if counts["n_lines"] else 0.0
+
+
+def _enforce_policy(result: ValidationResult, max_invalid_fraction: float, leakage: str = "quarantine") -> None:
+    """Raises DataError when too many lines are invalid, eval rows leak with leakage "error", or a dataset came
+    out empty."""
     c = result.counts
-    invalid_fraction = c["n_invalid"] / c["n_lines"]
-    if invalid_fraction > max_invalid_fraction:
+    fraction = invalid_fraction(c)
+    if fraction > max_invalid_fraction:
         raise DataError(
-            f"{c['n_invalid']} of {c['n_lines']} lines invalid ({invalid_fraction:.1%} > "
+            f"{c['n_invalid'] - c.get('E_LEAK', 0)} of {c['n_lines']} lines invalid ({fraction:.1%} > "
             f"max_invalid_fraction {max_invalid_fraction:.1%}); fix them or raise data.max_invalid_fraction\n"
             + result.summary()
+        )
+    if leakage == "error" and c.get("n_leaked"):
+        shown = "; ".join(f"eval {k['eval']} <- train {', '.join(k['train'])}" for k in result.stats["leaks"][:5])
+        raise DataError(
+            f"{c['n_leaked']} eval row(s) share an image or a prompt with train rows ({shown}"
+            f"{'; ...' if c['n_leaked'] > 5 else ''}): remove them from the eval data, or set data.leakage "
+            "(CLI --leakage) to quarantine to drop them or warn to keep them\n" + result.summary()
         )
     if not c["n_train"]:
         raise DataError("no valid training rows left\n" + result.summary())
@@ -1156,6 +1226,7 @@ def validate_data(
     snapshot: dict[str, Any] | None = None,
     lineage: dict[str, Any] | None = None,
     previous_lineage: dict[str, Any] | None = None,
+    leakage: str = data_policy.DEFAULT_LEAKAGE,
 ) -> ValidationResult:
     """Validates JSONL files and writes clean train/eval datasets and a quarantine.
 
@@ -1200,6 +1271,12 @@ def validate_data(
         lineage: Extra lineage fields, e.g. {"training_key": ...}. Default None.
         previous_lineage: The champion's data lineage; the report and `stats["since"]`
             say what changed since (files added / removed / changed, rows). Default None.
+        leakage: An eval row sharing an image (by content) or, without images, its prompt
+            with a train row (`_leakage`): "quarantine" it (E_LEAK; not counted against
+            max_invalid_fraction), "error" (quarantined, then the run fails naming both
+            rows), or "warn" (kept; a warning). Either way `counts["n_leaked"]` counts them
+            and `stats["leaks"]` lists them (eval and train file:line). The hash split keeps
+            rows sharing an image on one side. Default "quarantine".
 
     Returns:
         The ValidationResult.
@@ -1208,13 +1285,19 @@ def validate_data(
         DataError: An output would overwrite an input (`check_paths`; a local image in an
             output folder too: checked before anything is written); a file is missing,
             empty, or changed since the snapshot; the model folder has no tokenizer, max_pixels
-            is negative, the task is unknown, fewer than one valid train row, or the invalid fraction exceeds
-            `max_invalid_fraction` (message holds the summary).
+            is negative, the task is unknown, eval_fraction / max_invalid_fraction / leakage break
+            the config's rules (`components.common.data_policy`), fewer than one valid train row,
+            the invalid fraction exceeds `max_invalid_fraction`, or eval rows leak with leakage
+            "error" (message holds the summary).
         LineAccountingError: Clean + quarantined rows differ from the non-blank lines read
             (a bug in this module; nothing is written).
     """
     if task not in TASKS:
         raise DataError(f"task {task!r} is not one of {TASKS}")
+    for name, value in (("eval_fraction", eval_fraction), ("max_invalid_fraction", max_invalid_fraction),
+                        ("leakage", leakage)):  # fmt: skip
+        if problem := data_policy.setting_problem(name, value):
+            raise DataError(f"{name} {problem} (the rule of data.{name})")
     check_paths(
         [str(f) for f in [*train_files, *(eval_files or [])]], train_out=str(train_out), eval_out=str(eval_out),
         quarantine_out=str(quarantine_out), report_out=report_out or "",
@@ -1246,6 +1329,7 @@ def validate_data(
                 snapshot=snapshot,
                 lineage=lineage,
                 previous_lineage=previous_lineage,
+                leakage=leakage,
             )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -1269,6 +1353,7 @@ def _validate(
     snapshot: dict[str, Any] | None = None,
     lineage: dict[str, Any] | None = None,
     previous_lineage: dict[str, Any] | None = None,
+    leakage: str = data_policy.DEFAULT_LEAKAGE,
 ) -> ValidationResult:
     """Runs the phases in order: read, check image paths, inspect images, check rows, split, account, write,
     report, policy."""
@@ -1283,10 +1368,13 @@ def _validate(
     inspected = _inspect_images(pending, staging=staging, timeout=fetch_timeout, pool=pool)
     checked, rejected_rows = _check_rows(pending, inspected, counter=counter, max_length=max_length, boxes=boxes)
     rejected = [r for f in files for r in f.rejected] + rejected_rows
-    order = [name for name, _ in inputs]
-    rejected.sort(key=lambda r: (order.index(r.issue.file), r.issue.line))
 
     train, held_out = _split(checked, hash_split=not eval_files, eval_fraction=eval_fraction, split_seed=split_seed)
+    # a hash split leaks only when every row shares an image: quarantining its eval rows would empty eval
+    split_leakage = "warn" if not eval_files and leakage == "quarantine" else leakage
+    held_out, leaks = _handle_leaks(train, held_out, rejected, split_leakage)
+    order = [name for name, _ in inputs]
+    rejected.sort(key=lambda r: (order.index(r.issue.file), r.issue.line))
     n_lines = _check_line_accounting(files, train, held_out, rejected)
 
     settings = {"max_length": max_length, "max_pixels": counter.max_pixels, "source": counter.source}
@@ -1297,6 +1385,8 @@ def _validate(
             checked, train, held_out, rejected, n_lines=n_lines, n_images=n_images, outputs=outputs,
             counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
         )  # fmt: skip
+        result.counts["n_leaked"] = len(leaks)
+        result.stats.update(leakage=leakage, leaks=[leak.record() for leak in leaks])
         if snapshot is not None:
             _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, staged.train)
     result.stats["manifests"] = digests
@@ -1304,7 +1394,7 @@ def _validate(
         from components.validate_data._report import write_report
 
         write_report(outputs.report, result, [(r.issue, r.thumbnails) for r in rejected])
-    _enforce_policy(result, max_invalid_fraction)
+    _enforce_policy(result, max_invalid_fraction, leakage)
     return result
 
 
