@@ -8,6 +8,7 @@ named error, never a traceback and never silent.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from components.common.provenance import ORIGIN_KEY
 from components.validate_data import core
+from components.validate_data._convert import ConvertError, convert_file
 from components.validate_data.core import DataError
 from tests.test_validate_data import Run, good_rows, line, png, row, write_lines
 
@@ -333,3 +335,49 @@ def test_cli_leakage_flag_reaches_the_core(data, tmp_path):
     done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"eval {evals}:2 <- train {train}:1" in done.stderr
+
+
+# --- convert: boxes that rounding would erase, files that are not UTF-8 ----------------
+
+
+def detection_file(folder: Path, boxes: list[list[int]], side: int = 2048) -> Path:
+    png(folder / "big.png", size=(side, side))
+    answers = ['```json\n[{"label": "dot", "bbox": %s}]\n```' % json.dumps(b) for b in boxes]  # noqa: UP031
+    return write_lines(
+        folder / "dots.jsonl", [line(row(f"find dot {i}", ["big.png"], answer=a)) for i, a in enumerate(answers)]
+    )
+
+
+def test_convert_refuses_a_box_that_rounds_to_no_area(tmp_path):
+    src = detection_file(tmp_path, [[100, 100, 400, 300], [10, 10, 11, 11]])  # line 2: one pixel on 2048 px
+    with pytest.raises(ConvertError) as caught:
+        convert_file(src, tmp_path / "out.jsonl", to="norm1000")
+    message = str(caught.value)
+    assert message.startswith(
+        f"{src}:2: messages[1] finding 0 ('dot'): box [10, 10, 11, 11] (pixel) becomes [5, 5, 5, 5]"
+    )
+    assert "2048x2048" in message and "without area" in message and "enlarge or remove it" in message
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_convert_keeps_boxes_that_survive(tmp_path):
+    src = detection_file(tmp_path, [[100, 100, 400, 300], [10, 10, 16, 16]])  # 6 px: 4.9 -> 7.8, kept
+    result = convert_file(src, tmp_path / "out.jsonl", to="norm1000")
+    assert (result.rows, result.boxes) == (2, 2)
+
+
+def test_convert_of_a_latin1_file_is_a_named_error(tmp_path):
+    src = detection_file(tmp_path, [[100, 100, 400, 300]])
+    src.write_bytes(src.read_bytes() + line(row("caf\u00e9", ["big.png"])).encode("latin-1") + b"\n")
+    done = subprocess.run(
+        [*CLI, "convert", str(src), "--to", "norm1000", "--out", str(tmp_path / "out.jsonl")],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"convert: {src}:2: not UTF-8 at byte")
+    assert "save the file as UTF-8" in done.stderr
+
+
+def test_convert_of_a_missing_file_is_a_named_error(tmp_path):
+    with pytest.raises(ConvertError, match="cannot be read"):
+        convert_file(tmp_path / "nope.jsonl", tmp_path / "out.jsonl", to="norm1000")

@@ -24,7 +24,7 @@ from typing import Any
 from PIL import Image
 
 from components.common.answers import parse_findings
-from components.common.boxes import CONVENTIONS, BoxError, ResizeRule, convert_findings
+from components.common.boxes import CONVENTIONS, BoxError, ResizeRule, convert_findings, is_proper
 
 SIDECAR_SUFFIX = ".boxes.json"
 
@@ -89,6 +89,50 @@ def _image_size(src: Path, number: int, row: dict) -> tuple[int, int]:
         raise ConvertError(f"{src}:{number}: image {ref!r} cannot be read ({exc})") from None
 
 
+def _check_proper(
+    where: str, findings: list[dict], converted: list[dict], conventions: tuple[str, str], size: tuple[int, int]
+) -> None:
+    """Raises ConvertError for the first converted box without area (x1 < x2 and y1 < y2 fail): rounding to the
+    target's whole units can shrink a box of a pixel or two to nothing, which no metric can ever match."""
+    source, to = conventions
+    for k, (before, after) in enumerate(zip(findings, converted)):
+        box = after.get("bbox", after.get("bbox_2d"))
+        if not is_proper(box):
+            raise ConvertError(
+                f"{where} finding {k} ({before['label']!r}): box {before['bbox']} ({source}) becomes {box} in {to} "
+                f"on this {size[0]}x{size[1]} image, a box without area (x1 < x2 and y1 < y2 must hold): it is "
+                f"smaller than one {to} unit; enlarge or remove it in the input, or keep the data in {source}"
+            )
+
+
+def _read_rows(src: Path) -> list[tuple[int, Any]]:
+    """Returns (line number, row) of every non-blank line of a UTF-8 JSONL file; raises ConvertError."""
+    try:
+        raw = src.read_bytes()
+    except OSError as exc:
+        raise ConvertError(f"{src}: cannot be read ({exc.strerror or exc}); pass an existing JSONL file") from None
+    rows: list[tuple[int, Any]] = []
+    for number, line in enumerate(raw.splitlines(), start=1):
+        try:
+            text = line.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConvertError(
+                f"{src}:{number}: not UTF-8 at byte {exc.start} of the line; save the file as UTF-8 (e.g. "
+                f"iconv -f latin1 -t utf-8 {src} > NEW.jsonl), then convert that"
+            ) from None
+        if not text.strip():
+            continue
+        try:
+            rows.append((number, json.loads(text)))
+        except json.JSONDecodeError as exc:
+            raise ConvertError(f"{src}:{number}: not valid JSON ({exc.msg}); run validate-data first") from None
+        except (ValueError, RecursionError) as exc:  # e.g. an integer over Python's digit limit
+            raise ConvertError(f"{src}:{number}: cannot be read ({exc}); run validate-data first") from None
+        if not isinstance(rows[-1][1], dict) or not isinstance(rows[-1][1].get("messages"), list):
+            raise ConvertError(f"{src}:{number}: not a row with a messages list; run validate-data first")
+    return rows
+
+
 def _convert_row(src: Path, dst: Path, number: int, row: dict, to: str, source: str, rule: ResizeRule) -> int:
     """Converts one row in place; returns the number of boxes."""
     size = _image_size(src, number, row)
@@ -103,6 +147,7 @@ def _convert_row(src: Path, dst: Path, number: int, row: dict, to: str, source: 
             converted = convert_findings(findings, to, size, rule, source=source)
         except BoxError as exc:
             raise ConvertError(f"{src}:{number}: {exc}") from None
+        _check_proper(f"{src}:{number}: messages[{i}]", findings, converted, (source, to), size)
         msg["content"] = "```json\n" + json.dumps(converted, ensure_ascii=False) + "\n```"
         n += len(converted)
     ref = row["images"][0]
@@ -134,21 +179,16 @@ def convert_file(
 
     Raises:
         ConvertError: Unknown convention, input already in the target convention, output
-            exists or is the input, a row that is not JSON / not a detection answer / has
-            not exactly one local image.
+            exists or is the input, the input unreadable or not UTF-8, a row that is not JSON /
+            not a detection answer / has not exactly one local image, or a box that would have
+            no area in the target convention (rounded to its whole units).
     """
     src, dst = Path(src), Path(dst)
     if to not in CONVENTIONS or source not in (*CONVENTIONS, "auto"):
         raise ConvertError(f"conventions are {', '.join(CONVENTIONS)} (--from may also be auto)")
     if dst.exists() or dst.resolve() == src.resolve():
         raise ConvertError(f"{dst}: exists (or is the input); write the converted data to a new file")
-    rows: list[tuple[int, Any]] = []
-    for number, text in enumerate(src.read_text(encoding="utf-8").splitlines(), start=1):
-        if text.strip():
-            try:
-                rows.append((number, json.loads(text)))
-            except json.JSONDecodeError as exc:
-                raise ConvertError(f"{src}:{number}: not valid JSON ({exc.msg}); run validate-data first") from None
+    rows = _read_rows(src)
     source = _source_convention(src, rows, source)
     if source == to:
         raise ConvertError(
