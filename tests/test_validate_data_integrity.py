@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from components.common.provenance import ORIGIN_KEY
 from components.validate_data import core
@@ -381,3 +382,62 @@ def test_convert_of_a_latin1_file_is_a_named_error(tmp_path):
 def test_convert_of_a_missing_file_is_a_named_error(tmp_path):
     with pytest.raises(ConvertError, match="cannot be read"):
         convert_file(tmp_path / "nope.jsonl", tmp_path / "out.jsonl", to="norm1000")
+
+
+# --- EXIF orientation: applied once, by validate-data, for training and evaluation ------
+
+
+def sideways_jpeg(path: Path, orientation: int = 6) -> Path:
+    """A 400x200 JPEG with a red block in its stored top-left corner, tagged to be shown turned (6: 90° clockwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img = Image.new("RGB", (400, 200), "white")
+    img.paste((255, 0, 0), (0, 0, 60, 60))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    img.save(path, "JPEG", exif=exif.tobytes(), quality=95)
+    return path
+
+
+def box_answer(box: list[int]) -> str:
+    return '```json\n[{"label": "block", "bbox": %s}]\n```' % json.dumps(box)  # noqa: UP031
+
+
+def test_exif_rotated_jpeg_is_written_upright_and_boxes_read_on_the_upright_view(data, run):
+    sideways_jpeg(data / "img" / "photo.jpg")
+    # upright the photo is 200 wide, 400 tall, the red block in its top-right corner: y up to 400 is inside
+    upright_row = row("find the block", ["img/photo.jpg"], answer=box_answer([140, 0, 200, 60]))
+    tall = row("find the tall thing", ["img/photo.jpg"], answer=box_answer([10, 250, 150, 390]))
+    path = write_lines(data / "train.jsonl", [*good_lines(), line(upright_row), line(tall)])
+    result = run([path], task="detection")
+    assert result.issues == [] and result.counts["n_exif_rotated"] == 1
+    assert (200, 400) in result.stats["image_sizes"]
+    rows = run.rows()[0] + run.rows()[1]
+    written = next(r for r in rows if r["messages"][0]["content"].endswith("find the block"))
+    folder = run.train if written in run.rows()[0] else run.eval
+    image_file = folder / written["images"][0]
+    with Image.open(image_file) as img:  # what ms-swift reads (it ignores EXIF) and evaluate sizes
+        assert (img.format, img.size) == ("PNG", (200, 400))
+        assert 0x0112 not in img.getexif()
+        rgb = img.convert("RGB")
+        assert rgb.getpixel((180, 20))[0] > 200 and rgb.getpixel((180, 20))[1] < 60  # the block, top right
+        assert rgb.getpixel((20, 20)) > (200, 200, 200)  # white, top left
+    from components.evaluate.core import image_size
+
+    assert image_size(image_file) == (200, 400)
+
+
+def test_box_on_the_stored_view_names_the_exif_orientation(data, run):
+    sideways_jpeg(data / "img" / "photo.jpg")
+    stored_view = row("find the block", ["img/photo.jpg"], answer=box_answer([300, 10, 390, 100]))
+    path = write_lines(data / "train.jsonl", [*good_lines(), line(stored_view)])
+    issue = only_issue(run([path], max_invalid_fraction=0.5, task="detection"), path, "E_BOX")
+    assert "EXIF orientation 6" in issue.message and "upright view, 200x400" in issue.message
+
+
+def test_upright_jpeg_is_copied_as_it_is(data, run):
+    sideways_jpeg(data / "img" / "photo.jpg", orientation=1)
+    path = write_lines(data / "train.jsonl", [*good_lines(), line(row("q", ["img/photo.jpg"]))])
+    result = run([path])
+    assert result.counts["n_exif_rotated"] == 0 and (400, 200) in result.stats["image_sizes"]
+    copies = [p for d in (run.train, run.eval) for p in (d / "images").iterdir() if p.suffix == ".jpg"]
+    assert [p.read_bytes() for p in copies] == [(data / "img" / "photo.jpg").read_bytes()]

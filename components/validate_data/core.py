@@ -34,7 +34,12 @@ here, not a crash in training). JPEGs decode at 1/8 scale (`Image.draft`: every 
 still read and entropy-decoded), and the pixels of all decodes in flight together stay
 under DECODE_BUDGET_BYTES. 16-bit grayscale images (modes I;16*, I) are converted, not
 rejected: the clean dataset holds an 8-bit grayscale PNG of their top 8 bits (what
-ms-swift's `convert("RGB")` would otherwise clip to white). Token counts are what ms-swift
+ms-swift's `convert("RGB")` would otherwise clip to white). An image with an EXIF orientation
+other than 1 (a phone photo stored sideways, tagged to be shown rotated) is made upright: the
+clean dataset holds a PNG of its pixels rotated / mirrored as the tag says, with no EXIF, so
+ms-swift (which ignores the tag) trains on, and evaluate scores, the view the boxes were drawn
+on; sizes and boxes are checked against the upright size, and `counts["n_exif_rotated"]`
+counts these images. Token counts are what ms-swift
 encodes: the text through the model's tokenizer, the images at the size ms-swift resizes them
 to (`max_pixels`, then smart resize; see `_tokens.py`). An HTML report (`_report.py`) shows the
 counts, distributions and the first errors with thumbnails.
@@ -182,6 +187,8 @@ class ValidationResult:
         for code in CODES:
             if c.get(code):
                 lines.append(f"  {code}: {c[code]}  ({CODES[code]})")
+        if c.get("n_exif_rotated"):
+            lines.append(f"  {c['n_exif_rotated']} image(s) with an EXIF orientation written upright (tag applied)")
         if c.get("n_leaked"):
             lines.append(
                 f"  {c['n_leaked']} eval row(s) share an image or a prompt with train rows "
@@ -275,7 +282,11 @@ def _check_answer(messages: list[dict[str, Any]], task: str) -> None:
 
 @dataclass
 class _Image:
-    """One inspected image: its local file, content hash and header facts."""
+    """One inspected image: its local file, content hash and header facts (of the upright image).
+
+    `exif_orientation` is the source's EXIF Orientation (1 = upright); when it is not 1, `path`
+    is the upright copy that the clean dataset holds (`_decode`).
+    """
 
     path: Path
     sha: str
@@ -283,6 +294,7 @@ class _Image:
     height: int
     mode: str
     suffix: str
+    exif_orientation: int = 1
 
 
 _SHA_CACHE: dict[tuple[Path, int, int], str] = {}
@@ -325,32 +337,69 @@ class _PixelBudget:
 _DECODE_BUDGET = _PixelBudget(DECODE_BUDGET_BYTES)
 
 
-def _decode(path: Path, sha: str, size: tuple[int, int], mode: str, out_dir: Path) -> tuple[str, Path | None]:
-    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", 8-bit copy or None).
+def _decode(
+    path: Path, sha: str, size: tuple[int, int], mode: str, out_dir: Path, orientation: int = 1
+) -> tuple[str, Path | None]:
+    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", the copy or None).
 
     A JPEG decodes at 1/8 scale (`Image.draft`): its whole stream is still read and
     entropy-decoded, so truncation fails the same, with 1/64 of the pixels. A 16-bit
-    grayscale image (SIXTEEN_BIT_MODES) is scaled to its top 8 bits and saved as an 8-bit
-    "L" PNG `out_dir/<sha>.png`.
+    grayscale image (SIXTEEN_BIT_MODES) is scaled to its top 8 bits, and an image whose EXIF
+    `orientation` is not 1 is decoded in full and made upright (`ImageOps.exif_transpose`: the
+    rotation / mirror applied to the pixels, the tag dropped); either is saved as a PNG
+    `out_dir/<sha>.png` (lossless; no EXIF), the copy the clean dataset holds.
     """
     wide = mode in SIXTEEN_BIT_MODES
     with _DECODE_BUDGET.hold(size[0] * size[1] * (10 if wide else 4)):  # Pillow keeps RGB in 4 bytes a pixel
         try:
             with Image.open(path) as img:
-                if img.format == "JPEG":
+                if img.format == "JPEG" and orientation == 1:
                     img.draft(img.mode, (size[0] // 8, size[1] // 8))
                 img.load()
-                if not wide:
+                if not wide and orientation == 1:
                     return "", None
-                eight_bit = img.convert("I").point(lambda v: v / 256).convert("L")  # v >> 8, clipped to 0..255
+                copy = _upright(img) if orientation != 1 else img
+                if wide:
+                    copy = copy.convert("I").point(lambda v: v / 256).convert("L")  # v >> 8, clipped to 0..255
+                elif copy.mode not in PNG_MODES:  # CMYK, YCbCr: what ms-swift's convert("RGB") makes of them
+                    copy = copy.convert("RGB")
         except Exception as exc:  # noqa: BLE001 - a decoder may raise anything on hostile bytes
             return str(exc) or type(exc).__name__, None
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"{sha}.png"
-        tmp = out.with_name(f"{out.name}.{threading.get_ident()}.tmp")
-        eight_bit.save(tmp, "PNG")
+        tmp = out.with_name(f"{out.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+        copy.save(tmp, "PNG")
         os.replace(tmp, out)
     return "", out
+
+
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I", "I;16")  # modes a PNG holds as they are
+
+
+def _upright(img: Image.Image) -> Image.Image:
+    """Returns the image with its EXIF orientation applied to the pixels and removed from its EXIF."""
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(img)
+
+
+def exif_orientation(img: Image.Image) -> int:
+    """Returns an open image's EXIF Orientation (1 to 8; 1 = upright, also for none or a value out of range).
+
+    Read from the header: a PNG's EXIF is looked at only when its eXIf chunk precedes the pixels
+    (Pillow would otherwise decode the whole image to find one after them).
+    """
+    if img.format == "PNG" and "exif" not in img.info:
+        return 1
+    try:
+        value = img.getexif().get(EXIF_ORIENTATION_TAG, 1)
+    except Exception:  # noqa: BLE001 - a malformed EXIF block is no orientation
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+EXIF_ORIENTATION_TAG = 0x0112
+TRANSPOSED_ORIENTATIONS = (5, 6, 7, 8)  # width and height swap when made upright
 
 
 class _Decoder:
@@ -361,7 +410,9 @@ class _Decoder:
         self._lock = threading.Lock()
         self._results: dict[str, Future] = {}
 
-    def __call__(self, path: Path, sha: str, size: tuple[int, int], mode: str) -> tuple[str, Path | None]:
+    def __call__(
+        self, path: Path, sha: str, size: tuple[int, int], mode: str, orientation: int = 1
+    ) -> tuple[str, Path | None]:
         with self._lock:
             future = self._results.get(sha)
             mine = future is None
@@ -369,7 +420,7 @@ class _Decoder:
                 future = self._results[sha] = Future()
         if mine:
             try:
-                future.set_result(_decode(path, sha, size, mode, self._out_dir))
+                future.set_result(_decode(path, sha, size, mode, self._out_dir, orientation))
             except BaseException as exc:
                 future.set_exception(exc)
                 raise
@@ -406,6 +457,7 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
             with Image.open(path) as img:
                 width, height = img.size
                 mode, fmt = img.mode, img.format
+                orientation = exif_orientation(img)
                 img.verify()
     except Image.DecompressionBombError as exc:
         raise _Reject(
@@ -423,15 +475,19 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} is {width}x{height}; aspect ratio above {MAX_ASPECT_RATIO}")
     if mode not in IMAGE_MODES:
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} has mode {mode!r}, not one of {', '.join(IMAGE_MODES)}")
-    problem, eight_bit = decoder(path, sha, (width, height), mode)
+    problem, copy = decoder(path, sha, (width, height), mode, orientation)
     if problem:
         raise _Reject(
             "E_IMAGE_UNREADABLE",
             f"image {ref!r} cannot be decoded ({problem}): the file is corrupt or cut short; export or download "
             "it again",
         )
-    if eight_bit is not None:  # the clean set holds the 8-bit copy: training reads that
-        return _Image(eight_bit, sha_of_file(eight_bit), width, height, "L", ".png")
+    if copy is not None:  # the clean set holds the 8-bit or upright copy: training and evaluate read that
+        if orientation in TRANSPOSED_ORIENTATIONS:
+            width, height = height, width
+        with Image.open(copy) as made:
+            copy_mode = made.mode
+        return _Image(copy, sha_of_file(copy), width, height, copy_mode, ".png", orientation)
     suffix = path.suffix.lower() if source.kind == "file" else ""
     return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""))
 
@@ -737,9 +793,21 @@ class _BoxCheck:
                 if problem:
                     raise _Reject(
                         "E_BOX",
-                        f"messages[{i}] finding {k}: {problem}; fix the box, or set "
+                        f"messages[{i}] finding {k}: {problem}{_exif_note(images)}; fix the box, or set "
                         "data.box_convention to what the numbers mean (pixel, norm1000, resized_pixel)",
                     )
+
+
+def _exif_note(images: list[_Image]) -> str:
+    """Returns, for a box error on a row whose image has an EXIF orientation, how its size was read ("" if none)."""
+    turned = [i for i in images if i.exif_orientation != 1]
+    if len(images) != 1 or not turned:
+        return ""
+    i = turned[0]
+    return (
+        f" (the image has EXIF orientation {i.exif_orientation}: boxes are read on its upright view, "
+        f"{i.width}x{i.height}, as a photo viewer shows it and as the clean dataset holds it; draw them on that view)"
+    )
 
 
 def _check_object_boxes(objects: dict[str, Any], images: list[_Image]) -> None:
@@ -1386,6 +1454,9 @@ def _validate(
             counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
         )  # fmt: skip
         result.counts["n_leaked"] = len(leaks)
+        result.counts["n_exif_rotated"] = len(
+            {i.sha for r in train + held_out for i in r.images if i.exif_orientation != 1}
+        )
         result.stats.update(leakage=leakage, leaks=[leak.record() for leak in leaks])
         if snapshot is not None:
             _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, staged.train)
