@@ -3,7 +3,9 @@
 Shared by train-lora (`swift sft`) and merge-export (`swift export`). `to_cli` is pure;
 `run_command` runs a command in its own process group so that stopping it (an exception
 here, or a SIGTERM forwarded by `SigtermForwarder`) stops every process it started
-(swift → torchrun → its workers).
+(swift → torchrun → its workers), and beside it a watchdog (`_watchdog.py`, in a session of
+its own) that stops all of them when the task process dies without a word (`kill -9`, the
+out-of-memory killer): a trainer never outlives the task that started it.
 """
 
 from __future__ import annotations
@@ -142,13 +144,65 @@ class SigtermForwarder:
             print(f"{self.log_name}: swift's processes did not exit after SIGTERM; killed", flush=True)
 
 
+WATCHDOG = Path(__file__).with_name("_watchdog.py")
+ORPHAN_GRACE_S = 5.0  # seconds a command's processes get between SIGTERM and SIGKILL once the task is gone
+
+
+def start_watchdog(pid: int, grace_s: float = ORPHAN_GRACE_S) -> subprocess.Popen | None:
+    """Starts the watchdog that stops process `pid` (its group and descendants) once this process is gone.
+
+    The watchdog runs in a session of its own (a signal to this process's group does not
+    reach it) and reads a pipe whose write end only this process holds: end-of-file
+    without "done" means this process died. See `_watchdog.py`.
+
+    Args:
+        pid: The command's process id, leader of its own process group.
+        grace_s: Seconds between SIGTERM and SIGKILL. Default ORPHAN_GRACE_S (5).
+
+    Returns:
+        The watchdog process (pass it to `end_watchdog`), or None when it could not be
+        started (a warning is printed; the command runs unguarded).
+    """
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", str(WATCHDOG), str(os.getpid()), str(pid), str(grace_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        print(f"WARNING: cannot start the watchdog of process {pid} ({exc}); it may outlive this task", flush=True)
+        return None
+
+
+def end_watchdog(watchdog: subprocess.Popen | None, grace_s: float = ORPHAN_GRACE_S) -> None:
+    """Tells the watchdog the command has exited (it stops any process of it still alive) and waits for it.
+
+    Args:
+        watchdog: What `start_watchdog` returned (None: nothing to do).
+        grace_s: The watchdog's grace, to bound the wait. Default ORPHAN_GRACE_S (5).
+    """
+    if watchdog is None or watchdog.stdin is None:
+        return
+    try:
+        watchdog.stdin.write(b"done\n")
+        watchdog.stdin.close()
+    except OSError:
+        pass  # it is gone already
+    try:
+        watchdog.wait(timeout=grace_s + 10)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def run_command(
     cmd: list[str],
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
     guard: SigtermForwarder | None = None,
 ) -> tuple[int, str]:
-    """Runs a command in its own process group, streaming its output.
+    """Runs a command in its own process group, streaming its output; its processes never outlive this one.
 
     Args:
         cmd: The argv.
@@ -158,9 +212,11 @@ def run_command(
 
     Returns:
         (exit code, last 20 kB of output). An exception here (e.g. KeyboardInterrupt)
-        stops the whole group before it propagates.
+        stops the whole group before it propagates. If this process dies without a word
+        (`kill -9`), the watchdog stops the command's group and descendants within
+        ORPHAN_GRACE_S seconds; processes of the command still alive after it exits are
+        stopped too.
     """
-    tail = ""
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -170,15 +226,11 @@ def run_command(
         bufsize=1,
         start_new_session=True,
     )
+    watchdog = start_watchdog(proc.pid)
+    output = _Output(proc, log_path)
     try:
         if guard is not None:
             guard.attach(proc)
-        assert proc.stdout is not None
-        with open(log_path or os.devnull, "a", encoding="utf-8") as log:
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-                tail = (tail + line)[-20000:]
         proc.wait()
         if guard is not None:
             guard.wait_group_gone()
@@ -191,9 +243,42 @@ def run_command(
         _killpg(proc.pid, signal.SIGKILL)
         raise
     finally:
-        if proc.stdout is not None:
-            proc.stdout.close()
-    return proc.returncode, tail
+        end_watchdog(watchdog)  # stops what the command left running: it may hold the output pipe open
+        output.finish()
+    return proc.returncode, output.tail
+
+
+class _Output:
+    """Streams a command's output to stdout and a log file in a thread, keeping its last 20 kB.
+
+    A thread, so that the command's exit (not the end of its output, which a process it left
+    behind may hold open) is what `run_command` waits for.
+    """
+
+    DRAIN_S = 30.0  # after the command and its leftovers are stopped, seconds to wait for the end of the output
+
+    def __init__(self, proc: subprocess.Popen, log_path: Path | None):
+        self.tail = ""
+        self._proc = proc
+        self._log_path = log_path
+        self._thread = threading.Thread(target=self._pump, name="command-output", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        with open(self._log_path or os.devnull, "a", encoding="utf-8") as log:
+            for line in self._proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                self.tail = (self.tail + line)[-20000:]
+
+    def finish(self) -> None:
+        """Waits for the end of the output (bounded by DRAIN_S) and closes the pipe."""
+        self._thread.join(self.DRAIN_S)
+        if self._thread.is_alive():
+            print(f"WARNING: the command's output is still open {self.DRAIN_S:.0f} s after it exited; not read further")
+        elif self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 # `swift sft` arguments the pipeline sets from its inputs: a config must not set them.
