@@ -232,11 +232,12 @@ def test_eval_rows_reusing_train_images_are_quarantined_as_leaks(data, run):
     by_line = {i.line: i.message for i in result.issues}
     assert f"the same image (another prompt) as train row {train}:2" in by_line[2]
     assert f"the same image and prompt as train row {train}:4" in by_line[3]
-    assert f"as train row {train}:3: image 'img/copy-of-d2.png', compared by content" in by_line[4]
+    assert f"as train row {train}:3: image 'img/copy-of-d2.png' (in train: 'img/d2.png'), compared by" in by_line[4]
     assert all("leakage: warn" in m for m in by_line.values())  # the fix and the setting
     assert [r["images"] for r in run.rows()[1]] == [["images/" + n.name] for n in (run.eval / "images").iterdir()]
     assert result.stats["leaks"][0] == {
-        "eval": f"{evals}:2", "train": [f"{train}:2"], "shared": "image", "images": ["img/d1.png"]
+        "eval": f"{evals}:2", "train": [f"{train}:2"], "shared": "image", "images": ["img/d1.png"],
+        "train_images": ["img/d1.png"],
     }  # fmt: skip
     assert [q["code"] for q in run.quarantined()] == ["E_LEAK"] * 3
 
@@ -441,3 +442,28 @@ def test_upright_jpeg_is_copied_as_it_is(data, run):
     assert result.counts["n_exif_rotated"] == 0 and (400, 200) in result.stats["image_sizes"]
     copies = [p for d in (run.train, run.eval) for p in (d / "images").iterdir() if p.suffix == ".jpg"]
     assert [p.read_bytes() for p in copies] == [(data / "img" / "photo.jpg").read_bytes()]
+
+
+def test_demo_data_with_three_eval_rows_on_train_images(tmp_path):
+    """The issue's demonstration, small: the demo drawings with 3 eval rows re-using train images."""
+    from pipelines.demo.drawings import generate_dataset
+
+    demo = generate_dataset(tmp_path / "demo", n_train=8, n_eval=6, image_size=128)
+    folder = tmp_path / "demo"
+    (folder / "images" / "scan_0042.png").write_bytes((folder / "images" / "train_00003.png").read_bytes())
+    rows = [json.loads(x) for x in Path(demo["eval"]).read_text(encoding="utf-8").splitlines()]
+    rows[1]["images"] = ["images/train_00005.png"]  # the same image and prompt
+    rows[3]["images"] = ["images/scan_0042.png"]  # a byte copy under another name
+    rows[4]["images"] = ["images/train_00001.png"]
+    rows[4]["messages"][0]["content"] = "<image>List every hole with its box."  # another prompt
+    write_lines(Path(demo["eval"]), [line(r) for r in rows])
+    out = tmp_path / "out"
+    result = core.validate_data(
+        [demo["train"]], str(out / "train"), str(out / "eval"), str(out / "quarantine.jsonl"),
+        eval_files=[demo["eval"]], task="detection", report_out=str(out / "report.html"),
+    )  # fmt: skip
+    assert (result.counts["n_leaked"], result.counts["E_LEAK"], result.counts["n_eval"]) == (3, 3, 3)
+    assert [(i.line, i.code) for i in result.issues] == [(2, "E_LEAK"), (4, "E_LEAK"), (5, "E_LEAK")]
+    assert [k["train"] for k in result.stats["leaks"]] == [[f"{demo['train']}:{n}"] for n in (6, 4, 2)]
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "3 eval row(s) share an image" in html and "images/scan_0042.png (in train: images/train_00003.png)" in html

@@ -74,12 +74,14 @@ class Leak:
         same_prompt: Whether a train row has its images and its prompt too (the very question),
             not only an image.
         images: The eval row's image names (as written) that a train row has.
+        train_images: The same images' names in the first train row that has each.
     """
 
     eval_row: Any
     train_rows: list[Any] = field(default_factory=list)
     same_prompt: bool = False
     images: list[str] = field(default_factory=list)
+    train_images: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """Returns what the eval row shares and with which train rows (their file:line, and original file:line)."""
@@ -87,7 +89,9 @@ class Leak:
         if not self.eval_row.images:
             return f"the same prompt as train row {refs} (no image)"
         what = "the same image and prompt" if self.same_prompt else "the same image (another prompt)"
-        shown = ", ".join(repr(i) for i in self.images[:3])
+        shown = ", ".join(
+            repr(e) + ("" if e == t else f" (in train: {t!r})") for e, t in zip(self.images[:3], self.train_images)
+        )
         return f"{what} as train row {refs}: image {shown}, compared by content (sha256)"
 
     def record(self) -> dict[str, Any]:
@@ -97,6 +101,7 @@ class Leak:
             "train": [_where(t) for t in self.train_rows],
             "shared": "image and prompt" if self.same_prompt else "image" if self.eval_row.images else "prompt",
             "images": self.images,
+            "train_images": self.train_images,
         }
 
 
@@ -111,6 +116,12 @@ def _image_names(r: Any) -> list[str]:
     """Returns a row's image names as the user wrote them (its origin), else the shas' short form."""
     names = r.origin.get("images") or []
     return list(names) if len(names) == len(r.images) else [i.sha[:12] for i in r.images]
+
+
+def _name_in(r: Any, sha: str) -> str:
+    """Returns the name a row gives the image with this hash."""
+    names = _image_names(r)
+    return next(names[k] for k, i in enumerate(r.images) if i.sha == sha)
 
 
 def find_leaks(train: Sequence[Any], held_out: Sequence[Any]) -> list[Leak]:
@@ -138,7 +149,8 @@ def find_leaks(train: Sequence[Any], held_out: Sequence[Any]) -> list[Leak]:
             continue
         sharing.sort(key=lambda t: order[id(t)])
         names = _image_names(e)
-        shared = [names[k] for k, i in enumerate(e.images) if f"image:{i.sha}" in by_link]
+        shared = [(names[k], i.sha) for k, i in enumerate(e.images) if f"image:{i.sha}" in by_link]
+        train_names = [_name_in(by_link[f"image:{sha}"][0], sha) for _, sha in shared]
         same = (tuple(i.sha for i in e.images), prompt_key(e.row)) in by_question
-        leaks.append(Leak(e, sharing[:MAX_TRAIN_REFS], same, shared))
+        leaks.append(Leak(e, sharing[:MAX_TRAIN_REFS], same, [n for n, _ in shared], train_names))
     return leaks

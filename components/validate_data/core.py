@@ -1441,6 +1441,8 @@ def _validate(
     # a hash split leaks only when every row shares an image: quarantining its eval rows would empty eval
     split_leakage = "warn" if not eval_files and leakage == "quarantine" else leakage
     held_out, leaks = _handle_leaks(train, held_out, rejected, split_leakage)
+    kept = {id(r) for r in train + held_out}
+    checked = [r for r in checked if id(r) in kept]  # quarantined eval rows count no more as valid rows
     order = [name for name, _ in inputs]
     rejected.sort(key=lambda r: (order.index(r.issue.file), r.issue.line))
     n_lines = _check_line_accounting(files, train, held_out, rejected)
