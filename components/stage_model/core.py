@@ -194,6 +194,77 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+_CONFIG_FIX = "restore the model's own config.json (as its hub repo or `save_pretrained` writes it)"
+_INDEX_FIX = "restore the index `save_pretrained` wrote, or delete it when the weights are one model.safetensors"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """Reads a model's config.json and checks the shape of the fields staging reads.
+
+    Raises:
+        StageError: Not JSON, not an object, `architectures` not a list of class names,
+            `text_config` not an object. The message names the file, the field and the fix.
+    """
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{path}: cannot parse ({exc}); {_CONFIG_FIX}") from None
+    if not isinstance(config, dict):
+        raise StageError(f"{path}: expected a JSON object {{...}}, found {_json_kind(config)}; {_CONFIG_FIX}")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise StageError(
+            f"{path}: field 'architectures' must be a list of class names such as "
+            f'["Qwen3VLForConditionalGeneration"], found {_short(archs)}; {_CONFIG_FIX}'
+        )
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise StageError(f"{path}: field 'text_config' must be an object, found {_json_kind(text)}; {_CONFIG_FIX}")
+    return config
+
+
+def _read_weight_map(path: Path) -> dict[str, str]:
+    """Reads model.safetensors.index.json's `weight_map` ({tensor name: shard file name}).
+
+    Raises:
+        StageError: Not JSON, not an object, no `weight_map`, a `weight_map` that is not an
+            object of file names. The message names the file, the field and the fix.
+    """
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{path}: cannot parse ({exc}); {_INDEX_FIX}") from None
+    if not isinstance(index, dict):
+        raise StageError(f"{path}: expected a JSON object {{...}}, found {_json_kind(index)}; {_INDEX_FIX}")
+    weight_map = index.get("weight_map")
+    if "weight_map" not in index:
+        raise StageError(f"{path}: cannot parse: no field 'weight_map' {{tensor name: shard file}}; {_INDEX_FIX}")
+    if not isinstance(weight_map, dict):
+        raise StageError(
+            f"{path}: field 'weight_map' must be an object {{tensor name: shard file}}, found "
+            f"{_json_kind(weight_map)}; {_INDEX_FIX}"
+        )
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise StageError(
+                f"{path}: field 'weight_map' maps {name!r} to {_short(shard)}, not a shard file name such as "
+                f'"model-00001-of-00002.safetensors"; {_INDEX_FIX}'
+            )
+    return weight_map
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return f"{kinds.get(type(value), 'null')} ({_short(value)})"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_model(folder: Path, files: list[str]) -> dict[str, Any]:
     """Checks that a folder holds a model this pipeline can train.
 
@@ -212,10 +283,7 @@ def check_model(folder: Path, files: list[str]) -> dict[str, Any]:
     config_path = folder / "config.json"
     if "config.json" not in files:
         raise StageError(f"{folder}: no config.json; this does not look like a Hugging Face model folder")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{config_path}: cannot parse ({exc})") from None
+    config = _read_config(config_path)
     archs = config.get("architectures") or []
     arch = archs[0] if archs else ""
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -234,11 +302,7 @@ def check_model(folder: Path, files: list[str]) -> dict[str, Any]:
         raise StageError(f"{folder}: no *.safetensors weights; convert the model to safetensors first")
     if "model.safetensors.index.json" in files:
         index_path = folder / "model.safetensors.index.json"
-        try:
-            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise StageError(f"{index_path}: cannot parse ({exc})") from None
-        missing = sorted(set(weight_map.values()) - set(shards))
+        missing = sorted(set(_read_weight_map(index_path).values()) - set(shards))
         if missing:
             raise StageError(f"{index_path}: shard(s) listed but not present: {', '.join(missing)}")
     n_params, dtypes = 0, {}
