@@ -115,3 +115,42 @@ def test_the_tuned_demo_model_serves_and_its_answers_parse(first_run, tmp_path):
     with LocalServer(merged, port, tmp_path / "server.log", start_timeout_s=240, served_model_name="tuned") as srv:
         result = smoke_test(srv.base_url, "tuned", rows, "detection", timeout_s=180, max_tokens=160)
     assert len(result.answers) == 2 and all(a["answer"].lstrip().startswith("```json") for a in result.answers)
+
+
+def test_two_cached_runs_into_one_root_each_report_their_own_folder(first_run, root):
+    """#41 must-show 2: two `pipelines.run --local` started together into one --root (beside the
+    first run and its cache); each prints the folder it made, holding its own tasks' outputs."""
+    import subprocess
+    import sys
+
+    runs = root / "runs"
+    cmd = [sys.executable, "-m", "pipelines.run", "--local", "--root", str(runs), f"model.cache={root / 'model-cache'}"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    folders = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        folder = Path(next(x for x in stdout.splitlines() if x.startswith("run folder: ")).split(": ", 1)[1])
+        assert folder.name.endswith(f"-{proc.pid}") and (folder / "snapshot-data" / "executor_output.json").is_file()
+        assert "gate passed: True" in stdout
+        folders.append(folder)
+    assert folders[0] != folders[1]
+
+
+def test_a_truncated_cached_eval_set_runs_validate_data_again(first_run, root, capsys):
+    """#41 must-show 3: the first run's cached eval set cut from its rows to 3; the re-run drops the
+    cache entry (one line naming validate-data and the file), validates again and scores every row."""
+    eval_file = Path(first_run["run_dir"]) / "validate-data" / "eval_dataset" / "data.jsonl"
+    rows = eval_file.read_text().splitlines(keepends=True)
+    assert len(rows) > 3
+    eval_file.write_text("".join(rows[:3]))
+    cfg = load_config(DEFAULT_LOCAL_CONFIG)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, cache=str(root / "model-cache")))
+    again = run_local(cfg, root=str(root / "runs"), enable_caching=True)
+    out = capsys.readouterr().out
+    assert (
+        f"cache: validate-data's output eval_dataset changed since validate-data wrote it ({eval_file.parent}/"
+        "data.jsonl: size" in out
+    )
+    assert "validate-data" in again["tasks"] and "evaluate" in again["tasks"]
+    assert again["metrics"]["tuned_n"] == len(rows) == again["data"]["eval_rows"]
