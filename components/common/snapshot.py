@@ -229,13 +229,78 @@ def read_lineage(model_dir: str) -> dict[str, Any] | None:
     Args:
         model_dir: The model folder (a local or /gcs/ path; gs:// is read through the FUSE
             mount); "" = none.
+
+    Returns:
+        The lineage dict; None when `model_dir` is "" or has no lineage file (a model from
+        before snapshots: its data is not known).
+
+    Raises:
+        SnapshotError: The file exists but cannot be read, is not JSON, or a field has the
+            wrong shape; the message names the file and the field.
     """
     from components.common.storage import to_fuse_path
 
     if not model_dir:
         return None
+    path = Path(to_fuse_path(model_dir)) / LINEAGE_FILE
+    fix = (
+        "the champion's data lineage is damaged: restore the file from the run that trained the champion, "
+        "or delete it (its data then counts as unknown and the run trains)"
+    )
     try:
-        data = json.loads((Path(to_fuse_path(model_dir)) / LINEAGE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # a model from before snapshots, or unreadable: "not known"
-    return data if isinstance(data, dict) and isinstance(data.get("snapshot"), dict) else None
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None  # a model from before snapshots: "not known"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SnapshotError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc}); {fix}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SnapshotError(f"{path}: not valid JSON ({exc}); {fix}") from None
+    problem = lineage_problem(data)
+    if problem:
+        raise SnapshotError(f"{path}: {problem}; {fix}")
+    return data
+
+
+def lineage_problem(data: Any) -> str:
+    """Returns what is wrong with the shape of a data lineage ("" when nothing): the field and what it must be.
+
+    Checks the fields that readers use: `snapshot` (its `train` / `eval` entries and their
+    `uri`, `fingerprint`), `training_key`, `n_rows` / `n_train` / `n_eval` and `files`.
+    """
+    if not isinstance(data, dict):
+        return f"expected a JSON object {{...}}, found {_kind(data)}"
+    snapshot = data.get("snapshot")
+    if not isinstance(snapshot, dict):
+        return f"field 'snapshot' must be an object (the data snapshot), found {_kind(snapshot)}"
+    for split in SPLITS:
+        entries = snapshot.get(split, [])
+        if not isinstance(entries, list):
+            return f"field 'snapshot.{split}' must be a list of file entries, found {_kind(entries)}"
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                return f"field 'snapshot.{split}[{i}]' must be an object, found {_kind(entry)}"
+            if not isinstance(entry.get("uri"), str) or not entry["uri"]:
+                return f"field 'snapshot.{split}[{i}].uri' must be a file name, found {_kind(entry.get('uri'))}"
+    for name, where in (("fingerprint", snapshot), ("training_key", data)):
+        if name in where and not isinstance(where[name], str):
+            prefix = "snapshot." if where is snapshot else ""
+            return f"field '{prefix}{name}' must be a string, found {_kind(where[name])}"
+    for name in ("n_rows", "n_train", "n_eval"):
+        value = data.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"field '{name}' must be a whole number, found {_kind(value)}"
+    files = data.get("files")
+    if files is not None and not (isinstance(files, dict) and all(isinstance(v, dict) for v in files.values())):
+        return f"field 'files' must be an object {{file: {{rows, quarantined}}}}, found {_kind(files)}"
+    return ""
+
+
+def _kind(value: Any) -> str:
+    """Names a JSON value's type, with a short view of it: 'a list ([1, 2])'."""
+    if value is None:
+        return "null (or missing)"
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    text = json.dumps(value)
+    return f"{kinds.get(type(value), type(value).__name__)} ({text if len(text) <= 60 else text[:57] + '...'})"

@@ -1564,15 +1564,17 @@ def validate_snapshot(
         The ValidationResult; `stats["lineage"]` is the data lineage.
 
     Raises:
-        DataError: A malformed snapshot, a file changed since the snapshot, or as `validate_data`.
+        DataError: A malformed snapshot, a damaged champion lineage (`snap.read_lineage`), a file
+            changed since the snapshot, or as `validate_data`.
     """
     try:
         snapshot = snap.parse(snapshot_json)
+        previous_lineage = snap.read_lineage(champion_dir)  # a damaged champion lineage: a named error
     except snap.SnapshotError as exc:
         raise DataError(str(exc)) from None
     train_files, eval_files = snapshot_files(snapshot)
     return validate_data(
         train_files, train_out, eval_out, quarantine_out, eval_files, snapshot=snapshot,
         lineage={"training_key": training_key} if training_key else {},
-        previous_lineage=snap.read_lineage(champion_dir), **kwargs,
+        previous_lineage=previous_lineage, **kwargs,
     )  # fmt: skip
