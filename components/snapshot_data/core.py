@@ -23,22 +23,25 @@ a file or bucket that does not exist, a storage error.
 
 from __future__ import annotations
 
-import glob as globlib
 import hashlib
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from components.common import snapshot as snap
-from components.common.files import sha256_file
+from components.common.files import write_json_atomic
 from components.common.snapshot import SnapshotError
+from components.snapshot_data import _local
 
 DATA_SUFFIX = ".jsonl"
 GLOB_CHARS = "*?["
 MAX_ASSETS = 200_000  # objects under one dataset folder tracked in its assets digest
 SKIPPED_EXAMPLES = 20
+LIST_TRIES = 3  # listings of the sources before files that keep changing are an error
+LIST_RETRY_S = 1.0  # seconds between them
 
 
 @dataclass
@@ -179,50 +182,57 @@ def _gs_entry(blob: Any, assets: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- local files
 
 
-def _local_matches(source: str) -> tuple[list[Path], str]:
-    """Returns (files the source covers, kind) for one local source."""
+def _local_matches(source: str, notes: list[str]) -> tuple[list[Path], str]:
+    """Returns (files the source covers, kind) for one local source; see `_local` for symlinks.
+
+    Raises:
+        SnapshotError: No such file or folder; a symlink that leads nowhere named as a
+            source or covered by it as a JSONL file.
+        _local.Changed: A folder disappeared while it was listed.
+    """
     expanded = os.path.expanduser(source)
-    if _is_glob(expanded):
-        found = sorted(Path(p).resolve() for p in globlib.glob(expanded, recursive=True) if os.path.isfile(p))
-        return found, "glob"
     path = Path(expanded)
-    if path.is_dir():
-        return sorted(p.resolve() for p in path.rglob("*") if p.is_file() and not _hidden(p, path)), "prefix"
-    if path.is_file():
+    if _is_glob(expanded):
+        base, rel = _local.glob_base(expanded)
+        if not base.is_dir():
+            return [], "glob"
+        regex = glob_regex(rel)
+        depth = None if "**" in rel else rel.count("/")
+        hidden = any(part.startswith(".") for part in rel.split("/"))
+        listing = _local.walk(base, depth, hidden)
+        matched = [p for p in listing.files if regex.match(p.relative_to(base).as_posix())]
+        broken = [(p, why) for p, why in listing.broken if regex.match(p.relative_to(base).as_posix())]
+        kind = "glob"
+    elif path.is_dir():
+        listing = _local.walk(path)
+        matched, broken, kind = listing.files, listing.broken, "prefix"
+    elif path.is_file():
         return [path.resolve()], "file"
-    raise SnapshotError(
-        f"data source {source}: no such file or folder; check the path (relative paths are "
-        f"resolved against {os.getcwd()})"
-    )
-
-
-def _hidden(path: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
+    elif path.is_symlink():
+        try:
+            os.stat(path)
+            problem = "not a file or folder"
+        except OSError as exc:
+            problem = _local._link_problem(path, exc)
+        raise _local.broken_error(path, problem)
+    else:
+        raise SnapshotError(
+            f"data source {source}: no such file or folder; check the path (relative paths are "
+            f"resolved against {os.getcwd()})"
+        )
+    for link, why in broken:
+        if link.name.endswith(DATA_SUFFIX):
+            raise _local.broken_error(link, why)
+        notes.append(f"{link}: {why}; skipped")
+    notes.extend(_local.dir_link_notes(listing.dir_links))
+    return sorted({p.resolve() for p in matched}), kind
 
 
 def _local_assets(folder: Path, cache: dict[str, dict[str, Any]], notes: list[str]) -> dict[str, Any]:
     key = str(folder)
     if key not in cache:
-        lines = []
-        for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in filenames:
-                if name.endswith(DATA_SUFFIX) or name.startswith("."):
-                    continue
-                p = Path(dirpath, name)
-                st = p.stat()
-                lines.append(f"{p.relative_to(folder).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
-            if len(lines) > MAX_ASSETS:
-                notes.append(f"{folder}: more than {MAX_ASSETS} files: images there are not part of the snapshot")
-                cache[key] = {"count": len(lines), "digest": "not-tracked"}
-                return cache[key]
-        lines.sort()
-        cache[key] = {"count": len(lines), "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+        cache[key] = _local.assets(folder, MAX_ASSETS, notes)
     return cache[key]
-
-
-def _local_entry(path: Path, assets: dict[str, Any]) -> dict[str, Any]:
-    return {"uri": str(path), "size": path.stat().st_size, "sha256": sha256_file(path), "assets": assets}
 
 
 # ---------------------------------------------------------------- resolution
@@ -263,7 +273,7 @@ def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
             folder = blob.name.rpartition("/")[0]
             entries.append(_gs_entry(blob, _gs_assets(blob.bucket.name, folder, state.assets, state.notes)))
     else:
-        files, kind = _local_matches(source)
+        files, kind = _local_matches(source, state.notes)
         for path in files:
             if kind != "file" and not path.name.endswith(DATA_SUFFIX):
                 first_skipped = first_skipped or str(path)
@@ -273,7 +283,7 @@ def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
                 state.notes.append(f"{path}: named by more than one source; read once")
                 continue
             state.seen.add(str(path))
-            entries.append(_local_entry(path, _local_assets(path.parent, state.assets, state.notes)))
+            entries.append(_local.entry(path, _local_assets(path.parent, state.assets, state.notes)))
     if not entries:
         n_skipped = state.skipped - skipped_before
         hint = f" ({n_skipped} other files there, e.g. {first_skipped})" if n_skipped else ""
@@ -287,6 +297,9 @@ def _resolve_one(source: str, state: _State) -> list[dict[str, Any]]:
 def resolve_sources(train: str, eval_: str = "") -> Resolution:
     """Resolves the train and eval sources to a snapshot.
 
+    A local file that disappears or changes while the sources are listed makes the whole
+    listing start again (up to LIST_TRIES times, LIST_RETRY_S apart).
+
     Args:
         train: Training data sources, comma-separated (files, folders / prefixes, globs).
         eval_: Held-out data sources, the same way. Default "" (validate-data splits train).
@@ -296,11 +309,28 @@ def resolve_sources(train: str, eval_: str = "") -> Resolution:
 
     Raises:
         SnapshotError: No training source; a source that matches no JSONL file or does not
-            exist; a file named both as train and eval data; a storage error.
+            exist; a symlink that leads nowhere where data should be; files that kept
+            changing while they were listed; a file named both as train and eval data; a
+            storage error.
     """
     train_sources, eval_sources = split_sources(train), split_sources(eval_)
     if not train_sources:
         raise SnapshotError("data.train is empty: name at least one JSONL file, folder / prefix or glob")
+    for attempt in range(1, LIST_TRIES + 1):
+        try:
+            return _resolve_all(train_sources, eval_sources)
+        except _local.Changed as exc:
+            if attempt == LIST_TRIES:
+                raise SnapshotError(
+                    f"{exc} ({LIST_TRIES} listings in a row saw files change); retry once the data stops "
+                    "changing, and write new files under a temporary name and rename them into place"
+                ) from None
+            time.sleep(LIST_RETRY_S)
+    raise AssertionError("unreachable")
+
+
+def _resolve_all(train_sources: list[str], eval_sources: list[str]) -> Resolution:
+    """One listing of all sources (see `resolve_sources`); raises _local.Changed when a file changed meanwhile."""
     state = _State()
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
     for split, sources in (("train", train_sources), ("eval", eval_sources)):
@@ -317,7 +347,7 @@ def resolve_sources(train: str, eval_: str = "") -> Resolution:
         snapshot=snap.make(splits["train"], splits["eval"]),
         skipped=state.skipped,
         skipped_examples=state.skipped_examples,
-        notes=state.notes,
+        notes=list(dict.fromkeys(state.notes)),  # a broken link is met by the listing and by its folder's assets
     )
 
 
@@ -401,6 +431,22 @@ def pin_model(source: str, revision: str = "", token_from: str = "") -> tuple[st
     return f"{spec.uri}@{listing.revision}", "", f"model {spec.uri}: {asked} is commit {listing.revision} now"
 
 
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Writes the manifest whole or not at all (a temporary file unique to this process, renamed into place).
+
+    Raises:
+        SnapshotError: The path cannot be written (a folder, a read-only place, a file where
+            a folder should be); the message names it.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, manifest, indent=1)
+    except OSError as exc:
+        raise SnapshotError(
+            f"{path}: cannot write the manifest there ({exc.strerror or exc}); pass --out a writable file path"
+        ) from None
+
+
 @dataclass
 class SnapshotResult:
     """What snapshot-data outputs.
@@ -454,7 +500,6 @@ def snapshot_data(
     Raises:
         SnapshotError: As `resolve_sources`.
     """
-    import json
 
     training = dict(training or {})
     model = (training.get("model_source", ""), training.get("model_revision", ""), "")
@@ -487,8 +532,7 @@ def snapshot_data(
             "training_key": key,
             "skipped": {"count": resolution.skipped, "examples": resolution.skipped_examples},
         }
-        Path(manifest_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(manifest_out).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+        _write_manifest(Path(manifest_out), manifest)
     return SnapshotResult(
         snap.canonical(s), s["fingerprint"], key, up_to_date, text, metadata, model_source=model[0],
         model_revision=model[1],
