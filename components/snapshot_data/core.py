@@ -12,6 +12,11 @@ Under a folder or glob, only `*.jsonl` files are data; every other file (the ima
 READMEs) is skipped, counted and listed in the snapshot's `skipped` summary, and covered
 by the `assets` digest of the JSONL file's folder (see components.common.snapshot).
 
+Locally a folder or glob is walked without following directory symlinks (each one skipped is
+named in a note: `..` loops would list the tree again and again); symlinks to files are
+followed; one that leads nowhere is a note, or an error where it would be a JSONL file; and a
+file that changes while it is listed makes the listing start again (see `_local`).
+
 For gs:// only object listings are made, no object is read: one per source (names,
 generations, sizes and CRC32Cs), plus one per folder holding JSONL files (its images), each
 folder listed once. Locally a JSONL file is hashed (sha256); other files under its
