@@ -312,6 +312,7 @@ def _snapshot_task(plan: _Plan, p: dict[str, Any], champion: Any) -> Any:
             split_seed=p["data_split_seed"],
             task=p["data_task"],
             box_convention=p["data_box_convention"],
+            leakage=p["data_leakage"],
             **({"champion_uri": champion.outputs["uri"]} if champion is not None else {}),
         ),
         SNAPSHOT_TASK,

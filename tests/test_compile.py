@@ -92,6 +92,9 @@ def test_tasks_are_wired_in_order(tmp_path):
     assert str(source(index, "validate-data", "snapshot")) == "snapshot-data.snapshot"
     assert str(source(index, "evaluate", "tuned_model", artifact=True)) == "merge-export.merged_model"
     assert str(source(index, "evaluate", "eval_dataset", artifact=True)) == "validate-data.eval_dataset"
+    # the leakage rule changes the splits: validate-data applies it and it is part of snapshot-data's training key
+    for task in (SNAPSHOT_TASK, "validate-data"):
+        assert source(index, task, "leakage").value == "data_leakage"
 
 
 def test_vertex_pipeline_job_accepts_the_template(tmp_path):

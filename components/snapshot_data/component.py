@@ -21,6 +21,7 @@ def snapshot_data(
     split_seed: str,
     task: str,
     box_convention: str = "pixel",
+    leakage: str = "quarantine",
     champion_uri: str = "",
 ) -> NamedTuple(
     "Outputs",
@@ -51,6 +52,8 @@ def snapshot_data(
         split_seed: Salt of the split hash.
         task: validate-data's answer check.
         box_convention: What the data's detection boxes mean (part of the training key).
+        leakage: What validate-data does with an eval row that shares an image or prompt with a
+            train row (part of the training key: it changes the splits). Default "quarantine".
         manifest: Output: the snapshot (every file with generation / hash, size, CRC32C)
             and the skipped non-JSONL files.
         champion_uri: The champion's merged model folder ("" = none): its data lineage says
@@ -87,6 +90,7 @@ def snapshot_data(
                 "split_seed": split_seed,
                 "task": task,
                 "box_convention": box_convention,
+                "leakage": leakage,
             },
         )
     except SnapshotError as exc:
