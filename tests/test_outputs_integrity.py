@@ -31,10 +31,12 @@ COUNTS = re.compile(r"(\d+) valid \((\d+) train, (\d+) eval\)")
 
 
 def _dataset(folder: Path, n_train: int, n_eval: int, tag: str) -> tuple[Path, Path]:
-    """Writes a train and an eval JSONL (distinct rows, 12 shared PNGs) and returns their paths."""
+    """Writes a train and an eval JSONL (distinct rows; 12 PNGs for train, 4 others for eval: no leakage)."""
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(12):
         Image.new("RGB", (64 + i, 48), (10 * i, 100, 200)).save(folder / f"img{i}.png")
+    for i in range(4):
+        Image.new("RGB", (96 + i, 48), (200, 10 * i, 100)).save(folder / f"eval{i}.png")
 
     def rows(n: int, split: str) -> str:
         return "".join(
@@ -44,7 +46,7 @@ def _dataset(folder: Path, n_train: int, n_eval: int, tag: str) -> tuple[Path, P
                         {"role": "user", "content": f"<image>{tag} {split} question {i}?"},
                         {"role": "assistant", "content": f"answer {i}"},
                     ],
-                    "images": [f"img{i % 12}.png"],
+                    "images": [f"img{i % 12}.png" if split == "train" else f"eval{i % 4}.png"],
                 }
             )
             + "\n"
@@ -215,6 +217,22 @@ def test_readers_refuse_a_truncated_dataset_by_name(validated, tmp_path):
         load_eval_rows(validated / "eval")
     with pytest.raises(TrainError, match=r"train/data.jsonl: size \d+ bytes.*run validate-data again"):
         materialize_dataset(validated / "train", tmp_path / "m.jsonl")
+
+
+def test_readers_given_the_recorded_digest_refuse_a_removed_or_edited_marker(validated, tmp_path):
+    """On Vertex the wrappers pass the artifact's manifest_sha256: a marker deleted with the rows is no escape."""
+    digests = {split: manifest.sha256_file(validated / split / manifest.MANIFEST_FILE) for split in ("train", "eval")}
+    assert len(load_eval_rows(validated / "eval", expected_marker=digests["eval"])) == 16
+    assert materialize_dataset(validated / "train", tmp_path / "m.jsonl", digests["train"]) == 16
+    for split in ("train", "eval"):
+        data = validated / split / "data.jsonl"
+        data.write_text("".join(data.read_text().splitlines(keepends=True)[:3]))
+        (validated / split / manifest.MANIFEST_FILE).unlink()
+    assert len(load_eval_rows(validated / "eval")) == 3  # an unmarked folder of an older release still reads
+    with pytest.raises(EvalError, match="eval"):
+        load_eval_rows(validated / "eval", expected_marker=digests["eval"])
+    with pytest.raises(TrainError, match="run validate-data again"):
+        materialize_dataset(validated / "train", tmp_path / "m.jsonl", digests["train"])
 
 
 def test_a_failed_write_leaves_the_previous_output_and_no_staging(validated, tmp_path, monkeypatch):

@@ -104,6 +104,7 @@ def evaluate(
             reference_box_convention=base_box_convention if reference.kind == "base" else "",
             task=task or "detection",
             max_pixels=max_pixels,
+            dataset_marker=eval_dataset.metadata.get("manifest_sha256", ""),
         )
     except (EvalError, ValueError) as exc:
         raise SystemExit(f"evaluate: {exc}") from None

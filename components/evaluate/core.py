@@ -64,12 +64,14 @@ class EvalResult:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[str, Any]]:
+def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marker: str = "") -> list[dict[str, Any]]:
     """Reads a validated dataset's rows as prompts and gold answers.
 
     Args:
         dataset_dir: Validated dataset folder (data.jsonl + images/).
         max_samples: Keep the first N rows; 0 = all. Default 0.
+        expected_marker: The sha256 of its completion marker as validate-data recorded it (the
+            artifact's `manifest_sha256`). Default "" (checked when the folder has a marker).
 
     Returns:
         Rows {"messages": prompt messages (without the final answer), "images": absolute
@@ -86,7 +88,9 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0) -> list[dict[s
         raise EvalError(f"{dataset_dir}: not a validated dataset (no data.jsonl)")
     try:  # the rows validate-data wrote (its completion marker): a gate never decides on a truncated copy
         verify_if_marked(
-            dataset_dir, fix="run validate-data again (a cached run: --no-cache, or delete its cache entry)"
+            dataset_dir,
+            expected_sha256=expected_marker,
+            fix="run validate-data again (a cached run: --no-cache, or delete its cache entry)",
         )
     except ManifestError as exc:
         raise EvalError(str(exc)) from None
@@ -305,6 +309,7 @@ def evaluate(
     reference_box_convention: str = "",
     task: str = "detection",
     max_pixels: int = 0,
+    dataset_marker: str = "",
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows and applies the gate.
 
@@ -334,6 +339,9 @@ def evaluate(
             "" = box_convention. Default "".
         max_pixels: The training run's `swift.max_pixels`; both models see images shrunk as
             in training (and `resize_rule` should carry the same value). 0 = full size. Default 0.
+        dataset_marker: The sha256 of the eval set's completion marker as validate-data recorded it
+            (the artifact's `manifest_sha256`): a marker removed or edited since is a named error.
+            Default "" (checked when the folder has a marker).
 
     Returns:
         The EvalResult.
@@ -354,7 +362,7 @@ def evaluate(
         tuned_dir = check_model_dir(tuned_dir, "tuned")
         if max_pixels:
             generate_fn = functools.partial(swift_generate, max_pixels=max_pixels)
-    rows = load_eval_rows(dataset_dir, max_samples)
+    rows = load_eval_rows(dataset_dir, max_samples, dataset_marker)
     geometries = row_geometries(rows, box_convention, resize_rule)
     reference_box_convention = reference_box_convention or box_convention
     ref_geometries = (

@@ -81,6 +81,7 @@ def train_lora(
             ddp_timeout_s=ddp_timeout_s or None,
             preflight=preflight,
             job_env=dict(job_env),
+            dataset_markers={d.path: d.metadata.get("manifest_sha256", "") for d in (train_dataset, eval_dataset)},
         )
     except TrainError as exc:
         raise SystemExit(f"train-lora: {exc}") from None

@@ -194,7 +194,7 @@ def build_sft_command(
     return ["swift", "sft", *to_cli(args)]
 
 
-def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
+def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path, expected_marker: str = "") -> int:
     """Writes a dataset folder's rows with absolute image paths (what `swift sft` reads).
 
     Each row's provenance key (`components.common.provenance.ORIGIN_KEY`) is left out: ms-swift
@@ -203,6 +203,9 @@ def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
     Args:
         dataset_dir: A validated dataset folder (data.jsonl + images/).
         out_jsonl: The JSONL to write.
+        expected_marker: The sha256 of its completion marker as validate-data recorded it (the
+            artifact's `manifest_sha256`): a marker removed or edited since is caught too.
+            Default "" (checked when the folder has a marker).
 
     Returns:
         Number of rows.
@@ -216,7 +219,11 @@ def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path) -> int:
     if not src.is_file():
         raise TrainError(f"{base}: not a validated dataset (no data.jsonl); run validate-data first")
     try:  # the folder as validate-data wrote it (its completion marker), never a truncated or edited copy
-        verify_if_marked(base, fix="run validate-data again (a cached run: --no-cache, or delete its cache entry)")
+        verify_if_marked(
+            base,
+            expected_sha256=expected_marker,
+            fix="run validate-data again (a cached run: --no-cache, or delete its cache entry)",
+        )
     except ManifestError as exc:
         raise TrainError(str(exc)) from None
     n = 0
@@ -434,6 +441,7 @@ def train_lora(
     grace_s: float = 25.0,
     preflight: str = "fail",
     job_env: dict[str, Any] | None = None,
+    dataset_markers: dict[str, str] | None = None,
 ) -> TrainResult:
     """Trains a LoRA adapter with `swift sft` and writes it to `adapter_out`.
 
@@ -475,6 +483,8 @@ def train_lora(
         job_env: Extra environment variables of the preflight and `swift sft` (NCCL_*,
             TORCH_NCCL_*, TORCH_DISTRIBUTED_DEBUG, CUDA_DEVICE_MAX_CONNECTIONS, ...; see
             `components.train_lora.job_env`). Default None (none).
+        dataset_markers: {dataset folder: sha256 of its completion marker as validate-data recorded
+            it} (the artifacts' `manifest_sha256`), checked before the rows are read. Default None.
 
     Returns:
         The TrainResult (on a non-chief node: no adapter, `is_chief` False).
@@ -506,7 +516,7 @@ def train_lora(
         launch.plan, launch.gpu_count, preflight, work_dir=work_dir, job_env=extra_env, expected_gpus=expected_gpus,
         environ=environ,
     )  # fmt: skip
-    inputs = _materialize_inputs(work_dir, train_dir, eval_dir)
+    inputs = _materialize_inputs(work_dir, train_dir, eval_dir, dataset_markers or {})
     args, strategy = _final_swift_args(
         swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
     )
@@ -838,7 +848,7 @@ def run_node_preflight(
     return outcome.metrics if plan.is_chief else {}
 
 
-def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str) -> _Inputs:
+def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str, markers: dict[str, str]) -> _Inputs:
     """Writes the datasets' rows with absolute image paths into the work folder.
 
     swift's local output folder of an earlier call with the same work folder is removed first:
@@ -853,11 +863,11 @@ def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str) -> _Inputs
         print(f"train-lora: removing {stale} (the local output of an earlier run in this work folder)", flush=True)
         shutil.rmtree(stale)
     train_jsonl = work / "train.jsonl"
-    n_train = materialize_dataset(train_dir, train_jsonl)
+    n_train = materialize_dataset(train_dir, train_jsonl, markers.get(train_dir, ""))
     eval_jsonl = ""
     if eval_dir:
         eval_jsonl = str(work / "eval.jsonl")
-        materialize_dataset(eval_dir, eval_jsonl)
+        materialize_dataset(eval_dir, eval_jsonl, markers.get(eval_dir, ""))
     return _Inputs(work, train_jsonl, eval_jsonl, n_train)
 
 
