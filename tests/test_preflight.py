@@ -9,6 +9,7 @@ wall-clock bound. GPU figures come from benchmarks/preflight_gpu.sh on a GPU mac
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -542,3 +543,50 @@ def test_preflight_off_and_cpu_skip_need_no_torchrun(tmp_path, capsys):
     assert core.run_node_preflight(LaunchPlan(), 0, "fail", work_dir=str(tmp_path)) == {}
     out = capsys.readouterr().out
     assert "train-lora: preflight off" in out and "preflight skipped: no GPU on this node (CPU run)" in out
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes (not zombies) whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_kill_9_of_the_task_stops_the_preflight_it_started(tmp_path):
+    """#41: torchrun and its workers run in a session of their own; the watchdog stops them when the task dies."""
+    marker = str(tmp_path / "orphan-check.json")
+    runner = (
+        "import sys\n"
+        "from components.train_lora import preflight as pf\n"
+        "from components.train_lora._launch import LaunchPlan\n"
+        "plan = LaunchPlan(nnodes=2, node_rank=0, master_addr='127.0.0.1', master_port=int(sys.argv[2]), "
+        "nproc_per_node=1)\n"
+        "pf.run_launch(pf.Options(device='cpu', timeout_s=120, json_path=sys.argv[1]), plan, log=print)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    task = subprocess.Popen(
+        [sys.executable, "-c", runner, marker, str(_free_port())],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + HANG_BOUND_S
+        while len(_processes_naming(marker)) < 3:  # the task, torchrun, its worker (waiting for node 1)
+            assert time.monotonic() < deadline, "the preflight's worker never started"
+            time.sleep(0.2)
+        os.killpg(task.pid, signal.SIGKILL)  # the task's whole group, as a killed local run
+        task.wait()
+        deadline = time.monotonic() + HANG_BOUND_S  # a hang guard: the watchdog stops them in ~1-6 s
+        while _processes_naming(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_naming(marker) == []
+    finally:
+        for pid in _processes_naming(marker):
+            os.kill(pid, signal.SIGKILL)

@@ -428,6 +428,7 @@ class LocalServer:
             extra=extra,
         )
         self.process: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
 
     def start(self) -> float:
         """Starts the server and waits until healthy; returns the seconds waited.
@@ -436,7 +437,7 @@ class LocalServer:
             ServerNotHealthyError: Not a model folder, the server exited, or no health in time
                 (the server is stopped).
         """
-        from components.common.swift import swift_executable
+        from components.common.swift import start_watchdog, swift_executable
 
         if not (Path(self.model_dir) / "config.json").is_file():
             raise ServerNotHealthyError(f"{self.model_dir} is not a model folder (no config.json)")
@@ -444,6 +445,7 @@ class LocalServer:
         cmd = [swift_executable(), *self.command[1:]]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.watchdog = start_watchdog(self.process.pid)  # the server dies with this process, even on kill -9
         try:
             return wait_healthy(self.base_url, self.start_timeout_s, process=self.process, log_path=self.log_path)
         except BaseException:
@@ -471,6 +473,10 @@ class LocalServer:
         except (ProcessLookupError, PermissionError):
             pass
         self.process = None
+        from components.common.swift import end_watchdog
+
+        end_watchdog(self.watchdog)
+        self.watchdog = None
 
     def __enter__(self) -> LocalServer:
         self.start()

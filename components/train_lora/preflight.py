@@ -1089,9 +1089,12 @@ def _run_bounded(cmd: list[str], env: Mapping[str, str], wall_s: float, log: Any
     Returns:
         (exit code, or None when it was killed at the bound; the last 8 kB of output).
     """
+    from components.common.swift import end_watchdog, start_watchdog
+
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(env), text=True, start_new_session=True
     )
+    watchdog = start_watchdog(proc.pid)  # torchrun and its workers die with this process, even on kill -9
     tail: list[str] = []
 
     def pump() -> None:
@@ -1115,6 +1118,7 @@ def _run_bounded(cmd: list[str], env: Mapping[str, str], wall_s: float, log: Any
                 break
             time.sleep(0.5 if sig == signal.SIGTERM else 0)
         proc.wait()
+        end_watchdog(watchdog)
     reader.join(timeout=5)
     return code, "".join(tail)[-8000:]
 
