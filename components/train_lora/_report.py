@@ -10,8 +10,10 @@ that is present, against the optimizer step:
 - learning rate (the schedule), grad norm (log scale when it spans more than 20x), token
   accuracy (train line, eval points).
 
-The page (`loss_curve.html.jinja`) adds a table of the last / lowest values. No scripts and no
-external resources (the Vertex console's HTML artifact view shows it as is).
+The page (`loss_curve.html.jinja`) adds a table of each quantity's last value and its best one,
+"best" following the quantity's direction (`BETTER`: the lowest loss, the highest token
+accuracy; none for the learning rate and the grad norm, which are not better high or low). No
+scripts and no external resources (the Vertex console's HTML artifact view shows it as is).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ PANELS: tuple[tuple[str, str, tuple[tuple[str, str, str, bool], ...], bool], ...
         False,
     ),
 )
+
+
+# Which way is better, per logged quantity: "min" (loss), "max" (accuracy); absent = neither.
+BETTER: dict[str, str] = {"loss": "min", "eval_loss": "min", "token_acc": "max", "eval_token_acc": "max"}
 
 
 def step_of(entry: dict[str, Any], index: int) -> float:
@@ -105,15 +111,25 @@ def panels_present(log_history: list[dict[str, Any]]) -> list[tuple]:
 
 
 def _summary(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Returns a row per logged quantity of the panels: points, last value and its step, lowest value."""
+    """Returns a row per logged quantity of the panels: points, last value and its step, best value and its step.
+
+    The best value follows `BETTER` (the lowest loss, the highest accuracy); a quantity with no
+    direction (learning rate, grad norm) has `best` None, and the page shows no best for it.
+    """
     rows = []
     for _, _, keys, _ in PANELS:
         for key, legend, *_ in keys:
             points = series_of(log_history, key)
-            if points:
-                last_step, last = points[-1]
-                rows.append({"key": key, "legend": legend, "n": len(points), "last": last, "step": last_step,
-                             "min": min(v for _, v in points)})  # fmt: skip
+            if not points:
+                continue
+            last_step, last = points[-1]
+            direction = BETTER.get(key)
+            best = None
+            if direction:
+                pick = min if direction == "min" else max
+                best_step, best_value = pick(points, key=lambda p: p[1])
+                best = {"value": best_value, "step": best_step, "how": "lowest" if direction == "min" else "highest"}
+            rows.append({"key": key, "legend": legend, "n": len(points), "last": last, "step": last_step, "best": best})
     return rows
 
 
