@@ -10,7 +10,7 @@ import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from components.evaluate._report import (
     GOLD_COLOR,
@@ -163,7 +163,7 @@ def test_worst_samples_order_and_sample_f1(tmp_path):
 
 def test_write_report_and_champion_column(tmp_path):
     out = write_report(tmp_path / "r" / "report.html", TUNED, BASE, [], False, "FAIL: ...", reference_name="champion")
-    page = open(out, encoding="utf-8").read()
+    page = Path(out).read_text(encoding="utf-8")
     assert "champion" in page and "FAILED" in page and "<img" not in page
     assert "&lt;script&gt;" in render_report(TUNED, BASE, [], reason="<script>")  # escaped
 
@@ -313,4 +313,84 @@ def test_evaluate_report_renders_in_chromium(tmp_path):
     assert pixels_near(img, GOLD_COLOR, 10) > 200  # expected boxes
     assert pixels_near(img, PRED_COLOR, 10) > 100 and pixels_near(img, REF_COLOR, 10) > 100  # both models' boxes
     assert pixels_near(img, (0x1A, 0x73, 0xE8), 12) > 300  # the tuned F1 bars
+    assert_not_blank(img)
+
+
+CONTROL = "".join(chr(c) for c in (7, 1, 2, 3, 4, 5, 6, 8, 0x0E, 0x0F, 0x10, 0x11))  # 12 control characters
+_RAW_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b-\u200f\ue000]")
+
+
+def _control_sample(tmp_path):
+    """A base model's answer of raw control characters, a bell, a zero-width space and a private-use character."""
+    gold = _answer([GOLD_BOX])
+    reference = CONTROL + "title\x07block \u200b\ue000 <done>"
+    return {**_sample(tmp_path, 1, _answer([PRED_BOX])), "reference": reference,
+            "reference_score": score_sample(reference, gold)}  # fmt: skip
+
+
+def test_control_characters_are_escaped_or_summarised(tmp_path):
+    page = render_report(TUNED, BASE, [_control_sample(tmp_path)], worst_n=1)
+    assert not _RAW_CONTROL.search(page)  # none reaches the browser, which would draw tofu boxes
+    # a run is summarised with its first escapes; a lone one is its escape; the text around stays readable
+    assert "⟨12 control characters: \\x07 \\x01 \\x02 …⟩" in page
+    assert 'title<span class="ctl">\\x07</span>block' in page
+    assert 'block <span class="ctl">\\u200b\\ue000</span> &lt;done&gt;' in page
+    assert "15 unprintable character(s) shown as escapes" in page
+
+
+def test_readable_text_keeps_layout_and_escapes_markup():
+    from components.common.report import count_unprintable, readable_text
+
+    assert str(readable_text("a\n\tb <i>")) == "a\n\tb &lt;i&gt;"
+    assert str(readable_text("\x1b[0m")) == '<span class="ctl">\\x1b</span>[0m'
+    assert str(readable_text("\x00\x00\x00")) == '<span class="ctl">\\x00\\x00\\x00</span>'  # 3: spelt out
+    assert "⟨4 control characters" in str(readable_text("\x00" * 4))
+    assert count_unprintable("ok\n\t\x7f\u200b") == 2 and str(readable_text(None)) == ""
+
+
+def test_boxes_sharing_a_corner_get_tags_that_do_not_overlap(tmp_path):
+    from components.common.tasks import Shape
+    from components.evaluate._report import draw_shapes, place_tags
+
+    # a perfect prediction: the tuned boxes lie on the expected ones, on a small image
+    boxes = [("title_block", (10, 30, 60, 70)), ("dimension", (12, 32, 62, 72))]
+    gold = [Shape(label, box, True) for label, box in boxes]
+    path = tmp_path / "small.png"
+    Image.new("RGB", (100, 100), "white").save(path)
+    thumb = Image.open(io.BytesIO(draw_shapes(path, gold, gold))).convert("RGB")
+    # every tag shows whole: off the box outlines, each colour covers two tags' area (11 x 14 px, less the digit)
+    outline = Image.new("1", thumb.size, 0)
+    for _, (x1, y1, x2, y2) in boxes:
+        ImageDraw.Draw(outline).rectangle((x1 - 1, y1 - 1, x2 + 1, y2 + 1), outline=1, width=4)
+    off = [c for c, o in zip(thumb.getdata(), outline.getdata()) if not o]
+    assert off.count(GOLD_COLOR) > 2 * 70 and off.count(PRED_COLOR) > 2 * 70
+    # many shapes at one corner: every tag inside the image, no two overlapping
+    rects = place_tags([(10, 30, 60, 70)] * 12, (14, 14), (100, 100))
+    for i, a in enumerate(rects):
+        assert 0 <= a[0] and a[2] <= 100 and 0 <= a[1] and a[3] <= 100
+        for b in rects[i + 1 :]:
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
+
+
+def test_each_drawing_has_a_numbered_legend(tmp_path):
+    page = render_report(TUNED, BASE, _labelled_samples(tmp_path), worst_n=3)
+    legends = re.findall(r'<ol class="legend">(.*?)</ol>', page, re.S)
+    assert len(legends) == 6  # each drawing: the expected boxes at least
+    # line 2 (tuned): the expected hole and title_block, then the moved hole and the flipped title_block
+    items = [
+        re.sub(r"<[^>]+>", "", li).split() for li in re.findall(r"<li>(.*?)</li>", legends[2])
+    ]  # worst first: line 3, then line 2
+    assert items == [["1", "hole", "expected"], ["2", "title_block", "expected"], ["3", "hole", "tuned"],
+                     ["4", "title_block", "tuned,", "invalid", "(×)"]]  # fmt: skip
+    assert '<span class="tag ref">' in page and '<span class="tag pred">' in page
+
+
+def test_control_characters_and_tags_in_chromium(tmp_path):
+    from tests.browser import assert_not_blank, pixels_near, screenshot
+
+    page = tmp_path / "evaluate_readable.html"
+    samples = [_control_sample(tmp_path), *_labelled_samples(tmp_path)]
+    write_report(page, TUNED, BASE, samples, True, "PASS", iou_threshold=0.5, worst_n=2)
+    img = screenshot(page, tmp_path / "evaluate_readable.png", (1250, 1600))
+    assert pixels_near(img, (0xFE, 0xF7, 0xE0), 3) > 300  # the escapes' amber background
     assert_not_blank(img)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 # matplotlib settings of every report figure: readable small text, text kept as text in the SVG.
 _RC = {
@@ -43,12 +44,68 @@ RED = "#d93025"
 GREEN = "#188038"
 GREY = "#5f6368"
 
+# Unicode categories a browser cannot show as text (control, format, surrogate, private use,
+# unassigned): drawn as tofu boxes or nothing at all. Newline and tab stay (they are layout).
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+_LAYOUT = frozenset("\n\t")
+MAX_ESCAPES_IN_A_ROW = 3  # a longer run of unprintable characters is summarised, not spelt out
+
+
+def _is_unprintable(char: str) -> bool:
+    return char not in _LAYOUT and unicodedata.category(char) in _UNPRINTABLE
+
+
+def _escape_char(char: str) -> str:
+    """`\x07`, `\u200b` or `\U000f0000`: how Python writes the character in a string literal."""
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def count_unprintable(text: str) -> int:
+    """Returns how many characters of `text` a browser cannot show as text (`readable_text` escapes them)."""
+    return sum(_is_unprintable(char) for char in text)
+
+
+def readable_text(text: str) -> Markup:
+    """Returns `text` HTML-escaped, with characters a browser cannot show made visible.
+
+    A model's raw output (a base model's first answers especially) can hold control
+    characters, which a browser draws as a line of tofu boxes or not at all. Each one
+    becomes its Python escape (`\x07`, `\u200b`) in a `<span class="ctl">`; a run of more
+    than MAX_ESCAPES_IN_A_ROW becomes one summary, `⟨12 control characters: \x07 \x01 \x1b …⟩`.
+    Newlines and tabs are kept. Templates use it as the `readable` filter.
+
+    Args:
+        text: Any text (None reads as "").
+
+    Returns:
+        Markup safe to put in a template (everything else escaped).
+    """
+    out, run = [], []
+
+    def flush() -> None:
+        if len(run) > MAX_ESCAPES_IN_A_ROW:
+            shown = " ".join(_escape_char(c) for c in run[:MAX_ESCAPES_IN_A_ROW])
+            out.append(f'<span class="ctl">⟨{len(run)} control characters: {shown} …⟩</span>')
+        elif run:
+            out.append(f'<span class="ctl">{"".join(_escape_char(c) for c in run)}</span>')
+        run.clear()
+
+    for char in text or "":
+        if _is_unprintable(char):
+            run.append(char)
+            continue
+        flush()
+        out.append(str(escape(char)))
+    flush()
+    return Markup("".join(out))
+
 
 @functools.cache
 def _environment(folder: str) -> Any:
     import jinja2
 
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(folder),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
@@ -56,6 +113,8 @@ def _environment(folder: str) -> Any:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    env.filters["readable"] = readable_text
+    return env
 
 
 def render_template(folder: str | Path, name: str, **context: Any) -> str:
@@ -65,7 +124,8 @@ def render_template(folder: str | Path, name: str, **context: Any) -> str:
         folder: The folder holding the template (e.g. `Path(__file__).parent`).
         name: The template's file name (`*.jinja`, shipped as package data).
         **context: The template's variables; a name the template uses but the context
-            lacks is an error (StrictUndefined), not an empty string.
+            lacks is an error (StrictUndefined), not an empty string. Templates also get
+            the `readable` filter (`readable_text`) for text a model or a user wrote.
 
     Returns:
         The rendered text.
