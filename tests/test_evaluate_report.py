@@ -349,8 +349,9 @@ def test_readable_text_keeps_layout_and_escapes_markup():
 
 
 def test_boxes_sharing_a_corner_get_tags_that_do_not_overlap(tmp_path):
+    from components.common.report import place_tags
     from components.common.tasks import Shape
-    from components.evaluate._report import draw_shapes, place_tags
+    from components.evaluate._report import draw_shapes
 
     # a perfect prediction: the tuned boxes lie on the expected ones, on a small image
     boxes = [("title_block", (10, 30, 60, 70)), ("dimension", (12, 32, 62, 72))]

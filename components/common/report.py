@@ -16,11 +16,13 @@ import base64
 import functools
 import io
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup, escape
+
+from components.common.tasks import Shape
 
 # matplotlib settings of every report figure: readable small text, text kept as text in the SVG.
 _RC = {
@@ -43,6 +45,13 @@ ORANGE = "#e8710a"
 RED = "#d93025"
 GREEN = "#188038"
 GREY = "#5f6368"
+
+# Box drawings (evaluate's samples, validate-data's preview): exact RGB, which the tests read back.
+GOLD_COLOR = (0, 170, 0)  # expected boxes
+PRED_COLOR = (220, 0, 0)  # a model's boxes
+INVALID_MARK = 4  # half-size of the cross drawn for an invalid box, thumbnail px
+LABEL_FONT_PX = 11  # the number tags' digits
+THUMB_SIZE = 320  # longest side of a drawing, px
 
 # Unicode categories a browser cannot show as text (control, format, surrogate, private use,
 # unassigned): drawn as tofu boxes or nothing at all. Newline and tab stay (they are layout).
@@ -165,3 +174,138 @@ def png_data_uri(png: bytes) -> str:
 def jpeg_data_uri(jpeg: bytes) -> str:
     """Returns a `data:image/jpeg;base64,...` URI of JPEG bytes."""
     return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+
+
+Rect = tuple[float, float, float, float]
+
+
+def _overlaps(a: Rect, b: Rect) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_tags(anchors: Sequence[Rect], tag: tuple[int, int], image: tuple[int, int]) -> list[Rect]:
+    """Places one number tag per shape so that no two tags overlap and each lies inside the image.
+
+    Each anchor is a shape's (x1, y1, x2, y2) in thumbnail pixels (an invalid shape's cross
+    is a small square). A tag goes above the shape's top-left corner, else inside it, else below
+    it, else left of it; when every spot is taken (boxes sharing a corner: a prediction on its
+    expected box) it steps right, then down, by a tag's size. Only when the whole image is full
+    does a tag overlap another (its shape's number is still in the legend).
+
+    Args:
+        anchors: The shapes, in drawing order.
+        tag: (width, height) of a tag, px.
+        image: (width, height) of the thumbnail, px.
+
+    Returns:
+        Each shape's tag rectangle (x1, y1, x2, y2), in the anchors' order.
+    """
+    tw, th = tag
+    w, h = image
+    placed: list[Rect] = []
+    for x1, y1, _, y2 in anchors:
+        spots = [(x1, y1 - th - 1), (x1 + 2, y1 + 2), (x1, y2 + 1), (x1 - tw - 1, y1)]
+        spots += [
+            (x + dx * (tw + 1), y + dy * (th + 1)) for dy in range(0, 4) for dx in range(1, 8) for x, y in spots[:2]
+        ]
+        chosen = None
+        for x, y in spots:
+            x, y = min(max(x, 0), w - tw), min(max(y, 0), h - th)
+            rect = (x, y, x + tw, y + th)
+            if not any(_overlaps(rect, other) for other in placed):
+                chosen = rect
+                break
+        if chosen is None:  # a full image: scan it row by row for any free spot, else the first spot
+            free = (
+                (x, y, x + tw, y + th)
+                for y in range(0, max(1, h - th + 1), th + 1)
+                for x in range(0, max(1, w - tw + 1), tw + 1)
+            )
+            x, y = min(max(x1, 0), w - tw), min(max(y1 - th - 1, 0), h - th)
+            chosen = next((r for r in free if not any(_overlaps(r, o) for o in placed)), (x, y, x + tw, y + th))
+        placed.append(chosen)
+    return placed
+
+
+def draw_shapes(
+    image_path: str | Path | None,
+    gold: Sequence[Shape],
+    pred: Sequence[Shape],
+    size: int = THUMB_SIZE,
+    pred_color: tuple[int, int, int] = PRED_COLOR,
+) -> bytes:
+    """Draws gold (green) and predicted (`pred_color`, red) shapes, each with a number tag, on the image; PNG bytes.
+
+    Shapes are in pixels of the original image (`Task.shapes`); the image is scaled to fit
+    `size`. A valid shape is a rectangle; an invalid one (x2 <= x1 or y2 <= y1, which the
+    metric never matches) is a small cross at (x1, y1), clamped into the image. Shapes are
+    numbered gold first, from 1 (`legend` lists the same numbers with the labels beside the
+    image): labels written on a small image would overlap one another, numbers in tags placed
+    apart (`place_tags`) do not. Tags are drawn first, so box outlines keep their colour. A
+    missing or unreadable image becomes a grey `size` x `size` canvas (the boxes are still drawn).
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        image = Image.open(image_path).convert("RGB") if image_path else None
+    except OSError:
+        image = None
+    if image is None:
+        image = Image.new("RGB", (size, size), (200, 200, 200))
+    width, height = image.size
+    scale = min(1.0, size / max(width, height))
+    if scale < 1.0:
+        image = image.resize((max(1, round(width * scale)), max(1, round(height * scale))))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=LABEL_FONT_PX)
+    w, h = image.size
+    shapes = [(shape, GOLD_COLOR) for shape in gold] + [(shape, pred_color) for shape in pred]
+    marks = []  # (colour, rectangle or None, cross centre)
+    for shape, color in shapes:
+        box = [v * scale for v in shape.box]
+        if shape.valid:
+            marks.append((color, box, (box[0], box[1])))
+        else:
+            x = min(max(box[0], INVALID_MARK), w - 1 - INVALID_MARK)
+            y = min(max(box[1], INVALID_MARK), h - 1 - INVALID_MARK)
+            marks.append((color, None, (x, y)))
+    digits = len(str(len(shapes)))
+    tag = (round(draw.textlength("8" * digits, font=font)) + 4, LABEL_FONT_PX + 3)
+    anchors = [
+        tuple(box) if box is not None else (x - INVALID_MARK, y - INVALID_MARK, x + INVALID_MARK, y + INVALID_MARK)
+        for _, box, (x, y) in marks
+    ]
+    for number, ((color, _, _), rect) in enumerate(zip(marks, place_tags(anchors, tag, (w, h))), start=1):
+        draw.rectangle(rect, fill=color)
+        draw.text(((rect[0] + rect[2]) / 2, (rect[1] + rect[3]) / 2), str(number), fill="white", font=font, anchor="mm")
+    for color, box, (x, y) in marks:
+        if box is not None:
+            draw.rectangle(box, outline=color, width=2)
+        else:
+            m = INVALID_MARK
+            draw.line([(x - m, y - m), (x + m, y + m)], fill=color, width=2)
+            draw.line([(x - m, y + m), (x + m, y - m)], fill=color, width=2)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def legend(gold: Sequence[Shape], pred: Sequence[Shape], pred_role: str) -> list[dict[str, Any]]:
+    """The numbered legend beside a drawing (`draw_shapes` numbers the shapes the same way: gold first, from 1).
+
+    Args:
+        gold: The expected shapes.
+        pred: One model's shapes.
+        pred_role: Whose predictions: "tuned" or "reference".
+
+    Returns:
+        One {"number", "label", "role", "kind", "invalid"} per shape; role is "expected" or
+        `pred_role`, kind the colour class ("gold", "pred" for tuned, "ref"), invalid marks a
+        zero-area box drawn as a cross.
+    """
+    kind = "pred" if pred_role == "tuned" else "ref"
+    rows = [(shape, "expected", "gold") for shape in gold] + [(shape, pred_role, kind) for shape in pred]
+    return [
+        {"number": i, "label": shape.label, "role": role, "kind": kind, "invalid": not shape.valid}
+        for i, (shape, role, kind) in enumerate(rows, start=1)
+    ]
