@@ -9,20 +9,36 @@
     vlm-lora validate SOURCES ...                       # validate-data's checks on a JSONL file / folder / glob
     vlm-lora stage SOURCE ...                           # stage a model into a cache folder
     vlm-lora snapshot SOURCES ...                       # what snapshot-data would train on
-    vlm-lora serve --local [--smoke]                    # chat with the tuned demo model
+    vlm-lora serve [--smoke]                            # chat with the tuned demo model
     vlm-lora jobs ls|show|logs|cancel|fetch --config NAME [RUN]   # a config's Vertex runs
 
 `--config` takes a path or the name of a shipped config (`vlm-lora ls`); `section.key=value`
 words override the config and are checked by the same schema. Each subcommand is the
 `python -m ...` module of the same job (those forms keep working); `vlm-lora SUB --help`
-shows its options.
+shows its options; `vlm-lora --version` the installed version.
+
+The light install (`pip install vlm-lora-pipeline`) compiles and submits; the commands that
+run the training stack here (validate, stage, serve, run --local) need the `train` extra and
+say so in one line (exit 2) when it is missing.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import re
+import shutil
 import sys
+import textwrap
+from pathlib import Path
+
+PACKAGE = "vlm-lora-pipeline"  # [project].name in pyproject.toml
+TRAIN_EXTRA = f"pip install '{PACKAGE}[train]'"
+# Top-level modules that only the `train` extra installs: a missing one means "install the extra".
+TRAIN_MODULES = frozenset(
+    {"PIL", "torch", "torchvision", "transformers", "swift", "peft", "trl", "deepspeed", "safetensors", "scipy",
+     "accelerate", "datasets", "modelscope", "numpy", "openai"}
+)  # fmt: skip
 
 # subcommand -> (module with main(argv), one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -43,34 +59,123 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: vlm-lora COMMAND [options]", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items()]
-    lines += ["", "`vlm-lora COMMAND --help` for a command's options."]
+    lines += ["", "`vlm-lora COMMAND --help` for a command's options; `vlm-lora --version` the installed version."]
     return "\n".join(lines)
 
 
+def config_summary(text: str, limit: int = 240) -> str:
+    """Returns the first sentence of a config's opening comment (its lines joined), whole.
+
+    Args:
+        text: The config file's text.
+        limit: Characters at most; a longer sentence ends at a word with "...". Default 240.
+
+    Returns:
+        The sentence, or "" when the file opens without a comment.
+    """
+    comment = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("#").strip())
+    joined = " ".join(filter(None, comment))
+    first = re.split(r"(?<=[.!?])\s+(?=[A-Z(`])", joined, maxsplit=1)[0]
+    return first if len(first) <= limit else textwrap.shorten(first, limit, placeholder=" ...")
+
+
 def list_configs() -> int:
-    """Prints each shipped config's name, its first comment line and its path."""
+    """Prints each shipped config's name and the first sentence of its header, wrapped to the terminal."""
     from pipelines.config import CONFIG_DIR, shipped_configs
 
     configs = shipped_configs()
     if not configs:
         print(f"no configs found under {CONFIG_DIR}", file=sys.stderr)
         return 1
-    rows = []
-    for path in configs:
-        first = next((ln.lstrip("# ").strip() for ln in path.read_text().splitlines() if ln.startswith("#")), "")
-        rows.append((str(path.relative_to(CONFIG_DIR).with_suffix("")), first))
+    rows = [(str(p.relative_to(CONFIG_DIR).with_suffix("")), config_summary(p.read_text())) for p in configs]
     width = max(len(name) for name, _ in rows)
-    for name, first in rows:
-        print(f"{name.ljust(width)}  {first}")
+    columns = max(shutil.get_terminal_size((120, 24)).columns, width + 40)
+    for name, summary in rows:
+        wrapped = textwrap.wrap(summary, columns - width - 2) or [""]
+        print(f"{name.ljust(width)}  {wrapped[0]}")
+        for more in wrapped[1:]:
+            print(f"{' ' * width}  {more}")
     print(f"\n({CONFIG_DIR}; pass a name or a path to --config)")
     return 0
 
 
+def program(default: str) -> str:
+    """The program name for a command's help: `vlm-lora SUB` when run through `vlm-lora`, else `default`.
+
+    Args:
+        default: The module form, e.g. "python -m pipelines.run".
+    """
+    return sys.argv[0] if sys.argv and sys.argv[0].startswith("vlm-lora ") else default
+
+
+def version() -> str:
+    """Returns the installed package's version (pyproject.toml's in a source tree that is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+        return f"{found.group(1)} (source tree, not installed)" if found else "unknown (not installed)"
+
+
+def require_modules(*names: str) -> None:
+    """Checks that modules are installed (found, not imported), for a command that runs them in a subprocess.
+
+    Args:
+        *names: Top-level module names, e.g. "swift", "torch".
+
+    Raises:
+        ModuleNotFoundError: The first one missing (its name in `name`: `missing_extra` words it).
+    """
+    import importlib.util
+
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def missing_extra(exc: ImportError) -> str | None:
+    """The one line for an import of the training stack that failed, or None for any other module.
+
+    Args:
+        exc: The ImportError (ModuleNotFoundError) raised by an import.
+
+    Returns:
+        "... needs the train extra (no module named 'PIL'): pip install 'vlm-lora-pipeline[train]'"
+        when the missing module is one the `train` extra installs, else None.
+    """
+    name = exc.name
+    if not name:  # an ImportError raised without a name: read it from the message
+        found = re.search(r"(?:named|module|install:?)\s+'?([A-Za-z_][\w.]*)", str(exc))
+        name = found.group(1) if found else ""
+    top = name.split(".")[0]
+    if top not in TRAIN_MODULES:
+        return None
+    return f"needs the train extra (no module named {top!r} here): {TRAIN_EXTRA}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one subcommand: `vlm-lora COMMAND [options]`.
+
+    Args:
+        argv: The words after `vlm-lora`. Default `sys.argv[1:]`.
+
+    Returns:
+        The subcommand's exit code; 2 for an unknown command or a missing `train` extra.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V", "version"):
+        print(f"vlm-lora {version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
@@ -79,9 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if name == "ls":
         return list_configs()
-    module = importlib.import_module(COMMANDS[name][0])
-    sys.argv[0] = f"vlm-lora {name}"
-    return int(module.main(rest) or 0)
+    sys.argv[0] = f"vlm-lora {name}"  # argparse's prog when the module leaves it unset
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except ImportError as exc:
+        line = missing_extra(exc)
+        if line is None:
+            raise
+        print(f"vlm-lora {name}: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

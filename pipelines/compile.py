@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipelines.cli import program
 from pipelines.config import ConfigError, check_local_dirs, load_config, parse_overrides
 
 DEFAULT_CONFIG = "configs/qwen3_vl_4b/lora_seed.yaml"
@@ -59,7 +60,7 @@ def compile_pipeline(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.compile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.compile"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"config YAML (default {DEFAULT_CONFIG})")
     parser.add_argument("--target", default="vertex", choices=("vertex", "local"), help="backend (default vertex)")
     parser.add_argument("--output", default=None, help="output YAML (default build/<pipeline name>.yaml)")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import difflib
 import json
 import math
 import os
@@ -70,7 +71,10 @@ from components.train_lora.job_env import JobEnvError, check_job_env
 from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The shipped configs: pipelines/configs/ in an installed package (setup.py copies them there),
+# configs/ at the root of a checkout (or an editable install).
+_PACKAGED_CONFIGS = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = _PACKAGED_CONFIGS if _PACKAGED_CONFIGS.is_dir() else Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_LOCAL_CONFIG = CONFIG_DIR / "local" / "tiny_cpu.yaml"
 
 # Sources that `pipelines.run --local` builds on the fly instead of reading from disk.
@@ -785,6 +789,45 @@ def _check_value(value: Any, tp: Any) -> Any:
     raise TypeError
 
 
+def _did_you_mean(word: str, choices: typing.Iterable[str], prefix: str = "") -> str:
+    """Returns " (did you mean 'PREFIX+closest'?)" for the closest of `choices`, or "" when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+
+
+_NUMBER_TEXT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _override_value(section: str, name: str, value: Any) -> Any:
+    """An override's value as the schema wants it: number-like text becomes a number where a number is wanted.
+
+    YAML 1.1 reads `1e-4` (no dot) as text; on the command line users write it so. Text that
+    is a number becomes a float where the field is a number (an integer when it is a whole
+    number and the field an integer), and in `swift` (ms-swift's numeric arguments). Text
+    elsewhere (a name, a path) stays text.
+
+    Args:
+        section: The override's section, e.g. "swift".
+        name: The key in it, e.g. "learning_rate".
+        value: The value `parse_overrides` read.
+
+    Returns:
+        The value, converted or unchanged.
+    """
+    if not (isinstance(value, str) and _NUMBER_TEXT.fullmatch(value.strip())):
+        return value
+    number = float(value)
+    if section == "swift":
+        return int(number) if number.is_integer() and "e" not in value.lower() and "." not in value else number
+    cls = _SECTIONS.get(section)
+    field_type = typing.get_type_hints(cls).get(name) if cls else None
+    if field_type is float:
+        return number
+    if field_type is int and number.is_integer():
+        return int(number)
+    return value
+
+
 def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str], str]) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where(name)}: section '{name}' must be a mapping of keys to values")
@@ -793,7 +836,10 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
     unknown = sorted(set(raw) - set(fields), key=str)  # YAML keys may be non-strings (1, on, yes)
     if unknown:
         key = f"{name}.{unknown[0]}"
-        raise ConfigError(f"{where(key)}: unknown key '{key}'; allowed keys in '{name}': {', '.join(fields)}")
+        raise ConfigError(
+            f"{where(key)}: unknown key '{key}'{_did_you_mean(str(unknown[0]), fields, name + '.')}; "
+            f"allowed keys in '{name}': {', '.join(fields)}"
+        )
     values = {}
     for fname, f in fields.items():
         key = f"{name}.{fname}"
@@ -811,6 +857,21 @@ def _build_section(cls: type, raw: Any, name: str, where: typing.Callable[[str],
                 f"{where(key)}: '{key}' must be {_type_name(hints[fname])}, got {json.dumps(raw[fname], default=str)}"
             ) from None
     return cls(**values)
+
+
+# The config's sections (besides `swift` and `environment`, free-form mappings) and their schemas.
+_SECTIONS: dict[str, type] = {
+    "pipeline": PipelineSection,
+    "model": ModelSection,
+    "data": DataSection,
+    "eval": EvalSection,
+    "vertex": VertexSection,
+    "resources": ResourcesSection,
+    "images": ImagesSection,
+    "register": RegisterSection,
+    "deploy": DeploySection,
+    "schedule": ScheduleSection,
+}
 
 
 def shipped_configs() -> list[Path]:
@@ -901,6 +962,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         section, name = key.split(".", 1)
         if not isinstance(raw.get(section, {}), dict):
             raise ConfigError(f"override {key}: section '{section}' of {path} is not a mapping")
+        overridden[key] = value = _override_value(section, name, value)
         raw[section] = {**(raw.get(section) or {}), name: value}
 
     def where(key: str) -> str:
@@ -909,22 +971,12 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         line = lines.get(key) or lines.get(key.split(".")[0])
         return f"{path}:{line}" if line else str(path)
 
-    sections = {
-        "pipeline": PipelineSection,
-        "model": ModelSection,
-        "data": DataSection,
-        "eval": EvalSection,
-        "vertex": VertexSection,
-        "resources": ResourcesSection,
-        "images": ImagesSection,
-        "register": RegisterSection,
-        "deploy": DeploySection,
-        "schedule": ScheduleSection,
-    }
+    sections = _SECTIONS
     unknown = sorted(map(str, set(raw) - set(sections) - {"swift", "environment"}))  # YAML keys may be non-strings
     if unknown:
+        hint = _did_you_mean(unknown[0], [*sections, "swift", "environment"])
         raise ConfigError(
-            f"{where(unknown[0])}: unknown section '{unknown[0]}'; allowed: pipeline, model, data, swift, eval, "
+            f"{where(unknown[0])}: unknown section '{unknown[0]}'{hint}; allowed: pipeline, model, data, swift, eval, "
             "vertex, resources, images, register, deploy, schedule, environment"
         )
     for required in ("pipeline", "model", "data"):

@@ -1,7 +1,8 @@
 """Run the pipeline.
 
     python -m pipelines.run --config F [--wait] [--no-cache] [--project P]   (Vertex AI)
-    python -m pipelines.run --local [--config F] [--root DIR] [--no-cache]
+    python -m pipelines.run --local [--config F] [--root DIR] [--no-cache] [-v]
+    python -m pipelines.run --dry-run [--local] [--config F]     (the plan, machine, time, cost; nothing runs)
 
 Both print the expected training time, GPU-hours and cost first (`pipelines.estimate`: the
 profile's GPU, the measured throughput, the price table or `resources.price_usd_per_hour`).
@@ -16,6 +17,17 @@ containers, no cloud): each task runs in this Python environment, artifacts go t
 pipeline root. With the default config it builds the tiny offline Qwen3-VL and the
 synthetic drawings dataset first (cached), so it needs no download.
 
+`--dry-run` prints the plan (the tasks), the machine, the expected time and cost and what
+would be submitted (pipeline name, root, labels, the parameters that differ from the config
+file), with no credentials and no network; placeholders left in the config are listed all
+at once (exit 2).
+
+The local console is quiet: one line per task start and end (its time and key figures),
+the newest progress line at most every 30 s, each warning once; everything the tasks print
+goes to `<run folder>/run.log`, whose path is printed. `-v` shows it all on the console.
+Each task's HTML report gets a `.html` copy beside its KFP artifact (which has no
+extension), so a browser opens it; the summary lists their paths.
+
 It prints the run folder, each task's time or that it came from the kfp.local cache, the
 data lineage (snapshot fingerprint, files, rows) and the evaluation metrics, and exits 0
 only when every task succeeded. When validate-data and train-lora were cache hits it says
@@ -25,19 +37,24 @@ so: no new data since the snapshot, no training ran.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import glob
+import io
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipelines.cli import program, require_modules
 from pipelines.config import (
     DEFAULT_LOCAL_CONFIG,
     DEMO_DATA_EVAL,
@@ -51,7 +68,17 @@ from pipelines.config import (
     parse_overrides,
 )
 from pipelines.estimate import estimate_lines
-from pipelines.vertex import command_errors, console_link, init_vertex, pipeline_job, preflight
+from pipelines.vertex import (
+    VertexError,
+    command_errors,
+    console_link,
+    init_vertex,
+    pipeline_job,
+    preflight,
+    run_labels,
+    strip_ansi,
+    submission_problems,
+)
 
 # The tasks that read the data snapshot, in order: all cache hits when the data did not change.
 TRAIN_TASKS = ("validate-data", "train-lora", "merge-export", "evaluate")
@@ -66,6 +93,23 @@ OFFLINE_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+
+# The HTML artifacts of a local run: (task, output name). Each gets a `.html` copy beside it.
+REPORTS = (("validate-data", "report"), ("train-lora", "loss_curve"), ("evaluate", "report"))
+# The figures a task's one console line shows, looked up in its output parameters and artifact metadata.
+KEY_FIGURES = {
+    "snapshot-data": ("fingerprint", "train_files", "eval_files"),
+    "stage-model": ("cache_hit", "num_parameters"),
+    "validate-data": ("n_valid", "n_invalid", "n_train", "n_eval"),
+    "train-lora": ("first_loss", "final_loss", "eval_loss", "steps"),
+    "evaluate": ("base_f1", "tuned_f1", "passed"),
+}
+PROGRESS_EVERY_S = 30.0  # the quiet console shows a running task's newest progress line at most this often
+# Expected locally and said once here instead: the same components run in this Python, not in their images.
+_LOCAL_NOISE = re.compile(r"non-Python base image|DockerRunner")
+_WARNING = re.compile(r"\b([A-Z]\w*Warning|WARNING|WARN)\b[:\]]?\s*(.*)")
+_PROGRESS = re.compile(r"\d+%\||'loss'|\bprogress\b|\brows?\b|\bstep\b", re.I)
 
 
 class RunError(RuntimeError):
@@ -156,9 +200,10 @@ class _TaskTimer(logging.Filter):
     _end = re.compile(r"Task (?:\x1b\[\d+m)?'([\w-]+)'(?:\x1b\[\d+m)? finished with status (?:\x1b\[\d+m)?(\w+)")
     _hit = re.compile(r"Task (?:\x1b\[\d+m)?'?([\w-]+)'?(?:\x1b\[\d+m)? cache hit \(key=([0-9a-f]+)\)")
 
-    def __init__(self, floor: int = logging.WARNING):
+    def __init__(self, floor: int = logging.WARNING, console: _QuietConsole | None = None):
         super().__init__()
         self.floor = floor  # the root logger's level before the run: quieter records are not shown
+        self.console = console  # quiet mode: one line per task start / end / cache hit goes there
         self.handlers = logging.getLogger().handlers[:]  # kfp.local swaps these while a task runs
         self.started: dict[str, float] = {}
         self.times: dict[str, tuple[float, str]] = {}
@@ -170,15 +215,132 @@ class _TaskTimer(logging.Filter):
         if m := self._start.search(msg):
             self.started[m.group(1)] = record.created
             self.order.append(m.group(1))
+            if self.console:
+                self.console.task_started(m.group(1))
         elif m := self._end.search(msg):
             name = m.group(1)
             self.times[name] = (record.created - self.started.get(name, record.created), m.group(2))
+            if self.console:
+                self.console.task_ended(name, self.times[name][0], m.group(2))
         elif m := self._hit.search(msg):
             self.hits[m.group(1)] = m.group(2)
             self.order.append(m.group(1))
+            if self.console:
+                self.console.say(f"{m.group(1):<16} from the cache (kfp.local cache hit, key {m.group(2)})")
             return True  # shown: which tasks were reused
         # kfp.local's task logs (its own handlers) pass; other records only at the level set before the run
         return record.levelno >= self.floor or logging.getLogger().handlers != self.handlers
+
+
+def key_figures(task: str, executor_output: Path) -> str:
+    """Returns a finished task's key figures (`KEY_FIGURES`) from its executor output, e.g. "n_train 64, n_eval 16".
+
+    Args:
+        task: The task's name.
+        executor_output: Its `executor_output.json` (absent or unreadable: "").
+    """
+    try:
+        data = json.loads(executor_output.read_text())
+    except (OSError, ValueError):
+        return ""
+    values = dict(data.get("parameterValues") or {})
+    for output in (data.get("artifacts") or {}).values():
+        for artifact in output.get("artifacts", [])[:1]:
+            values.update(artifact.get("metadata") or {})
+    shown = []
+    for name in KEY_FIGURES.get(task, ()):
+        if name in values:
+            value = values[name]
+            text = f"{value:.4g}" if isinstance(value, float) and not value.is_integer() else str(value)
+            shown.append(f"{name} {text.removesuffix('.0')}")
+    return ", ".join(shown)
+
+
+class _QuietConsole(io.TextIOBase):
+    """The local run's stdout and stderr in quiet mode: all of it to the log file, little of it to the console.
+
+    The console gets one line per task start and end (from `_TaskTimer`), a running task's
+    newest progress line at most every `interval_s`, and each warning once (kfp.local's
+    warnings about running a task's image in this Python are expected here and stay in the
+    log). The last lines are kept, so a failure can show its own error.
+    """
+
+    def __init__(self, log: io.TextIOBase, console: Any, run_dir: Path, interval_s: float = PROGRESS_EVERY_S):
+        super().__init__()
+        self.log, self.console, self.run_dir, self.interval_s = log, console, run_dir, interval_s
+        self.task, self.task_start, self.last_shown = "", 0.0, 0.0
+        self.progress = ""
+        self.warned: set[str] = set()
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        lines = (self._partial + text).replace("\r", "\n").split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._line(strip_ansi(line).strip())
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+    def say(self, text: str) -> None:
+        """Writes one line to the console (with the clock) and to the log."""
+        line = f"{time.strftime('%H:%M:%S')}  {text}"
+        print(line, file=self.console, flush=True)
+        self.log.write(f"[console] {line}\n")
+        self.last_shown = time.time()
+
+    def task_started(self, name: str) -> None:
+        self.task, self.task_start, self.progress = name, time.time(), ""
+        self.say(f"{name:<16} started")
+
+    def task_ended(self, name: str, seconds: float, status: str) -> None:
+        figures = key_figures(name, self.run_dir / name / "executor_output.json")
+        self.say(f"{name:<16} {status.lower()} in {seconds:.1f} s" + (f"  ({figures})" if figures else ""))
+        self.task = ""
+
+    def _line(self, line: str) -> None:
+        if not line:
+            return
+        self.tail.append(line)
+        if m := _WARNING.search(line):
+            message = m.group(2).strip() or line
+            if not _LOCAL_NOISE.search(line) and message not in self.warned:
+                self.warned.add(message)
+                self.say(f"warning: {line[:300]}")
+            return
+        if self.task and _PROGRESS.search(line):
+            self.progress = line
+            if time.time() - self.last_shown >= self.interval_s:
+                elapsed = time.time() - self.task_start
+                self.say(f"{self.task:<16} {elapsed:5.0f} s  {line[:120]}")
+
+
+@contextlib.contextmanager
+def quiet_console(run_dir: Path, verbose: bool) -> Iterator[_QuietConsole | None]:
+    """Sends everything the run prints (task logs, kfp.local's messages, warnings) to `<run_dir>/run.log`.
+
+    Args:
+        run_dir: This run's folder.
+        verbose: Show everything on the console as it comes instead (nothing is redirected).
+
+    Yields:
+        The console writer (None when verbose).
+    """
+    if verbose:
+        yield None
+        return
+    console = sys.stdout
+    with open(run_dir / "run.log", "a", encoding="utf-8") as log:
+        quiet = _QuietConsole(log, console, run_dir)
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet), warnings.catch_warnings():
+            warnings.simplefilter("default")
+            yield quiet
 
 
 @contextlib.contextmanager
@@ -401,27 +563,72 @@ def with_local_root(cfg: Config, root: str) -> Config:
     return dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=root), model=model)
 
 
-def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None = None) -> dict[str, Any]:
+def require_train_extra() -> None:
+    """Checks the modules a local run's tasks import (the `train` extra) are installed, before any task starts.
+
+    Raises:
+        ModuleNotFoundError: One is missing (its name in `name`; the command line turns it into
+            the one line that names the extra, `pipelines.cli.missing_extra`).
+    """
+    require_modules("PIL", "torch", "transformers", "swift")
+
+
+def report_copies(outputs: dict[str, dict[str, Any]], run_dir: Path | None) -> list[dict[str, str]]:
+    """Gives each HTML report (`REPORTS`) a `.html` copy beside its KFP artifact, so a browser opens it.
+
+    Args:
+        outputs: `read_task_outputs(...)`: a cache hit's artifact URI points into the run that made it.
+        run_dir: This run's folder (a report elsewhere came from an earlier run).
+
+    Returns:
+        [{"task", "name", "path": the .html copy, "from_run": the run folder that produced it
+        when that is not this run's, else ""}], in DAG order; reports whose file is gone are left out.
+    """
+    found = []
+    for task, name in REPORTS:
+        uri = str(outputs.get(task, {}).get(name, {}).get("uri") or "")
+        source = Path(uri)
+        if not uri or not source.is_file():
+            continue
+        copy = source.with_name(source.name + ".html")
+        if not copy.is_file() or copy.stat().st_mtime < source.stat().st_mtime:
+            tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, copy)  # whole or not at all
+        producer = source.parent.parent
+        elsewhere = run_dir is None or producer.resolve() != run_dir.resolve()
+        found.append({"task": task, "name": name, "path": str(copy), "from_run": str(producer) if elsewhere else ""})
+    return found
+
+
+def run_local(
+    cfg: Config, root: str | None = None, enable_caching: bool | None = None, verbose: bool = True
+) -> dict[str, Any]:
     """Runs the whole DAG under kfp.local.
 
     Args:
         cfg: The config (demo:// sources are built first).
         root: Pipeline root folder; default the config's `pipeline.root`.
         enable_caching: Reuse unchanged tasks' outputs; default the config's setting.
+        verbose: Print everything the tasks print (true, the default for callers of this
+            function); false: the quiet console of `quiet_console`, the rest in `<run>/run.log`.
 
     Returns:
         {"run_dir", "passed", "wall_s", "tasks": {name: seconds} of the tasks that ran,
         "cached": [names of the tasks that came from the kfp.local cache], "metrics":
         evaluate's metrics (also when evaluate was a cache hit), "data": `data_lineage`
-        (the snapshot fingerprint, files and rows)}.
+        (the snapshot fingerprint, files and rows), "reports": `report_copies`, "log": the
+        full log's path ("" when verbose)}.
 
     Raises:
         RunError: Inputs missing, or a task failed (the task's own message is above).
+        ModuleNotFoundError: The `train` extra is not installed.
     """
     from kfp import local
 
     from pipelines.pipeline import build_pipeline, pipeline_arguments
 
+    require_train_extra()
     if root:
         cfg = with_local_root(cfg, root)
     check_local_dirs(cfg, root_from="--root" if root else "")  # under a file / not writable: a named error
@@ -446,16 +653,27 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
         root_logger.setLevel(logging.INFO)
     root_logger.addFilter(timer)
     start = time.time()
+    log = ""
     try:
         with own_run_dir(root_dir, cfg.pipeline.name) as run_dir:
-            passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
+            with quiet_console(run_dir, verbose) as quiet:
+                timer.console = quiet
+                if quiet:
+                    log = str(run_dir / "run.log")
+                    quiet.say(f"run folder {run_dir}; the full log: {log} (-v shows it here)")
+                try:
+                    passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
+                except RuntimeError:
+                    if quiet:  # the failing task's own last lines, which the console did not show
+                        print("\n".join(["", *list(quiet.tail)[-25:], ""]), file=quiet.console, flush=True)
+                    raise
     except RunError:
         raise
     except RuntimeError as exc:
         failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
+        where = f"its last lines are above; the full log: {log}" if log else "its error is printed above"
         raise RunError(
-            f"pipeline failed at task {', '.join(failed) or '?'} (its error is printed above): "
-            f"{str(exc).splitlines()[0]}"
+            f"pipeline failed at task {', '.join(failed) or '?'} ({where}): {str(exc).splitlines()[0]}"
         ) from None
     finally:
         root_logger.removeFilter(timer)
@@ -475,6 +693,8 @@ def run_local(cfg: Config, root: str | None = None, enable_caching: bool | None 
         "cached": [name for name in timer.order if name in timer.hits],
         "metrics": metrics,
         "data": data_lineage(outputs),
+        "reports": report_copies(outputs, run_dir),
+        "log": log,
     }
 
 
@@ -595,12 +815,131 @@ def format_summary(result: dict[str, Any]) -> str:
         for key in ("json_valid_rate", "precision", "recall", "f1", "exact_match_rate"):
             if f"base_{key}" in metrics:
                 lines.append(f"  {key:<20} {metrics[f'base_{key}']:8.3f}   {metrics[f'tuned_{key}']:8.3f}")
+    reports = result.get("reports") or []
+    if reports:
+        lines.append("reports (open in a browser):")
+        for item in reports:
+            origin = f"  (cached: made by the run {item['from_run']})" if item.get("from_run") else ""
+            lines.append(f"  {item['task'] + ' ' + item['name']:<24} {item['path']}{origin}")
+    if result.get("log"):
+        lines.append(f"full log: {result['log']}")
     lines.append(f"gate passed: {result['passed']}")
     return "\n".join(lines)
 
 
+def plan_tasks(spec: dict[str, Any]) -> list[str]:
+    """Returns a compiled pipeline's tasks in run order; a task under a condition says which.
+
+    Args:
+        spec: The compiled pipeline YAML, parsed.
+
+    Returns:
+        e.g. ["find-champion", "snapshot-data", "stage-model (if new data)", ..., "register (if the gate
+        passed)", "nothing-to-train (if no new data)"].
+    """
+    components = spec.get("components", {})
+
+    def when(condition: str) -> str:
+        if "up_to_date" in condition:
+            return "if no new data" if condition.startswith("!") else "if new data"
+        return "if the gate passed" if "passed" in condition else "if ..."
+
+    def walk(dag: dict[str, Any], label: str) -> list[str]:
+        tasks, names = dict(dag.get("tasks", {})), []
+        while tasks:  # dependencies first; the compiled order is alphabetical
+            ready = [n for n, t in tasks.items() if set(t.get("dependentTasks") or ()) & set(tasks) <= {n}]
+            name = sorted(ready or tasks, key=lambda n: n.startswith("condition"))[0]
+            task = tasks.pop(name)
+            inner = components.get(task.get("componentRef", {}).get("name", ""), {}).get("dag")
+            condition = task.get("triggerPolicy", {}).get("condition", "")
+            if inner is not None:  # a dsl.If / Elif / Else group
+                names += walk(inner, when(condition) if condition else label)
+            else:
+                names.append(f"{name} ({label})" if label else name)
+        return names
+
+    return walk(spec.get("root", {}).get("dag", {}), "")
+
+
+def differing_arguments(cfg: Config) -> dict[str, Any]:
+    """The run's pipeline parameters that differ from the config file's own (what the overrides changed).
+
+    Args:
+        cfg: The config as the run will use it (overrides, --project, --root applied).
+
+    Returns:
+        {parameter: value}; a mapping parameter (the swift arguments) shows only its changed keys.
+    """
+    from pipelines.pipeline import pipeline_arguments
+
+    ours = pipeline_arguments(cfg)
+    try:
+        base = pipeline_arguments(load_config(cfg.path))
+    except Exception:  # noqa: BLE001 - the file alone may not load (an override fixed it): show all
+        return ours
+    changed: dict[str, Any] = {}
+    for key, value in ours.items():
+        old = base.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            keys = {k: v for k, v in value.items() if old.get(k) != v}
+            changed.update({f"{key}.{k}": v for k, v in keys.items()})
+        elif value != old:
+            changed[key] = value
+    return changed
+
+
+def dry_run(cfg: Config, *, local: bool, enable_caching: bool | None, out: Any = None) -> list[str]:
+    """Prints what a run would do, without credentials, network or any task: plan, machine, time, cost, job.
+
+    Args:
+        cfg: The validated config.
+        local: Describe a `--local` run instead of a Vertex submission.
+        enable_caching: The --no-cache switch (False), else the config's setting.
+        out: Stream for the lines. Default stdout.
+
+    Returns:
+        The problems that would stop the run (placeholders, a missing project), all of them; [] if none.
+    """
+    import tempfile
+
+    import yaml
+    from kfp import compiler
+
+    from pipelines.pipeline import build_pipeline
+
+    out = out or sys.stdout
+    target = "local" if local else "vertex"
+    problems = [] if local else submission_problems(cfg)
+    print(f"dry run ({target}): nothing submitted, no credentials or network used", file=out)
+    try:
+        with tempfile.TemporaryDirectory(prefix="vlm-lora-dry-") as tmp:
+            compiler.Compiler().compile(build_pipeline(cfg, target), package_path=f"{tmp}/p.yaml")
+            spec = yaml.safe_load(Path(f"{tmp}/p.yaml").read_text())
+        print("plan: " + " -> ".join(plan_tasks(spec)), file=out)
+    except VertexError as exc:
+        problems.append(str(exc))
+    print("\n".join(estimate_lines(cfg, local=local)), file=out)
+    caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching
+    print("would submit:" if not local else "would run:", file=out)
+    rows = [("pipeline", cfg.pipeline.name), ("root", cfg.pipeline.root), ("caching", "on" if caching else "off")]
+    if not local:
+        v = cfg.vertex
+        rows += [("project", v.project or "(not set)"), ("region", v.region)]
+        rows += [("service account", v.service_account or "(the project's default)")]
+        rows += [("labels", ", ".join(f"{k}={val}" for k, val in run_labels(cfg).items()))]
+    changed = differing_arguments(cfg)
+    rows.append(
+        ("parameters", "as in the config file" if not changed else f"{len(changed)} differ from the config file")
+    )
+    for key, value in rows:
+        print(f"  {key + ':':<17} {value}", file=out)
+    for key, value in changed.items():
+        print(f"    {key} = {json.dumps(value, default=str)}", file=out)
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.run"), description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="run the whole DAG here under kfp.local")
     parser.add_argument(
         "--config", default=None, help="config YAML (default with --local: configs/local/tiny_cpu.yaml)"
@@ -609,17 +948,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="run every task even if its inputs did not change")
     parser.add_argument("--wait", action="store_true", help="Vertex: print the job's state until it ends")
     parser.add_argument("--project", default=None, help="Vertex: project ID (default: the config's vertex.project)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan, machine, expected time and cost and what would be submitted; no credentials, no network",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="--local: show every task's full log here (default: in run.log)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        return _main_dry_run(args)
     if not args.local:
         return _main_vertex(args)
     with command_errors(failures=(RunError,)) as outcome:
         cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG, parse_overrides(args.overrides))
-        result = run_local(cfg, args.root, False if args.no_cache else None)
+        try:
+            result = run_local(cfg, args.root, False if args.no_cache else None, verbose=args.verbose)
+        except ImportError as exc:
+            from pipelines.cli import missing_extra
+
+            line = missing_extra(exc)
+            if line is None:
+                raise
+            print(f"{program('python -m pipelines.run')} --local: {line}", file=sys.stderr)
+            return 2
     if outcome.code:
         return outcome.code
     print(format_summary(result))
     return 0
+
+
+def _with_flags(cfg: Config, args: argparse.Namespace) -> Config:
+    """The config with --project and --root applied (Vertex)."""
+    if args.project:
+        cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
+    if args.root:
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=args.root))
+    return cfg
+
+
+def _main_dry_run(args: argparse.Namespace) -> int:
+    if not args.config and not args.local:
+        print("error: --config is required for a Vertex dry run (or add --local)", file=sys.stderr)
+        return 2
+    with command_errors(failures=(RunError,)) as outcome:
+        cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG, parse_overrides(args.overrides))
+        cfg = with_local_root(cfg, args.root) if args.local and args.root else _with_flags(cfg, args)
+        problems = dry_run(cfg, local=args.local, enable_caching=False if args.no_cache else None)
+        if problems:
+            raise VertexError(
+                f"{cfg.path}: {len(problems)} settings to fill in before a run can be submitted "
+                "(edit the config, or pass section.key=value words):\n" + "\n".join(f"  {p}" for p in problems)
+            )
+    return outcome.code
 
 
 def _main_vertex(args: argparse.Namespace) -> int:
@@ -627,11 +1010,7 @@ def _main_vertex(args: argparse.Namespace) -> int:
         print("error: --config is required to submit to Vertex AI (or use --local)", file=sys.stderr)
         return 2
     with command_errors(failures=(RunError,)) as outcome:
-        cfg = load_config(args.config, parse_overrides(args.overrides))
-        if args.project:
-            cfg = dataclasses.replace(cfg, vertex=dataclasses.replace(cfg.vertex, project=args.project))
-        if args.root:
-            cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, root=args.root))
+        cfg = _with_flags(load_config(args.config, parse_overrides(args.overrides)), args)
         submit_vertex(cfg, wait=args.wait, enable_caching=False if args.no_cache else None)
     return outcome.code
 

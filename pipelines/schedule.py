@@ -16,6 +16,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from pipelines.cli import program
 from pipelines.config import Config, cron_problem, load_config, parse_overrides
 from pipelines.vertex import VertexError, command_errors, console_link, init_vertex, pipeline_job, preflight
 
@@ -133,7 +134,7 @@ def change_schedule(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.schedule", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.schedule"), description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("create", "list", "pause", "resume", "delete"))
     parser.add_argument("--config", required=True, help="config YAML")
     parser.add_argument("--name", default=None, help="schedule ID or resource name (pause/resume/delete)")

@@ -1,6 +1,6 @@
 """Serve a merged model locally with `swift deploy` and chat with it through the `openai` client.
 
-    python -m pipelines.serve --local [--model DIR] [--port P] [--root runs] [--smoke [--task T]]
+    python -m pipelines.serve [--model DIR] [--port P] [--root runs] [--smoke [--task T]]
 
 Without `--model` it serves the newest merged model of a local run (`<root>/*/merge-export/
 merged_model`, what `make demo` makes). It prints the base URL and a ready-to-paste client
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from components.deploy.core import DeployError, LocalServer, load_rows, smoke_test
+from pipelines.cli import program, require_modules
 
 SNIPPET = """\
 from openai import OpenAI
@@ -70,8 +71,8 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--local", action="store_true", required=True, help="serve on 127.0.0.1 (the only mode)")
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.serve"), description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true", help="serve on 127.0.0.1: the only mode, so optional")
     parser.add_argument("--model", default="", help="merged model folder; default the newest under --root")
     parser.add_argument("--root", default="runs", help="local pipeline root (default runs)")
     parser.add_argument("--port", type=int, default=0, help="TCP port; default a free one")
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for health (default 300)")
     parser.add_argument("--log", default="", help="server log file; default <model>/../serve.log")
     args = parser.parse_args(argv)
+    require_modules("swift", "torch", "transformers", "openai")  # swift deploy runs in a subprocess
 
     model = Path(args.model) if args.model else newest_merged_model(args.root)
     if model is None:

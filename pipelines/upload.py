@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pipelines.cli import program
 from pipelines.config import Config, load_config, parse_overrides
 from pipelines.vertex import VertexError, command_errors
 
@@ -70,7 +71,7 @@ def upload_template(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.upload", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.upload"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/qwen3_vl_4b/lora_seed.yaml", help="config YAML")
     parser.add_argument("--repo", default="", help="KFP repository URL (default: the config's vertex.template_repo)")
     parser.add_argument(

@@ -235,6 +235,37 @@ def placeholder_values(cfg: Config) -> list[tuple[str, str]]:
     return [kv for kv in found if not (kv in seen or seen.add(kv))]
 
 
+def submission_problems(cfg: Config) -> list[str]:
+    """Every setting that stops a config from being submitted to Vertex, without credentials or network.
+
+    Args:
+        cfg: The validated `Config`.
+
+    Returns:
+        One line per problem ("KEY still holds the placeholder 'VALUE'; FIX", a missing
+        project, a pipeline root that is not gs://), all of them; [] when it can be submitted.
+
+    Raises:
+        VertexError: A default image is needed and its tag is unknown (no source tree here).
+    """
+    problems = []
+    project, root = cfg.vertex.project, cfg.pipeline.root
+    if not project or project in PLACEHOLDER_MARKERS:
+        problems.append("vertex.project is not set; set it to your Google Cloud project ID (or pass --project)")
+    if not root.startswith("gs://"):
+        problems.append(f"pipeline.root {root!r} must be gs://bucket/prefix on Vertex")
+    for key, value in placeholder_values(cfg):
+        if key == "vertex.project" and problems[:1] and problems[0].startswith("vertex.project"):
+            continue
+        fix = "set your bucket" if "gs://" in value else "set your project / bucket"
+        if key.startswith("images."):
+            fix = "set images.light / images.train in the config (or VLM_LORA_LIGHT_IMAGE / VLM_LORA_TRAIN_IMAGE)"
+        elif key.startswith("register.serving_image"):
+            fix = "set images.train (register serves the training image)"
+        problems.append(f"{key} still holds the placeholder {value!r}; {fix}")
+    return problems
+
+
 def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) -> None:
     """Checks a config can be submitted to Vertex, before anything is created.
 
@@ -245,22 +276,20 @@ def preflight(cfg: Config, credentials: Any = None, check_buckets: bool = True) 
 
     Raises:
         VertexError: Missing or placeholder project, a pipeline root that is not gs://,
-            placeholder values left in the config, a default image whose tag is unknown, or a
-            bucket that does not exist.
+            placeholder values left in the config (all of them in one message,
+            `submission_problems`), a default image whose tag is unknown, or a bucket that
+            does not exist.
     """
     where = cfg.path or "config"
-    project, root = cfg.vertex.project, cfg.pipeline.root
-    if not project or project in PLACEHOLDER_MARKERS:
+    problems = submission_problems(cfg)
+    if len(problems) == 1:
+        raise VertexError(f"{where}: {problems[0]}")
+    if problems:
         raise VertexError(
-            f"{where}: vertex.project is not set; set it to your Google Cloud project ID (or pass --project)"
+            f"{where}: {len(problems)} settings to fill in before a run can be submitted "
+            "(edit the config, or pass section.key=value words):\n" + "\n".join(f"  {p}" for p in problems)
         )
-    if not root.startswith("gs://"):
-        raise VertexError(f"{where}: pipeline.root {root!r} must be gs://bucket/prefix on Vertex")
-    for key, value in placeholder_values(cfg):
-        fix = "set your bucket" if "gs://" in value else "set your project / bucket"
-        if key.startswith("images."):
-            fix = "set images.light / images.train in the config (or VLM_LORA_LIGHT_IMAGE / VLM_LORA_TRAIN_IMAGE)"
-        raise VertexError(f"{where}: {key} still holds the placeholder {value!r}; {fix}")
+    project, root = cfg.vertex.project, cfg.pipeline.root
     if check_buckets:
         check_bucket(root, project, "pipeline.root", credentials)
         if cfg.model.cache.startswith("gs://") and bucket_of(cfg.model.cache) != bucket_of(root):

@@ -18,7 +18,10 @@ from components.snapshot_data.core import snapshot_data
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.snapshot_data", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=sys.argv[0] if sys.argv[0].startswith("vlm-lora ") else "python -m components.snapshot_data",
+        description=__doc__.split("\n")[0],
+    )
     parser.add_argument("train", help="training data sources, comma-separated (files, folders/prefixes, globs)")
     parser.add_argument("--eval", default="", help="held-out data sources, the same way")
     parser.add_argument("--out", default=None, help="write the manifest (snapshot + skipped files) as JSON here")

@@ -17,7 +17,10 @@ from components.stage_model.core import StageError, result_summary, stage_model,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.stage_model", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=sys.argv[0] if sys.argv[0].startswith("vlm-lora ") else "python -m components.stage_model",
+        description=__doc__.split("\n")[0],
+    )
     parser.add_argument("source", help="hf://org/name[@rev], ms://org/name[@rev], gs://bucket/prefix or a folder")
     parser.add_argument("--cache", required=True, help="cache root: a folder or gs://bucket/prefix")
     parser.add_argument("--revision", default=None, help="branch, tag or commit (hf://, ms://)")

@@ -31,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from components.validate_data._convert import main as convert
 
         return convert(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m components.validate_data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=sys.argv[0] if sys.argv[0].startswith("vlm-lora ") else "python -m components.validate_data",
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("data", nargs="+", help="ms-swift JSONL file(s): local paths or gs:// URIs")
     parser.add_argument("--eval", action="append", default=[], help="held-out JSONL (repeatable); default: hash split")
     parser.add_argument("--model", default="", help="model folder: its tokenizer counts tokens (offline)")
