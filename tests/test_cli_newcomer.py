@@ -5,6 +5,8 @@ sentences in `vlm-lora ls`, "did you mean" in every section, every placeholder a
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
@@ -199,3 +201,62 @@ def test_dry_run_prints_what_would_be_submitted_without_credentials_or_network(t
     assert "a2-highgpu-1g" in out  # the machine
     assert "USD" in out or "$" in out  # the cost
     assert "config" in out and "labels" in out
+
+
+def _executor_output(folder: Path, params: dict, artifacts: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    arts = {n: {"artifacts": [{"name": n, "uri": str(folder / n), "metadata": m}]} for n, m in artifacts.items()}
+    (folder / "executor_output.json").write_text(json.dumps({"parameterValues": params, "artifacts": arts}))
+
+
+def test_quiet_console_shows_task_lines_progress_every_30_s_and_each_warning_once(tmp_path):
+    from pipelines.run import _QuietConsole
+
+    _executor_output(tmp_path / "validate-data", {"n_train": 64, "n_eval": 16}, {"metrics": {"n_invalid": 0}})
+    log, console = io.StringIO(), io.StringIO()
+    quiet = _QuietConsole(log, console, tmp_path, interval_s=30.0)
+    quiet.task_started("validate-data")
+    quiet.last_shown -= 31  # 31 s since the console last heard from this task
+    quiet.write("{'loss': '1.01', 'step': 1}\nTrain:  30%|###  | 48/160\r")
+    quiet.write("Train:  31%|###  | 49/160\n" * 50)  # within 30 s of the last: not shown
+    for _ in range(3):
+        quiet.write("x.py:1: UserWarning: pin_memory is set\n  warnings.warn(\n")
+        quiet.write('subprocess_task_handler.py:81: RuntimeWarning: non-Python base image "x". Use "DockerRunner"\n')
+    quiet.write('executor JSON {\n  "outputs": {}\n}\n')
+    quiet.task_ended("validate-data", 12.34, "SUCCESS")
+    shown = console.getvalue().splitlines()
+    assert len(shown) == 4, shown  # started, one progress line, one warning, finished
+    assert "validate-data" in shown[0] and "started" in shown[0]
+    assert "'loss'" in shown[1]
+    assert shown[2].count("UserWarning") == 1 and "pin_memory" in shown[2]
+    assert "success in 12.3 s" in shown[3] and "n_train 64" in shown[3] and "n_invalid 0" in shown[3]
+    assert "DockerRunner" in log.getvalue() and log.getvalue().count("48/160") == 1  # everything in the log
+
+
+def test_reports_get_html_copies_and_the_summary_lists_them_with_the_run_that_made_them(tmp_path):
+    from pipelines.run import format_summary, report_copies
+
+    earlier, now = tmp_path / "demo-1", tmp_path / "demo-2"
+    for folder, name in ((earlier / "validate-data", "report"), (earlier / "train-lora", "loss_curve")):
+        folder.mkdir(parents=True)
+        (folder / name).write_text("<html>report</html>")
+    (now / "evaluate").mkdir(parents=True)
+    (now / "evaluate" / "report").write_text("<html>eval</html>")
+    outputs = {  # validate-data and train-lora were cache hits: their URIs point into the earlier run
+        "validate-data": {"report": {"uri": str(earlier / "validate-data" / "report")}},
+        "train-lora": {"loss_curve": {"uri": str(earlier / "train-lora" / "loss_curve")}},
+        "evaluate": {"report": {"uri": str(now / "evaluate" / "report")}},
+    }
+    reports = report_copies(outputs, now)
+    assert [r["path"] for r in reports] == [
+        str(earlier / "validate-data" / "report.html"),
+        str(earlier / "train-lora" / "loss_curve.html"),
+        str(now / "evaluate" / "report.html"),
+    ]
+    assert Path(reports[0]["path"]).read_text() == "<html>report</html>"
+    assert reports[0]["from_run"] == str(earlier) and reports[2]["from_run"] == ""
+    result = {"run_dir": str(now), "wall_s": 1.0, "tasks": {"evaluate": 1.0}, "cached": ["validate-data"],
+              "metrics": {}, "passed": True, "reports": reports, "log": str(now / "run.log")}  # fmt: skip
+    summary = format_summary(result)
+    assert f"{earlier / 'validate-data' / 'report.html'}  (cached: made by the run {earlier})" in summary
+    assert str(now / "evaluate" / "report.html") in summary and f"full log: {now / 'run.log'}" in summary
