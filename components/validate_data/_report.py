@@ -13,6 +13,13 @@ range (max_length marked, or named at the edge when it lies beyond the data), im
 has one size), and the first rejected lines of each check with their `file:line` (and the
 user's original `file:line` when the row carries one), thumbnails of their readable images
 and the whole raw line in a scrollable block.
+
+Also a preview of the first valid rows (image thumbnail with the expected boxes drawn and
+numbered, prompt, answer; key_value: the answer's fields), and what the answers hold: for
+detection, boxes per label and rows per number of boxes, each for train and eval; for
+key_value, how many rows carry each field. Notes are styled by what they are: neutral (info)
+for a fine state such as max_length beyond the longest row, amber for a warning (leaked rows
+kept in eval), red only for an error.
 """
 
 from __future__ import annotations
@@ -25,10 +32,22 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from components.common.report import BLUE, GREY, RED, figure_svg, jpeg_data_uri, render_template
+from components.common.boxes import BoxError, ResizeRule
+from components.common.provenance import where
+from components.common.report import (
+    BLUE,
+    GREY,
+    draw_shapes,
+    figure_svg,
+    jpeg_data_uri,
+    legend,
+    png_data_uri,
+    render_template,
+)
+from components.common.tasks import Geometry, Shape, get_task, parse_json
 
 if TYPE_CHECKING:
-    from components.validate_data.core import Issue, ValidationResult
+    from components.validate_data.core import Issue, ValidationResult, _CheckedRow
 
 EXAMPLES_PER_CODE = 3
 THUMBS_PER_EXAMPLE = 4
@@ -36,6 +55,10 @@ THUMB_PX = 96
 MAX_BINS = 30
 MAX_LEAKS_SHOWN = 50  # leaked eval rows listed in the leakage section (all are in stats and the quarantine)
 LIMIT_IN_RANGE = 1.25  # max_length within this factor of the longest row: widen the axis to draw it
+PREVIEW_ROWS = 4  # valid rows previewed
+PREVIEW_PX = 240  # longest side of a preview drawing, px
+PREVIEW_CHARS = 800  # prompt / answer characters shown per previewed row
+MAX_BREAKDOWN_ROWS = 40  # labels or fields listed (most frequent first)
 
 
 def _thumb(path: Path) -> dict[str, str]:
@@ -72,9 +95,10 @@ def _bins(lo: int, hi: int) -> list[float]:
 def _histogram_svg(values: list[int], limit: int = 0) -> Any:
     """Returns the token-length histogram as inline SVG (the data's own range; `limit` marked).
 
-    The x axis spans the rows' lengths. max_length (`limit` > 0) is a dashed red line when it
+    The x axis spans the rows' lengths. max_length (`limit` > 0) is a dashed grey line when it
     lies within LIMIT_IN_RANGE x the longest row (the axis is widened to it); further out it is
-    named above the plot's right edge, so a few short rows are not squeezed into one bar.
+    named above the plot's right edge, so a few short rows are not squeezed into one bar. Grey,
+    not red: every valid row fits max_length (a longer one is an E_TOKENS error, listed below).
     """
     if not values:
         return None
@@ -90,12 +114,12 @@ def _histogram_svg(values: list[int], limit: int = 0) -> Any:
         if lo == hi:  # one length: a bar in a readable range, not a zero-width axis
             ax.set_xlim(lo - 10, hi + 10)
         if limit and limit <= hi * LIMIT_IN_RANGE:
-            ax.axvline(limit, color=RED, linestyle="--", linewidth=1.2)
+            ax.axvline(limit, color=GREY, linestyle="--", linewidth=1.2)
             ax.annotate(f"max_length {limit}", (limit, 1), xycoords=("data", "axes fraction"), xytext=(-4, -4),
-                        textcoords="offset points", ha="right", va="top", color=RED)  # fmt: skip
+                        textcoords="offset points", ha="right", va="top", color=GREY)  # fmt: skip
             ax.set_xlim(right=limit + max(1, (limit - lo) * 0.03))
         elif limit:  # named above the plot, clear of the bars
-            ax.set_title(f"max_length {limit} → beyond the longest row ({hi})", loc="right", color=RED, fontsize=8)
+            ax.set_title(f"max_length {limit} → beyond the longest row ({hi})", loc="right", color=GREY, fontsize=8)
 
     return figure_svg(draw, (7.0, 2.6), "tokens")
 
@@ -184,17 +208,122 @@ def _examples(issues: list[tuple[Issue, list[Path]]]) -> list[dict[str, Any]]:
     return out
 
 
+def _prompt_and_answer(row: dict[str, Any]) -> tuple[str, str]:
+    """Returns a row's first user message and its last assistant message (the gold answer)."""
+    messages = row.get("messages") or []
+    prompt = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    answer = next((m["content"] for m in reversed(messages) if m.get("role") == "assistant"), "")
+    return prompt, answer
+
+
+def _expected_shapes(answer: str, size: tuple[int, int], boxes: tuple[str, ResizeRule] | None) -> list[Shape]:
+    """The answer's boxes in pixels of the image (`boxes`: the run's convention and resize rule; None = none)."""
+    if boxes is None:
+        return []
+    try:
+        return get_task("detection").shapes(answer, Geometry(boxes[0], size, boxes[1]))
+    except BoxError:
+        return []
+
+
+def _fields(answer: str) -> list[tuple[str, str]]:
+    """A key_value answer's fields as written, in order ([] when it is not a JSON object)."""
+    data, _ = parse_json(answer)
+    return [(str(k), str(v)) for k, v in data.items()] if isinstance(data, dict) else []
+
+
+def _preview(rows: list[_CheckedRow], task: str, boxes: tuple[str, ResizeRule] | None) -> list[dict[str, Any]]:
+    """Returns the first PREVIEW_ROWS valid rows as the page shows them: where, image with boxes, prompt, answer.
+
+    Args:
+        rows: The valid rows (train, then eval), as validated.
+        task: The run's task; detection rows get their expected boxes drawn and numbered (one
+            image per row: with several, box coordinates do not say which image they are on).
+        boxes: The detection boxes' convention and resize rule; None = no boxes drawn.
+    """
+    out = []
+    for checked in rows[:PREVIEW_ROWS]:
+        prompt, answer = _prompt_and_answer(checked.row)
+        first = checked.images[0] if checked.images else None
+        shapes = []
+        if first is not None and task == "detection" and len(checked.images) == 1:
+            shapes = _expected_shapes(answer, (first.width, first.height), boxes)
+        out.append({
+            "where": where(checked.origin) or f"{checked.file}:{checked.line}",
+            "split": "eval" if checked.is_eval else "train",
+            "uri": png_data_uri(draw_shapes(first.path, shapes, [], size=PREVIEW_PX)) if first else "",
+            "more_images": max(0, len(checked.images) - 1),
+            "legend": legend(shapes, [], "expected"),
+            "prompt": prompt[:PREVIEW_CHARS],
+            "answer": answer[:PREVIEW_CHARS],
+            "fields": _fields(answer) if task == "key_value" else [],
+        })  # fmt: skip
+    return out
+
+
+def _bars(counts: dict[Any, list[int]], key: str, order: list[Any]) -> list[dict[str, Any]]:
+    """Table rows {key, train, eval, total, width}: width is the total as a percentage of the largest."""
+    top = max((sum(v) for v in counts.values()), default=0) or 1
+    return [{key: k, "train": counts[k][0], "eval": counts[k][1], "total": sum(counts[k]),
+             "width": round(100 * sum(counts[k]) / top, 1)} for k in order]  # fmt: skip
+
+
+def _breakdown(rows: list[_CheckedRow], task: str) -> dict[str, Any] | None:
+    """What the valid rows' answers hold, per split (train, eval); None for a task without labels or fields.
+
+    Detection: boxes per label and rows per number of boxes in the answer. key_value: rows
+    carrying each field (names as written). The answer is each row's last assistant message.
+    """
+    if task not in ("detection", "key_value"):
+        return None
+    parse = get_task(task).parse
+    labels: dict[str, list[int]] = {}
+    per_row: dict[int, list[int]] = {}
+    for checked in rows:
+        split = 1 if checked.is_eval else 0
+        _, answer = _prompt_and_answer(checked.row)
+        if task == "detection":
+            findings = parse(answer)[0] or []
+            per_row.setdefault(len(findings), [0, 0])[split] += 1
+            names = [str(f["label"]) for f in findings]
+        else:
+            names = list(dict.fromkeys(k for k, _ in _fields(answer)))
+        for name in names:
+            labels.setdefault(name, [0, 0])[split] += 1
+    order = sorted(labels, key=lambda k: (-sum(labels[k]), k))
+    return {
+        "task": task,
+        "n_rows": len(rows),
+        "n_labels": len(labels),
+        "n_boxes": sum(sum(v) for v in labels.values()) if task == "detection" else 0,
+        "labels": _bars(labels, "label", order[:MAX_BREAKDOWN_ROWS]),
+        "more": max(0, len(order) - MAX_BREAKDOWN_ROWS),
+        "per_row": _bars(per_row, "n", sorted(per_row)),
+    }
+
+
 def _passed(c: dict[str, int], fraction_ok: bool, leakage: str) -> bool:
     """Whether the run passes: invalid lines within the limit, both sets non-empty, no leak with leakage "error"."""
     return fraction_ok and c["n_train"] > 0 and c["n_eval"] > 0 and not (leakage == "error" and c.get("n_leaked"))
 
 
-def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]]]) -> str:
+def render_report(
+    result: ValidationResult,
+    issues: list[tuple[Issue, list[Path]]],
+    valid: list[_CheckedRow] | None = None,
+    task: str = "",
+    boxes: tuple[str, ResizeRule] | None = None,
+) -> str:
     """Returns the report's HTML.
 
     Args:
         result: The validation result (counts and stats).
         issues: The rejected lines with their readable local images (for thumbnails).
+        valid: The valid rows (train, then eval), for the preview and the label / field
+            counts; None = neither shown. Default None.
+        task: The run's task (`components.common.tasks`). Default "" (free text).
+        boxes: The detection boxes' convention and resize rule, to draw the preview's boxes;
+            None = not drawn. Default None.
 
     Returns:
         One self-contained HTML page.
@@ -227,11 +356,14 @@ def render_report(result: ValidationResult, issues: list[tuple[Issue, list[Path]
         sizes_svg=_sizes_svg(sizes),
         examples=_examples(issues),
         quarantine=result.quarantine,
+        task=task,
+        preview=_preview(valid or [], task, boxes),
+        breakdown=_breakdown(valid, task) if valid else None,
     )
 
 
-def write_report(path: str, result: ValidationResult, issues: list[tuple[Issue, list[Path]]]) -> None:
-    """Writes the HTML report to `path` (parent folders created)."""
+def write_report(path: str, result: ValidationResult, issues: list[tuple[Issue, list[Path]]], **kwargs: Any) -> None:
+    """Writes the HTML report to `path` (parent folders created); `kwargs` are `render_report`'s."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(result, issues), encoding="utf-8")
+    out.write_text(render_report(result, issues, **kwargs), encoding="utf-8")

@@ -1466,7 +1466,9 @@ def _validate(
     if outputs.report:
         from components.validate_data._report import write_report
 
-        write_report(outputs.report, result, [(r.issue, r.thumbnails) for r in rejected])
+        issues = [(r.issue, r.thumbnails) for r in rejected]
+        box_geometry = (boxes.convention, boxes.rule) if boxes else None
+        write_report(outputs.report, result, issues, valid=train + held_out, task=task, boxes=box_geometry)
     _enforce_policy(result, max_invalid_fraction, leakage)
     return result
 
