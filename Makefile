@@ -43,4 +43,4 @@ image-tag:
 	@$(PYTHON) -m components.images --tag
 
 clean:
-	rm -rf $(VENV) build runs
+	rm -rf $(VENV) build runs .setuptools-build

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from components import images
-from components.images import ImageTagError, source_files, source_tag
+from components.images import ImageTagError, deps_tag, source_files, source_tag
 from tests.test_vertex_images import parse_dockerfile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +39,11 @@ TINY = {
     "pipelines/__init__.py": "",
     "pipelines/pipeline.py": "STEPS = 3\n",
     "pyproject.toml": '[project]\nname = "vlm-lora-pipeline"\nversion = "0.1.0"\n',
+    "setup.py": "from setuptools import setup\n\nsetup()\n",
     "requirements.lock": "kfp==2.17.0\n",
     "images/Dockerfile.light": "FROM python:3.11.11-slim-bookworm\n",
-    "images/Dockerfile.train": "FROM nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04\n",
+    "images/Dockerfile.train-deps": "FROM nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04\n",
+    "images/Dockerfile.train": "ARG DEPS_IMAGE\nFROM ${DEPS_IMAGE}\n",
     "README.md": "# the project\n",
     "configs/seed.yaml": "# a config\n",
     "tests/test_x.py": "def test_x():\n    pass\n",
@@ -84,10 +86,12 @@ def test_the_tag_is_stable_and_the_same_at_another_path(tmp_path, git):
         "components/images.py",
         "images/Dockerfile.light",
         "images/Dockerfile.train",
+        "images/Dockerfile.train-deps",
         "pipelines/__init__.py",
         "pipelines/pipeline.py",
         "pyproject.toml",
         "requirements.lock",
+        "setup.py",
     ]
 
 
@@ -126,7 +130,9 @@ CHANGES = {
     "package data": ("components/evaluate/report.html.jinja", "<b>{{ score }}</b>\n"),
     "the pipeline code": ("pipelines/pipeline.py", "STEPS = 4\n"),
     "the lock": ("requirements.lock", "kfp==2.17.1\n"),
-    "a Dockerfile": ("images/Dockerfile.train", "FROM nvidia/cuda:13.0.2-cudnn-devel-ubuntu22.04\n"),
+    "a Dockerfile": ("images/Dockerfile.train", "ARG DEPS_IMAGE\nFROM ${DEPS_IMAGE}\nENV X=1\n"),
+    "the dependency Dockerfile": ("images/Dockerfile.train-deps", "FROM nvidia/cuda:13.0.2-cudnn-devel-ubuntu22.04\n"),
+    "the build hooks": ("setup.py", "from setuptools import setup\n\nsetup(zip_safe=False)\n"),
     "the version": ("pyproject.toml", '[project]\nname = "vlm-lora-pipeline"\nversion = "0.2.0"\n'),
 }
 
@@ -189,7 +195,7 @@ def test_a_tree_without_the_inputs_is_refused_with_what_is_missing(tmp_path):
     root = make_tree(
         tmp_path, {k: v for k, v in TINY.items() if k not in ("requirements.lock", "images/Dockerfile.train")}
     )
-    with pytest.raises(ImageTagError, match=r"no requirements\.lock, images/Dockerfile\.train"):
+    with pytest.raises(ImageTagError, match=r"no requirements\.lock, images/Dockerfile\.train$"):
         source_tag(root)
 
 
@@ -225,12 +231,16 @@ def test_check_accepts_only_the_trees_own_tag(tmp_path, capsys):
     tag = images.TAG
     assert images.main(["--check", tag]) == 0
     assert images.main(["--check", "0.1.0-000000000000"]) == 1
-    assert f"have the tag {tag!r}; build with _TAG=$(python -m components.images --tag)" in capsys.readouterr().err
+    assert f"have the tag {tag!r}; build with the output of `python -m components.images --tag`" in (
+        capsys.readouterr().err
+    )
     assert images.main(["--check", ""]) == 1
-    assert "the build was given no tag" in capsys.readouterr().err
-    assert images.main(["--check", f"{tag}-sdpa", "--variant", "sdpa"]) == 0  # a train image without flash-attn
-    assert images.main(["--check", tag, "--variant", "sdpa"]) == 1
-    assert images.main(["--check", f"{tag}-sdpa"]) == 1
+    assert "the image build was given no tag" in capsys.readouterr().err
+    assert images.main(["--check", f"{tag}-flash-attn", "--variant", "flash-attn"]) == 0  # the opt-in train image
+    assert images.main(["--check", tag, "--variant", "flash-attn"]) == 1
+    assert images.main(["--check", f"{tag}-flash-attn"]) == 1
+    assert images.main(["--check", f"{tag}-sdpa", "--variant", "sdpa"]) == 1
+    assert "unknown build variant 'sdpa': the variants are flash-attn" in capsys.readouterr().err
 
 
 def test_the_override_order_is_config_then_environment_then_the_tag(tmp_path):
@@ -286,7 +296,8 @@ def test_without_a_source_tree_the_module_imports_and_refuses_only_a_default_ima
     assert done.returncode == 0 and done.stdout.splitlines() == ["light: e/l:1", "train: e/t:1"]
     done = run_module(["--tag"], site)
     assert done.returncode == 1 and not done.stdout
-    assert done.stderr.startswith("error: no image tag: ") and "has no pyproject.toml, requirements.lock" in done.stderr
+    assert done.stderr.startswith("error: no image tag: ") and "has no pyproject.toml, setup.py" in done.stderr
+    assert "this install has no _image_tags.json (built without the source tree)" in done.stderr
 
 
 def test_compiling_for_vertex_without_a_tag_is_a_config_error_and_local_still_compiles(monkeypatch):
@@ -328,18 +339,49 @@ def image_layout(context: Path, dockerfile: Path, app: Path) -> Path:
 def test_inside_the_image_the_files_give_the_tag_they_were_built_with(tmp_path, name):
     """What the Dockerfile's last step runs, on the files it copied into /app (no .git there)."""
     context = copy_sources(ROOT, tmp_path / "context", extra=images.NOT_HASHED)
-    tag = source_tag(context)
+    tag, deps = source_tag(context), deps_tag(context)
     app = image_layout(context, context / "images" / name, tmp_path / "app")
     # what the build leaves beside them: bytecode, pip's in-tree build
     (app / "components" / "__pycache__").mkdir(exist_ok=True)
     (app / "components" / "__pycache__" / "images.cpython-311.pyc").write_bytes(b"\x00")
-    (app / "build" / "lib").mkdir(parents=True)
+    (app / ".setuptools-build" / "lib").mkdir(parents=True)
     (app / "vlm_lora_pipeline.egg-info").mkdir()
-    done = run_module(["--check", tag], app)
+    done = run_module(["--check", tag, "--deps", deps], app)
     assert done.returncode == 0, done.stderr
     assert run_module(["--tag"], app).stdout.strip() == tag
     wrong = run_module(["--check", "0.1.0-000000000000"], app)
     assert wrong.returncode == 1 and tag in wrong.stderr
+    # the train layer on a dependency image of another lock
+    wrong = run_module(["--check", tag, "--deps", "deps-000000000000"], app)
+    assert wrong.returncode == 1 and f"have the dependency tag {deps!r}; build FROM train-deps:{deps}" in wrong.stderr
+    done = run_module(["--check", f"{tag}-flash-attn", "--deps", f"{deps}-flash-attn", "--variant", "flash-attn"], app)
+    assert done.returncode == 0, done.stderr
+
+
+def test_inside_the_dependency_image_the_lock_gives_its_tag(tmp_path):
+    """Dockerfile.train-deps's last step: its copies of the lock and itself, checked by a copy of images.py."""
+    context = copy_sources(ROOT, tmp_path / "context")
+    deps = deps_tag(context)
+    opt = image_layout(context, context / "images" / "Dockerfile.train-deps", tmp_path / "opt")
+    assert sorted(p.relative_to(opt).as_posix() for p in opt.rglob("*") if p.is_file()) == [
+        "components/images.py",
+        "images/Dockerfile.train-deps",
+        "requirements.lock",
+    ]
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "components/images.py", "--check-deps", *args], cwd=opt, capture_output=True, text=True
+        )
+
+    assert check(deps, "--variant", "").returncode == 0
+    assert check(f"{deps}-flash-attn", "--variant", "flash-attn").returncode == 0
+    done = check(deps, "--variant", "flash-attn")  # FLASH_ATTN=1 pushed without the suffix
+    assert done.returncode == 1 and f"have the tag '{deps}-flash-attn'" in done.stderr
+    # a code change does not change it; the lock does
+    assert deps == deps_tag(ROOT) and deps.startswith("deps-")
+    (opt / "requirements.lock").write_text("kfp==2.17.1\n")
+    assert check(deps).returncode == 1
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.light", "Dockerfile.train"])
@@ -349,16 +391,35 @@ def test_each_dockerfile_copies_only_hashed_files_and_checks_its_tag_last(name):
     assert copied <= set(images.TAG_INPUTS) | set(images.NOT_HASHED), copied
     assert set(images.TAG_INPUTS) <= copied  # all of them are in the image: the check there can hash them
     ins, arg = steps[-1]
-    check = 'python -m components.images --check "${IMAGE_TAG}"'
     assert steps[-2] == ("ARG", 'IMAGE_TAG=""')
     assert ("ENV", "PYTHONPATH=/app") in steps[: len(steps) - 1]  # the check hashes /app, not site-packages
+    # setup.py bakes the tags from the Dockerfiles: they are in /app before the project is installed
+    install = next(
+        i for i, (ins_, arg_) in enumerate(steps) if ins_ == "RUN" and "pip install" in arg_ and '".[' in arg_
+    )
+    assert all(i < install for i, (ins_, arg_) in enumerate(steps) if ins_ == "COPY")
     if name == "Dockerfile.light":
-        assert (ins, arg) == ("RUN", check)
-    else:  # without flash-attn it is another image: the tag must say so
-        assert (ins, " ".join(arg.split())) == (
-            "RUN",
-            f'if [ "${{FLASH_ATTN}}" = "1" ]; then {check}; else {check} --variant sdpa; fi',
+        assert (ins, arg) == ("RUN", 'python -m components.images --check "${IMAGE_TAG}"')
+    else:  # the variant comes from the dependency image below, so the two cannot disagree
+        assert ins == "RUN" and " ".join(arg.split()) == (
+            'VARIANT=$(case "${VLM_LORA_DEPS_TAG}" in *-flash-attn) echo flash-attn;; esac) && python -m '
+            'components.images --check "${IMAGE_TAG}" --deps "${VLM_LORA_DEPS_TAG}" --variant "${VARIANT}"'
         )
+
+
+def test_the_dependency_dockerfile_installs_the_lock_and_flash_attn_only_when_asked():
+    steps = parse_dockerfile(ROOT / "images" / "Dockerfile.train-deps")
+    assert ("ARG", "FLASH_ATTN=0") in steps  # opt-in: every shipped config sets attn_impl: sdpa
+    copied = [src for ins, arg in steps if ins == "COPY" for src in arg.split()[:-1]]
+    assert sorted(copied) == ["components/images.py", *sorted(images.DEPS_INPUTS)]
+    # the heavy install sees only the lock: a code change cannot invalidate it
+    install = next(i for i, (ins, arg) in enumerate(steps) if ins == "RUN" and "-r requirements.lock" in arg)
+    assert [arg for ins, arg in steps[:install] if ins == "COPY"] == ["requirements.lock ./"]
+    run = " ".join(steps[install][1].split())
+    assert "pip install --no-deps -r requirements.lock && pip check" in run
+    assert 'if [ "${FLASH_ATTN}" = "1" ]; then' in run and "flash-attn==" in run
+    assert ("ENV", "VLM_LORA_DEPS_TAG=${DEPS_TAG}") in steps
+    assert steps[-1][0] == "RUN" and '--check-deps "${DEPS_TAG}" --variant "${VARIANT}"' in steps[-1][1]
 
 
 def test_the_dockerfiles_are_the_hashed_ones():
@@ -367,25 +428,111 @@ def test_the_dockerfiles_are_the_hashed_ones():
     )
 
 
-def test_cloudbuild_and_the_readmes_pass_the_computed_tag():
+def substitute(text: str, subs: dict[str, str]) -> str:
+    """Applies Cloud Build's substitutions to a step's text: ${_NAME} -> value, then $$ -> $."""
+    for name, value in subs.items():
+        text = text.replace("${" + name + "}", value)
+    assert "${_" not in text, text
+    return text.replace("$$", "$")
+
+
+def test_cloudbuild_and_the_readmes_pass_the_computed_tags():
     text = (ROOT / "images" / "cloudbuild.yaml").read_text()
     build = yaml.safe_load(text)
-    command = "_TAG=$(python -m components.images --tag)"
+    command = "$(python -m components.images --substitutions)"
     assert command in text and command in (ROOT / "images" / "README.md").read_text()
     assert "make image-tag" in (ROOT / "README.md").read_text()
     assert "image-tag:" in (ROOT / "Makefile").read_text()
-    default = build["substitutions"]["_TAG"]
-    assert not TAG_RE.fullmatch(default) and images.main(["--check", default]) == 1
+    for name in ("_TAG", "_DEPS_TAG"):
+        default = build["substitutions"][name]
+        assert not TAG_RE.fullmatch(default) and images.main(["--check", default]) == 1
+    assert build["substitutions"]["_VARIANT"] == ""  # flash-attn is opt-in
     steps = {step["id"]: step for step in build["steps"]}
     assert build["steps"][0]["id"] == "check-tag"
-    assert steps["check-tag"]["args"] == ["-m", "components.images", "--check", "${_TAG}"]
     [light_base] = [arg for ins, arg in parse_dockerfile(ROOT / "images" / "Dockerfile.light") if ins == "FROM"]
     assert steps["check-tag"]["name"] == light_base  # a pinned Python
-    assert steps["light"]["waitFor"] == steps["train"]["waitFor"] == ["check-tag"]
+    assert steps["light"]["waitFor"] == steps["train-deps"]["waitFor"] == ["check-tag"]
+    assert steps["train"]["waitFor"] == ["train-deps"]
     light, train = " ".join(steps["light"]["args"]), " ".join(steps["train"]["args"])
-    assert "--build-arg IMAGE_TAG=${_TAG} -t ${_REGISTRY}/light:${_TAG} ." in light
-    assert "--build-arg IMAGE_TAG=${_TAG}${_TRAIN_VARIANT} -t ${_REGISTRY}/train:${_TAG}${_TRAIN_VARIANT} ." in train
-    assert build["images"] == ["${_REGISTRY}/light:${_TAG}", "${_REGISTRY}/train:${_TAG}${_TRAIN_VARIANT}"]
+    assert "-f images/Dockerfile.light --build-arg IMAGE_TAG=${_TAG} -t ${_REGISTRY}/light:${_TAG} ." in light
+    assert (
+        "-f images/Dockerfile.train --build-arg DEPS_IMAGE=${_REGISTRY}/train-deps:${_DEPS_TAG}${_VARIANT} "
+        "--build-arg IMAGE_TAG=${_TAG}${_VARIANT} -t ${_REGISTRY}/train:${_TAG}${_VARIANT} ."
+    ) in train
+    assert build["images"] == ["${_REGISTRY}/light:${_TAG}", "${_REGISTRY}/train:${_TAG}${_VARIANT}"]
+    assert build["options"]["machineType"] == "E2_HIGHCPU_8"  # nothing is compiled by default
+
+
+def test_the_substitutions_command_prints_what_cloudbuild_takes():
+    done = run_module(["--substitutions"], ROOT)
+    assert done.stdout.strip() == f"_TAG={source_tag(ROOT)},_DEPS_TAG={deps_tag(ROOT)}"
+    done = run_module(["--substitutions", "--variant", "flash-attn"], ROOT)
+    assert done.stdout.strip() == f"_TAG={source_tag(ROOT)},_DEPS_TAG={deps_tag(ROOT)},_VARIANT=-flash-attn"
+    assert run_module(["--deps-tag"], ROOT).stdout.strip() == deps_tag(ROOT)
+
+
+def _step_script(step_id: str) -> str:
+    [step] = [
+        s for s in yaml.safe_load((ROOT / "images" / "cloudbuild.yaml").read_text())["steps"] if s["id"] == step_id
+    ]
+    assert step["entrypoint"] == "bash" and step["args"][0] == "-c"
+    return step["args"][1]
+
+
+@pytest.mark.parametrize("variant", ["", "-flash-attn"])
+def test_cloudbuilds_first_step_passes_the_computed_tags_and_stops_others(tmp_path, variant):
+    """The check-tag step's script as Cloud Build runs it: on the upload (no .git), before any build."""
+    upload = copy_sources(ROOT, tmp_path / "upload")
+    script = _step_script("check-tag")
+    good = {"_TAG": source_tag(upload), "_DEPS_TAG": deps_tag(upload), "_VARIANT": variant}
+
+    def run(subs: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", substitute(script, subs).replace("python -m", f"{sys.executable} -m")],
+            cwd=upload,
+            env={**os.environ, "PYTHONPATH": str(upload)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert run(good).returncode == 0, run(good).stderr
+    default = yaml.safe_load((ROOT / "images" / "cloudbuild.yaml").read_text())["substitutions"]
+    assert run({**good, "_TAG": default["_TAG"]}).returncode == 1
+    done = run({**good, "_DEPS_TAG": "deps-000000000000"})
+    assert done.returncode == 1 and f"dependency tag {good['_DEPS_TAG']!r}" in done.stderr
+    done = run({**good, "_VARIANT": "-sdpa"})
+    assert done.returncode == 1 and "_VARIANT must be empty or -flash-attn, got '-sdpa'" in done.stderr
+
+
+@pytest.mark.parametrize("variant", ["", "-flash-attn"])
+def test_cloudbuild_reuses_a_pushed_dependency_image_and_builds_a_missing_one(tmp_path, variant):
+    """The train-deps step's script with a stand-in `docker` that logs its calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "docker.log"
+    (bin_dir / "docker").write_text(
+        f'#!/bin/bash\necho "$*" >> {log}\n[ "$1 $2" != "manifest inspect" ] || [ -n "$PUSHED" ]\n'
+    )
+    (bin_dir / "docker").chmod(0o755)
+    subs = {"_REGISTRY": "r", "_TAG": "0.1.0-aaaaaaaaaaaa", "_DEPS_TAG": "deps-bbbbbbbbbbbb", "_VARIANT": variant}
+    script = substitute(_step_script("train-deps"), subs)
+    deps = f"r/train-deps:deps-bbbbbbbbbbbb{variant}"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == f"manifest inspect {deps}"
+    flash = 1 if variant else 0
+    assert calls[1] == (
+        f"build -f images/Dockerfile.train-deps --build-arg FLASH_ATTN={flash} --build-arg MAX_JOBS=16 "
+        f"--build-arg DEPS_TAG=deps-bbbbbbbbbbbb{variant} -t {deps} ."
+    )
+    assert calls[2:] == [f"push {deps}"]
+    log.unlink()
+    done = subprocess.run(["bash", "-c", script], env={**env, "PUSHED": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == f"reusing {deps}"
+    assert log.read_text().splitlines() == [f"manifest inspect {deps}"]  # nothing built, nothing pushed
 
 
 # ---------------------------------------------------------------- end to end: the compiled pipeline
