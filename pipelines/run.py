@@ -108,7 +108,8 @@ KEY_FIGURES = {
 PROGRESS_EVERY_S = 30.0  # the quiet console shows a running task's newest progress line at most this often
 # Expected locally and said once here instead: the same components run in this Python, not in their images.
 _LOCAL_NOISE = re.compile(r"non-Python base image|DockerRunner")
-_WARNING = re.compile(r"\b([A-Z]\w*Warning|WARNING|WARN)\b[:\]]?\s*(.*)")
+# Python warnings (`UserWarning: ...`) reach the console once; libraries' WARNING log lines stay in the log.
+_WARNING = re.compile(r"\b([A-Z]\w*Warning): \s*(.*)")
 _PROGRESS = re.compile(r"\d+%\||'loss'|\bprogress\b|\brows?\b|\bstep\b", re.I)
 
 
@@ -260,9 +261,9 @@ class _QuietConsole(io.TextIOBase):
     """The local run's stdout and stderr in quiet mode: all of it to the log file, little of it to the console.
 
     The console gets one line per task start and end (from `_TaskTimer`), a running task's
-    newest progress line at most every `interval_s`, and each warning once (kfp.local's
-    warnings about running a task's image in this Python are expected here and stay in the
-    log). The last lines are kept, so a failure can show its own error.
+    newest progress line at most every `interval_s`, and each Python warning once (kfp.local's
+    warnings about running a task's image in this Python are expected here, and libraries'
+    WARNING log lines are chatter: both stay in the log). The last lines are kept, so a failure can show its own error.
     """
 
     def __init__(self, log: io.TextIOBase, console: Any, run_dir: Path, interval_s: float = PROGRESS_EVERY_S):
@@ -312,7 +313,7 @@ class _QuietConsole(io.TextIOBase):
             message = m.group(2).strip() or line
             if not _LOCAL_NOISE.search(line) and message not in self.warned:
                 self.warned.add(message)
-                self.say(f"warning: {line[:300]}")
+                self.say(f"warning: {m.group(0)[:240]}")  # from the warning's class on: no file path
             return
         if self.task and _PROGRESS.search(line):
             self.progress = line

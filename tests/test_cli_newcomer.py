@@ -260,3 +260,22 @@ def test_reports_get_html_copies_and_the_summary_lists_them_with_the_run_that_ma
     summary = format_summary(result)
     assert f"{earlier / 'validate-data' / 'report.html'}  (cached: made by the run {earlier})" in summary
     assert str(now / "evaluate" / "report.html") in summary and f"full log: {now / 'run.log'}" in summary
+
+
+def test_compile_without_an_image_tag_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    import components.images as images
+
+    monkeypatch.setattr(images, "TAG", None)
+    monkeypatch.setattr(images, "LIGHT_IMAGE", f"{images.REGISTRY}/light:{images._NO_TAG}")
+    monkeypatch.setattr(images, "TRAIN_IMAGE", f"{images.REGISTRY}/train:{images._NO_TAG}")
+    assert main(["compile", "--config", "lora_seed", "--output", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no default tag" in err[0] and "images.light" in err[0]
+    assert main(["compile", "--config", "lora_seed", "--target", "local", "--output", str(tmp_path / "l.yaml")]) == 0
+
+
+def test_local_dry_run_shows_the_plan_and_runs_nothing(tmp_path, capsys):
+    assert main(["run", "--dry-run", "--local", "--root", str(tmp_path / "runs"), "eval.max_samples=4"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: snapshot-data -> stage-model -> validate-data -> train-lora -> merge-export -> evaluate" in out
+    assert "eval_max_samples = 4" in out and not (tmp_path / "runs").exists()
