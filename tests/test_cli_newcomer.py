@@ -222,6 +222,7 @@ def test_quiet_console_shows_task_lines_progress_every_30_s_and_each_warning_onc
     for _ in range(3):
         quiet.write("x.py:1: UserWarning: pin_memory is set\n  warnings.warn(\n")
         quiet.write('subprocess_task_handler.py:81: RuntimeWarning: non-Python base image "x". Use "DockerRunner"\n')
+    quiet.write("[WARNING:swift] Please install the package: `pip install decord -U`.\n")  # a library log line
     quiet.write('executor JSON {\n  "outputs": {}\n}\n')
     quiet.task_ended("validate-data", 12.34, "SUCCESS")
     shown = console.getvalue().splitlines()
