@@ -154,3 +154,30 @@ def test_a_truncated_cached_eval_set_runs_validate_data_again(first_run, root, c
     )
     assert "validate-data" in again["tasks"] and "evaluate" in again["tasks"]
     assert again["metrics"]["tuned_n"] == len(rows) == again["data"]["eval_rows"]
+
+
+def test_reports_open_as_html_and_a_cached_rerun_is_quiet_and_names_the_run_that_made_them(first_run, root, capsys):
+    """#43: each report has a `.html` copy the summary lists; a cached re-run through the command line
+    prints a short console (the full log in run.log) and points to the run folder that made each report."""
+    assert [(r["task"], r["name"]) for r in first_run["reports"]] == [
+        ("validate-data", "report"),
+        ("train-lora", "loss_curve"),
+        ("evaluate", "report"),
+    ]
+    for report in first_run["reports"]:
+        path = Path(report["path"])
+        assert path.suffix == ".html" and path.read_bytes() == path.with_suffix("").read_bytes()
+    capsys.readouterr()
+    assert main(["--local", "--root", str(root / "runs"), f"model.cache={root / 'model-cache'}"]) == 0
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    assert len(console.splitlines()) < 45, console
+    assert "executor_output" not in console and "Streamed logs" not in console
+    run_dir = Path(next(x for x in console.splitlines() if x.startswith("run folder: ")).split(": ", 1)[1])
+    assert f"full log: {run_dir / 'run.log'}" in console and (run_dir / "run.log").stat().st_size > 0
+    listed = [line for line in console.splitlines() if line.strip().endswith(")") and ".html" in line]
+    assert len(listed) == 3, console  # all three came from the cache: each names the earlier run that made it
+    for line in listed:
+        path = Path(line.split()[2])
+        made_by = line.rsplit("made by the run ", 1)[1].rstrip(")")
+        assert path.is_file() and str(path).startswith(made_by) and made_by != str(run_dir)
