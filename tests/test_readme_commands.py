@@ -134,3 +134,22 @@ def test_skipped_make_targets_exist(scratch, command):
     done = _run(stand_in, folder, env)
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout
+
+
+def test_readme_and_docs_links_point_at_files_and_headings():
+    """Every relative link of README.md and docs/*.md names a file that exists, and a #heading it has."""
+
+    def anchors(path: Path) -> set[str]:
+        heads = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), flags=re.M)
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+    broken = []
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            name, _, anchor = target.partition("#")
+            path = (page.parent / name).resolve() if name else page
+            if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
