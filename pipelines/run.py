@@ -313,7 +313,7 @@ class _QuietConsole(io.TextIOBase):
             message = m.group(2).strip() or line
             if not _LOCAL_NOISE.search(line) and message not in self.warned:
                 self.warned.add(message)
-                self.say(f"warning: {m.group(0)[:240]}")  # from the warning's class on: no file path
+                self.say(f"warning: {m.group(0)[:400]}")  # from the warning's class on: no file path
             return
         if self.task and _PROGRESS.search(line):
             self.progress = line

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from components.deploy.core import DeployError, LocalServer, load_rows, smoke_test
-from pipelines.cli import program, require_modules
+from pipelines.cli import missing_extra, program, require_modules
 
 SNIPPET = """\
 from openai import OpenAI
@@ -86,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for health (default 300)")
     parser.add_argument("--log", default="", help="server log file; default <model>/../serve.log")
     args = parser.parse_args(argv)
-    require_modules("swift", "torch", "transformers", "openai")  # swift deploy runs in a subprocess
+    try:
+        require_modules("swift", "torch", "transformers", "openai")  # swift deploy runs in a subprocess
+    except ImportError as exc:
+        print(f"{parser.prog}: {missing_extra(exc)}", file=sys.stderr)
+        return 2
 
     model = Path(args.model) if args.model else newest_merged_model(args.root)
     if model is None:

@@ -280,3 +280,19 @@ def test_local_dry_run_shows_the_plan_and_runs_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "plan: snapshot-data -> stage-model -> validate-data -> train-lora -> merge-export -> evaluate" in out
     assert "eval_max_samples = 4" in out and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("module", ["pipelines.serve", "pipelines.run"])
+def test_the_python_m_forms_name_the_train_extra_too(tmp_path, module):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_TRAIN_EXTRA)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--local"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        line for line in proc.stderr.strip().splitlines() if "pip install 'vlm-lora-pipeline[train]'" in line
+    ]
+    assert proc.stderr.startswith(f"python -m {module}")
