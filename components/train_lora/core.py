@@ -848,7 +848,7 @@ def run_node_preflight(
     return outcome.metrics if plan.is_chief else {}
 
 
-def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str, markers: dict[str, str]) -> _Inputs:
+def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str, markers: dict[str, str] | None = None) -> _Inputs:
     """Writes the datasets' rows with absolute image paths into the work folder.
 
     swift's local output folder of an earlier call with the same work folder is removed first:
@@ -863,6 +863,7 @@ def _materialize_inputs(work_dir: str, train_dir: str, eval_dir: str, markers: d
         print(f"train-lora: removing {stale} (the local output of an earlier run in this work folder)", flush=True)
         shutil.rmtree(stale)
     train_jsonl = work / "train.jsonl"
+    markers = markers or {}
     n_train = materialize_dataset(train_dir, train_jsonl, markers.get(train_dir, ""))
     eval_jsonl = ""
     if eval_dir:
