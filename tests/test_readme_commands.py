@@ -3,7 +3,8 @@
 A command added to the README without an entry in RUN or SKIP fails `test_every_readme_command_is_listed`,
 so the README stays runnable. RUN's commands run in README order in one scratch folder that links to the
 checkout's files (a compile writes its `build/` there, not into the checkout), with the virtualenv's `bin`
-first on PATH, and must exit with the code given (0 unless the README says otherwise).
+first on PATH, and must exit with the code given (0 unless the README says otherwise). An `export` line
+holds for the commands after it, as in one shell.
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ CREDENTIALS = "needs Google Cloud credentials and a project (Vertex AI)"
 # README command -> expected exit code. Each takes seconds and needs no cloud, GPU or download.
 RUN = {
     "vlm-lora --help": 0,
+    "vlm-lora --version": 0,
     "vlm-lora ls": 0,
     "vlm-lora compile --config lora_seed eval.max_samples=64": 0,
     "vlm-lora compile --config local/tiny_cpu --target local": 0,
     "sed -e s/YOUR_PROJECT/my-project/g -e s/YOUR_BUCKET/my-project-vlm-lora/g "
     "configs/qwen3_vl_4b/lora_seed.yaml > my.yaml": 0,
-    "vlm-lora compile --config my.yaml": 0,  # the file the sed line above writes
+    "export VLM_LORA_LIGHT_IMAGE=us-docker.pkg.dev/my-project/vlm-lora/light:$(python -m components.images --tag)": 0,
+    "export VLM_LORA_TRAIN_IMAGE=us-docker.pkg.dev/my-project/vlm-lora/train:$(python -m components.images --tag)": 0,
+    "vlm-lora run --dry-run --config qwen3_vl_4b/lora_seed": 2,  # the README: exit 2, every placeholder listed
+    "vlm-lora run --config my.yaml --dry-run": 0,  # my.yaml: the sed line above; the images: the exports
+    "vlm-lora compile --config my.yaml": 0,
     ".venv/bin/python -m components.validate_data --help": 0,
 }
 
@@ -44,8 +50,8 @@ SKIP = {
     "vlm-lora upload --config my.yaml": CREDENTIALS + " and an Artifact Registry repository",
     'vlm-lora schedule create --config my.yaml --cron "0 3 * * 1" --time-zone Europe/Berlin': CREDENTIALS,
     "vlm-lora schedule list --config my.yaml": CREDENTIALS,
-    ".venv/bin/python -m pipelines.serve --local": "needs a merged model from `make demo`; serves until stopped",
-    ".venv/bin/python -m pipelines.serve --local --smoke": "needs a merged model from `make demo`; starts swift deploy "
+    "vlm-lora serve": "needs a merged model from `make demo`; serves until stopped",
+    "vlm-lora serve --smoke": "needs a merged model from `make demo`; starts swift deploy "
     "(tests/test_serve_local.py covers it)",
 }
 
@@ -116,11 +122,13 @@ def _run(command: str, folder: Path, env: dict) -> subprocess.CompletedProcess:
 
 def test_readme_commands_run_as_written(scratch):
     folder, env = scratch
-    failures = []
+    failures, exports = [], []
     for command in readme_commands(README.read_text(encoding="utf-8")):
         if command not in RUN:
             continue
-        done = _run(command, folder, env)
+        done = _run("; ".join([*exports, command]), folder, env)
+        if command.startswith("export "):
+            exports.append(command)
         if done.returncode != RUN[command]:
             failures.append(f"{command}\n  exit {done.returncode} (README: {RUN[command]})\n  {done.stderr[-800:]}")
     assert not failures, "\n".join(failures)
