@@ -820,7 +820,7 @@ def format_summary(result: dict[str, Any]) -> str:
     if reports:
         lines.append("reports (open in a browser):")
         for item in reports:
-            origin = f"  (cached: made by the run {item['from_run']})" if item.get("from_run") else ""
+            origin = f"  (cached: made by the run {Path(item['from_run']).name})" if item.get("from_run") else ""
             lines.append(f"  {item['task'] + ' ' + item['name']:<24} {item['path']}{origin}")
     if result.get("log"):
         lines.append(f"full log: {result['log']}")

@@ -259,7 +259,7 @@ def test_reports_get_html_copies_and_the_summary_lists_them_with_the_run_that_ma
     result = {"run_dir": str(now), "wall_s": 1.0, "tasks": {"evaluate": 1.0}, "cached": ["validate-data"],
               "metrics": {}, "passed": True, "reports": reports, "log": str(now / "run.log")}  # fmt: skip
     summary = format_summary(result)
-    assert f"{earlier / 'validate-data' / 'report.html'}  (cached: made by the run {earlier})" in summary
+    assert f"{earlier / 'validate-data' / 'report.html'}  (cached: made by the run {earlier.name})" in summary
     assert str(now / "evaluate" / "report.html") in summary and f"full log: {now / 'run.log'}" in summary
 
 
