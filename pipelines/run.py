@@ -602,6 +602,47 @@ def report_copies(outputs: dict[str, dict[str, Any]], run_dir: Path | None) -> l
     return found
 
 
+def _run_dag(cfg: Config, root_dir: Path, timer: _TaskTimer, verbose: bool) -> tuple[Path, bool, str]:
+    """Runs the DAG under kfp.local (already initialised) in a run folder of its own.
+
+    Args:
+        cfg: The config, inputs resolved.
+        root_dir: The pipeline root.
+        timer: The root logger's `_TaskTimer` (given the quiet console here).
+        verbose: Show the tasks' output (true) or keep it in `<run>/run.log` (false).
+
+    Returns:
+        (the run folder, whether the gate passed, the full log's path or "" when verbose).
+
+    Raises:
+        RunError: A task failed; quiet, the console has its last lines.
+    """
+    from pipelines.pipeline import build_pipeline, pipeline_arguments
+
+    log = ""
+    try:
+        with own_run_dir(root_dir, cfg.pipeline.name) as run_dir, quiet_console(run_dir, verbose) as quiet:
+            timer.console = quiet
+            if quiet:
+                log = str(run_dir / "run.log")
+                quiet.say(f"run folder {run_dir}; the full log: {log} (-v shows it here)")
+            try:
+                passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
+            except RuntimeError:
+                if quiet:  # the failing task's own last lines, which the console did not show
+                    print("\n".join(["", *list(quiet.tail)[-25:], ""]), file=quiet.console, flush=True)
+                raise
+    except RunError:
+        raise
+    except RuntimeError as exc:
+        failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
+        where = f"its last lines are above; the full log: {log}" if log else "its error is printed above"
+        raise RunError(
+            f"pipeline failed at task {', '.join(failed) or '?'} ({where}): {strip_ansi(str(exc)).splitlines()[0]}"
+        ) from None
+    return run_dir, bool(passed), log
+
+
 def run_local(
     cfg: Config, root: str | None = None, enable_caching: bool | None = None, verbose: bool = True
 ) -> dict[str, Any]:
@@ -626,8 +667,6 @@ def run_local(
         ModuleNotFoundError: The `train` extra is not installed.
     """
     from kfp import local
-
-    from pipelines.pipeline import build_pipeline, pipeline_arguments
 
     require_train_extra()
     if root:
@@ -654,28 +693,8 @@ def run_local(
         root_logger.setLevel(logging.INFO)
     root_logger.addFilter(timer)
     start = time.time()
-    log = ""
     try:
-        with own_run_dir(root_dir, cfg.pipeline.name) as run_dir:
-            with quiet_console(run_dir, verbose) as quiet:
-                timer.console = quiet
-                if quiet:
-                    log = str(run_dir / "run.log")
-                    quiet.say(f"run folder {run_dir}; the full log: {log} (-v shows it here)")
-                try:
-                    passed = build_pipeline(cfg, "local")(**pipeline_arguments(cfg)).output
-                except RuntimeError:
-                    if quiet:  # the failing task's own last lines, which the console did not show
-                        print("\n".join(["", *list(quiet.tail)[-25:], ""]), file=quiet.console, flush=True)
-                    raise
-    except RunError:
-        raise
-    except RuntimeError as exc:
-        failed = [name for name, (_, status) in timer.times.items() if status != "SUCCESS"]
-        where = f"its last lines are above; the full log: {log}" if log else "its error is printed above"
-        raise RunError(
-            f"pipeline failed at task {', '.join(failed) or '?'} ({where}): {str(exc).splitlines()[0]}"
-        ) from None
+        run_dir, passed, log = _run_dag(cfg, root_dir, timer, verbose)
     finally:
         root_logger.removeFilter(timer)
         root_logger.setLevel(saved_level)
