@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.cli import program
 from pipelines.config import Config, load_config, parse_overrides
 from pipelines.vertex import PLACEHOLDER_MARKERS, VertexError, command_errors, console_link, init_vertex
 
@@ -711,7 +712,7 @@ ACTIONS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlm-lora jobs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.jobs"), description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True, metavar="{" + ",".join(ACTIONS) + "}")
     for action, summary in ACTIONS.items():
         p = sub.add_parser(action, help=summary, description=summary)
