@@ -54,6 +54,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from components.common.swift import guard_descendants, release_guard
 from pipelines.cli import program, require_modules
 from pipelines.config import (
     DEFAULT_LOCAL_CONFIG,
@@ -693,9 +694,11 @@ def run_local(
         root_logger.setLevel(logging.INFO)
     root_logger.addFilter(timer)
     start = time.time()
+    guard = guard_descendants()  # a SIGTERM / kill -9 of this process alone stops kfp.local's tasks too
     try:
         run_dir, passed, log = _run_dag(cfg, root_dir, timer, verbose)
     finally:
+        release_guard(guard)
         root_logger.removeFilter(timer)
         root_logger.setLevel(saved_level)
         os.environ.clear()

@@ -136,3 +136,57 @@ def test_kill_9_of_train_lora_stops_swift_and_its_children(tmp_path):
     _out, err = proc.communicate(timeout=60)
     assert not _wait_gone(group), "swift outlived the killed train-lora task"
     assert "the task process" in err and "is gone; stopping its command's processes" in err
+
+
+GUARDED = """
+import subprocess, sys, time
+from components.common.swift import guard_descendants, release_guard
+guard = guard_descendants()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # as kfp.local starts a task
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(child.pid))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+if "--release" in sys.argv:
+    time.sleep(2)  # the watchdog has seen the child by now
+    release_guard(guard)
+    open(sys.argv[1] + ".released", "w").close()
+time.sleep(120)
+"""
+
+
+def _guarded(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "child"), *flags],
+        cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    (child,) = _wait_for(tmp_path / "child", proc)
+    time.sleep(1.5)  # the watchdog reads the process tree every second
+    return proc, child
+
+
+def test_a_run_killed_alone_takes_its_task_processes_with_it(tmp_path):
+    """pipelines.run --local: a SIGTERM or kill -9 of the run (not its group) stopped before at the run itself."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        (tmp_path / sig.name).mkdir()
+        proc, child = _guarded(tmp_path / sig.name)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert not _wait_gone([child]), f"the task process outlived the run after {sig.name}"
+
+
+def test_a_released_guard_signals_nothing(tmp_path):
+    proc, child = _guarded(tmp_path, "--release")
+    released = tmp_path / "child.released"
+    deadline = time.monotonic() + 60
+    while not released.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never released its guard"
+        time.sleep(0.1)
+    time.sleep(2)
+    try:
+        assert proc.poll() is None and _alive(child), "a released guard stopped the run or its task"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=60)

@@ -55,6 +55,7 @@ def _table() -> dict[int, tuple[int, int, int]]:
 def track(known: dict[int, int], pgid: int) -> None:
     """Adds to `known` ({pid: start time}) the group's members and every descendant of a known process."""
     table = _table()
+    table.pop(os.getpid(), None)  # never itself: it is a descendant of a parent that guards its own children
     grew = True
     while grew:
         grew = False

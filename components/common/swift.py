@@ -196,6 +196,32 @@ def end_watchdog(watchdog: subprocess.Popen | None, grace_s: float = ORPHAN_GRAC
         watchdog.wait()
 
 
+def guard_descendants() -> subprocess.Popen | None:
+    """Starts a watchdog that stops this process's descendants (and its group, if it leads one) once it is gone.
+
+    For a process that starts task processes it does not control (kfp.local's runner starts
+    each task with a plain Popen): a SIGTERM or `kill -9` of this process alone would leave
+    them running under PID 1, and with them the commands they started. The watchdog is the
+    same as `run_command`'s (`start_watchdog`) with this process as the command. Release it
+    with `release_guard` when this process ends normally: that stops the watchdog without
+    signalling anything.
+
+    Returns:
+        The watchdog process, or None when it could not be started (a warning is printed).
+    """
+    return start_watchdog(os.getpid())
+
+
+def release_guard(watchdog: subprocess.Popen | None) -> None:
+    """Stops a `guard_descendants` watchdog without letting it signal anything (this process lives on)."""
+    if watchdog is None:
+        return
+    watchdog.kill()
+    watchdog.wait()
+    if watchdog.stdin is not None:
+        watchdog.stdin.close()
+
+
 def run_command(
     cmd: list[str],
     env: dict[str, str] | None = None,
