@@ -398,6 +398,17 @@ def own_run_dir(root: Path, pipeline_name: str) -> Iterator[Path]:
                        "the run cannot say which folder is its own")  # fmt: skip
 
 
+def _cache_entries(cache_dir: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(entry file, its outputs) of each readable kfp.local cache entry, in name order."""
+    for entry in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
+        try:
+            outputs = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue  # kfp.local ignores an unreadable entry too
+        if isinstance(outputs, dict):
+            yield entry, outputs
+
+
 def check_cache_entries(cache_dir: Path, root_dir: Path) -> list[str]:
     """Drops kfp.local cache entries whose artifact folders no longer match their completion markers.
 
@@ -419,12 +430,8 @@ def check_cache_entries(cache_dir: Path, root_dir: Path) -> list[str]:
 
     lines = []
     root = str(root_dir.resolve()) + os.sep
-    for entry in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
-        try:
-            outputs = json.loads(entry.read_text())
-        except (OSError, ValueError):
-            continue  # kfp.local ignores an unreadable entry too
-        for name, value in outputs.items() if isinstance(outputs, dict) else []:
+    for entry, outputs in _cache_entries(cache_dir):
+        for name, value in outputs.items():
             uri = str(value.get("uri") or "") if isinstance(value, dict) and value.get("__kfp_artifact__") else ""
             if not uri.startswith(root) or not os.path.isdir(uri):
                 continue
@@ -495,12 +502,8 @@ def write_metrics_files(cache_dir: Path, root_dir: Path) -> list[str]:
     """
     written = []
     root = str(root_dir.resolve()) + os.sep
-    for entry in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
-        try:
-            outputs = json.loads(entry.read_text())
-        except (OSError, ValueError):
-            continue  # kfp.local ignores an unreadable entry too
-        for value in outputs.values() if isinstance(outputs, dict) else []:
+    for _entry, outputs in _cache_entries(cache_dir):
+        for value in outputs.values():
             if not (isinstance(value, dict) and value.get("schema_title") == "system.Metrics"):
                 continue
             uri = str(value.get("uri") or "")

@@ -22,24 +22,10 @@ from components.common.provenance import ORIGIN_KEY
 from components.validate_data import core
 from components.validate_data._convert import ConvertError, convert_file
 from components.validate_data.core import DataError
-from tests.test_validate_data import Run, good_rows, line, png, row, write_lines
+from tests.test_validate_data import Run, data, good_rows, line, png, row, run, write_lines  # noqa: F401 (fixtures)
 
 CLI = [sys.executable, "-m", "components.validate_data"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def data(tmp_path) -> Path:
-    """A dataset folder with four good images."""
-    folder = tmp_path / "data"
-    for i in range(4):
-        png(folder / "img" / f"d{i}.png", color=(i * 60, 100, 255 - i * 60))
-    return folder
-
-
-@pytest.fixture
-def run(tmp_path) -> Run:
-    return Run(tmp_path / "out")
 
 
 def good_lines() -> list[str]:
