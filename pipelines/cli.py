@@ -160,6 +160,25 @@ def missing_extra(exc: ImportError) -> str | None:
     return f"needs the train extra (no module named {top!r} here): {TRAIN_EXTRA}"
 
 
+def exit_for_missing_extra(exc: ImportError, command: str) -> int:
+    """Prints the one line for a missing training stack and returns exit status 2; re-raises any other ImportError.
+
+    Call it inside the `except ImportError as exc:` block of a command's entry point.
+
+    Args:
+        exc: The ImportError.
+        command: The command's name as the user typed it, e.g. "vlm-lora run --local".
+
+    Returns:
+        2.
+    """
+    line = missing_extra(exc)
+    if line is None:
+        raise exc
+    print(f"{command}: {line}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one subcommand: `vlm-lora COMMAND [options]`.
 
@@ -189,11 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
     except ImportError as exc:
-        line = missing_extra(exc)
-        if line is None:
-            raise
-        print(f"vlm-lora {name}: {line}", file=sys.stderr)
-        return 2
+        return exit_for_missing_extra(exc, f"vlm-lora {name}")
 
 
 if __name__ == "__main__":

@@ -993,13 +993,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run_local(cfg, args.root, False if args.no_cache else None, verbose=args.verbose)
         except ImportError as exc:
-            from pipelines.cli import missing_extra
+            from pipelines.cli import exit_for_missing_extra
 
-            line = missing_extra(exc)
-            if line is None:
-                raise
-            print(f"{program('python -m pipelines.run')} --local: {line}", file=sys.stderr)
-            return 2
+            return exit_for_missing_extra(exc, f"{program('python -m pipelines.run')} --local")
     if outcome.code:
         return outcome.code
     print(format_summary(result))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from components.deploy.core import DeployError, LocalServer, load_rows, smoke_test
-from pipelines.cli import missing_extra, program, require_modules
+from pipelines.cli import exit_for_missing_extra, program, require_modules
 
 SNIPPET = """\
 from openai import OpenAI
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         require_modules("swift", "torch", "transformers", "openai")  # swift deploy runs in a subprocess
     except ImportError as exc:
-        print(f"{parser.prog}: {missing_extra(exc)}", file=sys.stderr)
-        return 2
+        return exit_for_missing_extra(exc, parser.prog)
 
     model = Path(args.model) if args.model else newest_merged_model(args.root)
     if model is None:

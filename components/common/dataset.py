@@ -12,7 +12,36 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from components.common.manifest import ManifestError, verify_if_marked
+
 TOKEN_STATS_FILE = "token_stats.json"
+DATA_FILE = "data.jsonl"
+RUN_AGAIN = "run validate-data again (a cached run: --no-cache, or delete its cache entry)"
+
+
+def checked_rows_file(folder: str | Path, expected_marker: str = "") -> Path:
+    """A validated dataset's `data.jsonl`, once the folder is checked against its completion marker.
+
+    The one check every reader of a validate-data output makes (train-lora, evaluate): the rows
+    as validate-data wrote them, never a truncated or edited copy.
+
+    Args:
+        folder: The dataset folder (data.jsonl + images/).
+        expected_marker: The sha256 of its marker as validate-data recorded it (the artifact's
+            `manifest_sha256`): a marker removed or edited since is caught too. Default ""
+            (checked when the folder has a marker).
+
+    Returns:
+        The path of `data.jsonl`.
+
+    Raises:
+        ManifestError: No data.jsonl, or the files differ from the marker (naming the file).
+    """
+    src = Path(folder) / DATA_FILE
+    if not src.is_file():
+        raise ManifestError(folder, DATA_FILE, "not a validated dataset (no data.jsonl)", "run validate-data first")
+    verify_if_marked(folder, expected_sha256=expected_marker, fix=RUN_AGAIN)
+    return src
 
 
 def token_stats(counts: Sequence[int], *, max_length: int = 0, max_pixels: int = 0, source: str = "") -> dict[str, Any]:

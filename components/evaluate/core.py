@@ -27,7 +27,8 @@ from typing import Any
 
 # The reference model is decided in one shared place; evaluate's component resolves it through this module.
 from components.common.boxes import CONVENTIONS, ResizeRule
-from components.common.manifest import ManifestError, verify_if_marked
+from components.common.dataset import checked_rows_file
+from components.common.manifest import ManifestError
 from components.common.progress import Progress
 from components.common.provenance import make_origin, origin_of
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
@@ -83,15 +84,8 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marke
         EvalError: No data.jsonl, its files differ from the folder's completion marker
             (`components.common.manifest`), or no rows.
     """
-    src = Path(dataset_dir) / "data.jsonl"
-    if not src.is_file():
-        raise EvalError(f"{dataset_dir}: not a validated dataset (no data.jsonl)")
-    try:  # the rows validate-data wrote (its completion marker): a gate never decides on a truncated copy
-        verify_if_marked(
-            dataset_dir,
-            expected_sha256=expected_marker,
-            fix="run validate-data again (a cached run: --no-cache, or delete its cache entry)",
-        )
+    try:  # the rows validate-data wrote: a gate never decides on a truncated copy
+        src = checked_rows_file(dataset_dir, expected_marker)
     except ManifestError as exc:
         raise EvalError(str(exc)) from None
     rows = []

@@ -198,6 +198,17 @@ _CONFIG_FIX = "restore the model's own config.json (as its hub repo or `save_pre
 _INDEX_FIX = "restore the index `save_pretrained` wrote, or delete it when the weights are one model.safetensors"
 
 
+def _read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON file that must hold an object; StageError (naming the file and `fix`) otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{path}: cannot parse ({exc}); {fix}") from None
+    if not isinstance(data, dict):
+        raise StageError(f"{path}: expected a JSON object {{...}}, found {_json_kind(data)}; {fix}")
+    return data
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     """Reads a model's config.json and checks the shape of the fields staging reads.
 
@@ -205,12 +216,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         StageError: Not JSON, not an object, `architectures` not a list of class names,
             `text_config` not an object. The message names the file, the field and the fix.
     """
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{path}: cannot parse ({exc}); {_CONFIG_FIX}") from None
-    if not isinstance(config, dict):
-        raise StageError(f"{path}: expected a JSON object {{...}}, found {_json_kind(config)}; {_CONFIG_FIX}")
+    config = _read_json_object(path, _CONFIG_FIX)
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise StageError(
@@ -230,12 +236,7 @@ def _read_weight_map(path: Path) -> dict[str, str]:
         StageError: Not JSON, not an object, no `weight_map`, a `weight_map` that is not an
             object of file names. The message names the file, the field and the fix.
     """
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{path}: cannot parse ({exc}); {_INDEX_FIX}") from None
-    if not isinstance(index, dict):
-        raise StageError(f"{path}: expected a JSON object {{...}}, found {_json_kind(index)}; {_INDEX_FIX}")
+    index = _read_json_object(path, _INDEX_FIX)
     weight_map = index.get("weight_map")
     if "weight_map" not in index:
         raise StageError(f"{path}: cannot parse: no field 'weight_map' {{tensor name: shard file}}; {_INDEX_FIX}")

@@ -22,8 +22,8 @@ from typing import Any
 
 from components.common import cost
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
-from components.common.dataset import read_token_stats
-from components.common.manifest import ManifestError, verify_if_marked
+from components.common.dataset import checked_rows_file, read_token_stats
+from components.common.manifest import ManifestError
 from components.common.provenance import strip_origin
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import (
@@ -215,15 +215,8 @@ def materialize_dataset(dataset_dir: str | Path, out_jsonl: str | Path, expected
             (`components.common.manifest`), or a referenced image is missing.
     """
     base = Path(dataset_dir)
-    src = base / "data.jsonl"
-    if not src.is_file():
-        raise TrainError(f"{base}: not a validated dataset (no data.jsonl); run validate-data first")
-    try:  # the folder as validate-data wrote it (its completion marker), never a truncated or edited copy
-        verify_if_marked(
-            base,
-            expected_sha256=expected_marker,
-            fix="run validate-data again (a cached run: --no-cache, or delete its cache entry)",
-        )
+    try:
+        src = checked_rows_file(base, expected_marker)
     except ManifestError as exc:
         raise TrainError(str(exc)) from None
     n = 0
