@@ -367,9 +367,12 @@ def _decode(
             return str(exc) or type(exc).__name__, None
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"{sha}.png"
-        tmp = out.with_name(f"{out.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-        copy.save(tmp, "PNG")
-        os.replace(tmp, out)
+        tmp = _temp_name(out)
+        try:
+            copy.save(tmp, "PNG")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return "", out
 
 
