@@ -162,6 +162,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     # the loss reading the GPU three times per micro-step: the labelled rows, Liger's count of them and its check of
     # the loss's gradient (before the plugin took them from the labels' host copy, session 21)
     "auto_liger_log5_losswait": auto_liger(logging_steps=5, env={"VLM_LORA_LOSS_NO_WAIT": "0"}),
+    # Liger's loss over every position (item 5 off, and with it item 18, which hands item 5 its rows): issue 42
+    "auto_liger_log5_nolabelrows": auto_liger(logging_steps=5, env={"VLM_LORA_LABEL_ROWS_LOSS": "0"}),
     # the plugin items whose gain the records put inside the spread, all off together (issue 42, 2026-11-28): the LM
     # head on labelled rows and the loss without waits (items 5, 18), the vision grid and the forward's facts on the
     # host (item 7's second part), torch's RMSNorm and aligned collection (items 9, 15: on with several processes),
