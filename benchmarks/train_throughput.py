@@ -625,6 +625,8 @@ def validated_data(
             rows = n_train // len(sizes) + (1 if i < n_train % len(sizes) else 0)
             data = generate_dataset(out / f"raw-{rows}-{size}px", n_train=rows, n_eval=0, image_size=size, seed=i)
             files.append(data["train"])
+        # the held-out rows are unused; validate-data wants a held-out set (an eval_fraction of 0 is refused)
+        held_out = generate_dataset(out / f"raw-eval-{sizes[0]}px", n_train=1, n_eval=2, image_size=sizes[0], seed=99)
         validate_data(
             files,
             str(train_dir),
@@ -634,7 +636,7 @@ def validated_data(
             max_length=int(swift_args.get("max_length", 0) or 0),
             max_pixels=max_pixels,
             task="detection",
-            eval_fraction=0.0,
+            eval_files=[held_out["eval"]],
         )
     return train_dir
 
