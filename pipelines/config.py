@@ -65,6 +65,7 @@ from components.common.model_fit import (
     known_model_bytes,
 )
 from components.common.reference import CHAMPION, reference_problem
+from components.common.regression import max_drop_problem, max_drops
 from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
 from components.train_lora.job_env import JobEnvError, check_job_env
@@ -205,6 +206,15 @@ class EvalSection:
             `base`: the staged base model.
             A merged model folder: `gs://bucket/prefix` (read through /gcs/ on Vertex) or,
             for local runs, a local folder with a config.json.
+        regression: The regression set: general rows that guard what the model already knew
+            (`components.common.regression`: each row's `kind` is vqa, ocr or grounding), in
+            the forms of `data.train` (files, folders / prefixes, globs; local or gs://,
+            comma-separated). Checked by a validate-regression task before training, scored
+            for both models by evaluate. Fixed when the pipeline is compiled (it decides
+            whether that task exists). Default "" (none).
+        regression_max_drop: The regression rule of the gate: the absolute drop allowed per
+            kind and `overall` (the mean of the kinds' scores); a CER rise counts as a drop.
+            Names left out take 0.05; an unknown name is refused. Default 0.05 for each.
     """
 
     max_new_tokens: int = 512
@@ -215,6 +225,13 @@ class EvalSection:
     min_value: float = 0.0
     min_margin: float = 0.0
     reference: str = "auto"
+    regression: str = ""
+    regression_max_drop: dict[str, float] = field(default_factory=max_drops)
+
+    def __post_init__(self) -> None:
+        # the rule is whole wherever it goes (the pipeline's parameter, the run form): left-out names take the default
+        if not max_drop_problem(self.regression_max_drop):
+            object.__setattr__(self, "regression_max_drop", max_drops(self.regression_max_drop))
 
 
 @dataclass(frozen=True)
@@ -1045,6 +1062,8 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
     problem = reference_problem(e.reference)
     if problem:
         raise ConfigError(f"{where('eval.reference')}: 'eval.reference' {e.reference!r}: {problem}")
+    if problem := max_drop_problem(e.regression_max_drop):
+        raise ConfigError(f"{where('eval.regression_max_drop')}: 'eval.regression_max_drop' {problem}")
     if e.reference == CHAMPION and not cfg.register.alias:
         raise ConfigError(
             f"{where('eval.reference')}: 'eval.reference' is 'champion' but 'register.alias' is empty; "
