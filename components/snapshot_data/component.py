@@ -23,6 +23,7 @@ def snapshot_data(
     box_convention: str = "pixel",
     leakage: str = "quarantine",
     champion_uri: str = "",
+    regression_sources: str = "",
 ) -> NamedTuple(
     "Outputs",
     [
@@ -32,6 +33,7 @@ def snapshot_data(
         ("up_to_date", bool),
         ("model_source", str),
         ("model_revision", str),
+        ("regression_snapshot", str),
     ],
 ):
     """Resolves the data sources to the exact files this run reads (never cached).
@@ -58,6 +60,8 @@ def snapshot_data(
             and the skipped non-JSONL files.
         champion_uri: The champion's merged model folder ("" = none): its data lineage says
             what changed, and whether it was trained on exactly this data and these settings.
+        regression_sources: The regression set (`eval.regression`), the same forms as the data;
+            "" = none. Default "".
 
     Returns:
         snapshot: The snapshot as canonical JSON: validate-data reads exactly these files.
@@ -68,6 +72,8 @@ def snapshot_data(
         model_source: The model source to stage, a hub source pinned to its current commit
             (`hf://org/name@<commit>`), so a new commit is a cache miss for stage-model.
         model_revision: The revision to stage it with ("" once pinned into the source).
+        regression_snapshot: The regression set's own snapshot (canonical JSON) for
+            validate-regression; "" without one. Outside the fingerprint and the training key.
     """
     from collections import namedtuple
 
@@ -81,6 +87,7 @@ def snapshot_data(
             champion_dir=champion_uri,
             manifest_out=manifest.path,
             token_from=model_token_from,
+            regression=regression_sources,
             training={
                 "model_source": model_source,
                 "model_revision": model_revision,
@@ -97,7 +104,8 @@ def snapshot_data(
         raise SystemExit(f"snapshot-data: {exc}") from None
     print(result.summary, flush=True)
     manifest.metadata.update(result.metadata)
-    names = ["snapshot", "fingerprint", "training_key", "up_to_date", "model_source", "model_revision"]
+    names = ["snapshot", "fingerprint", "training_key", "up_to_date", "model_source", "model_revision",
+             "regression_snapshot"]  # fmt: skip
     return namedtuple("Outputs", names)(
         result.snapshot_json,
         result.fingerprint,
@@ -105,6 +113,7 @@ def snapshot_data(
         result.up_to_date,
         result.model_source,
         result.model_revision,
+        result.regression_json,
     )
 
 

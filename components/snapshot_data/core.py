@@ -464,6 +464,9 @@ class SnapshotResult:
             settings: nothing to train.
         model_source: The model source to stage: a hub source pinned to its commit.
         model_revision: The revision to stage with it ("" when pinned into the source).
+        regression_json: The regression set's own snapshot as canonical JSON (`regression_snapshot`),
+            "" without one. Not part of the fingerprint or the training key: it changes what
+            evaluate checks, not what is trained.
         summary: Log lines (files, skipped, what changed since the champion).
         metadata: Figures for the manifest artifact.
     """
@@ -476,6 +479,7 @@ class SnapshotResult:
     metadata: dict[str, Any]
     model_source: str = ""
     model_revision: str = ""
+    regression_json: str = ""
 
 
 def snapshot_data(
@@ -486,6 +490,7 @@ def snapshot_data(
     champion_dir: str = "",
     manifest_out: str | Path | None = None,
     token_from: str = "",
+    regression: str = "",
 ) -> SnapshotResult:
     """Resolves the sources, compares with the champion's data, writes the manifest.
 
@@ -498,12 +503,15 @@ def snapshot_data(
         manifest_out: Where to write the manifest JSON (snapshot + skipped files). Default:
             not written.
         token_from: Hub token source for pinning a gated hub model. Default "".
+        regression: The regression set's sources (`eval.regression`), comma-separated; resolved
+            to a snapshot of their own (`regression_snapshot`). Default "" (none).
 
     Returns:
         The SnapshotResult.
 
     Raises:
-        SnapshotError: As `resolve_sources`.
+        SnapshotError: As `resolve_sources`, for the regression sources too, or a regression file
+            that is also training or held-out data.
     """
 
     training = dict(training or {})
@@ -521,6 +529,9 @@ def snapshot_data(
         text += "\n" + model[2]
     if up_to_date:
         text += f"\nthe champion was trained on this data with these settings (key {key}): nothing to train"
+    regression_set = regression_snapshot(regression, s) if regression.strip() else None
+    if regression_set is not None:
+        text += f"\nregression set: {len(regression_set['train'])} file(s), snapshot {regression_set['fingerprint']}"
     metadata = {
         "fingerprint": s["fingerprint"],
         "training_key": key,
@@ -530,15 +541,51 @@ def snapshot_data(
         "skipped_files": resolution.skipped,
         "up_to_date": up_to_date,
         "model_source": model[0],
+        "regression_files": len(regression_set["train"]) if regression_set else 0,
     }
     if manifest_out is not None:
         manifest = {
             **s,
             "training_key": key,
             "skipped": {"count": resolution.skipped, "examples": resolution.skipped_examples},
+            **({"regression": regression_set} if regression_set else {}),
         }
         _write_manifest(Path(manifest_out), manifest)
     return SnapshotResult(
         snap.canonical(s), s["fingerprint"], key, up_to_date, text, metadata, model_source=model[0],
-        model_revision=model[1],
+        model_revision=model[1], regression_json=snap.canonical(regression_set) if regression_set else "",
     )  # fmt: skip
+
+
+def regression_snapshot(sources: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Resolves the regression set's sources to a snapshot of their own.
+
+    The snapshot has the form of every snapshot (`components.common.snapshot`), its files in the
+    `train` list (the one the form requires) and `eval` empty, so validate-data reads exactly
+    them the same way. It stays out of the data's fingerprint and the training key: a new
+    regression row changes what evaluate checks, not what is trained (no new training run).
+
+    Args:
+        sources: `eval.regression`, comma-separated (files, folders / prefixes, globs).
+        data: This run's data snapshot: a regression file may not be one of its files.
+
+    Returns:
+        The regression snapshot.
+
+    Raises:
+        SnapshotError: As `resolve_sources`, or a regression file that is also training or
+            held-out data (a model tuned on its rows would be checked on what it memorised).
+    """
+    if not split_sources(sources):
+        raise SnapshotError(
+            f"eval.regression {sources!r} names no source: name JSONL files, folders or globs, or leave it empty"
+        )
+    found = resolve_sources(sources).snapshot
+    data_files = {e["uri"] for split in snap.SPLITS for e in data[split]}
+    for entry in found["train"]:
+        if entry["uri"] in data_files:
+            raise SnapshotError(
+                f"{entry['uri']}: is both regression data (eval.regression) and training or held-out data "
+                "(data.train / data.eval); a regression row must be one the model was not tuned on: name it once"
+            )
+    return found

@@ -111,3 +111,63 @@ def validate_data(
     eval_dataset.metadata["manifest_sha256"] = result.stats["manifests"]["eval"]
     quarantine.metadata["rows"] = result.counts["n_invalid"]
     return namedtuple("Outputs", ["n_train", "n_eval"])(result.counts["n_train"], result.counts["n_eval"])
+
+
+@dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
+def validate_regression(
+    snapshot: str,
+    base_model: dsl.Input[dsl.Model],
+    max_invalid_fraction: float,
+    swift_args: dict,
+    regression_dataset: dsl.Output[dsl.Dataset],
+    quarantine: dsl.Output[dsl.Dataset],
+    metrics: dsl.Output[dsl.Metrics],
+    box_convention: str = "pixel",
+) -> int:
+    """Checks every line of the regression set (`eval.regression`); writes the clean set and a quarantine.
+
+    The same line, image and duplicate checks as the task data, plus each row's kind (vqa, ocr,
+    grounding: E_REGRESSION_KIND) and gold answer (E_REGRESSION_GOLD), and grounding boxes against
+    their image (E_BOX). Runs before training: a set that quarantines to nothing stops the run
+    before any GPU work.
+
+    Args:
+        snapshot: The regression set's snapshot (snapshot-data's `regression_snapshot`).
+        base_model: Staged base model: its family resolves box_convention "auto".
+        max_invalid_fraction: Largest tolerated fraction of invalid lines (`data.max_invalid_fraction`).
+        swift_args: `swift sft` arguments; `max_pixels` sets the resized_pixel box rule.
+        regression_dataset: Output: the clean regression set (data.jsonl + images/, completion
+            marker; metadata rows, rows per kind, manifest_sha256).
+        quarantine: Output: rejected lines with file, line, code and message.
+        metrics: Output: line counts, rows per kind, per-code counts.
+        box_convention: What grounding boxes mean, as `data.box_convention`. Default "pixel".
+
+    Returns:
+        The number of valid regression rows.
+    """
+    from components.common.regression import KIND_NAMES
+    from components.validate_data._regression import validate_regression_snapshot
+    from components.validate_data.core import DataError, training_max_pixels
+
+    try:
+        result = validate_regression_snapshot(
+            snapshot,
+            out=regression_dataset.path,
+            quarantine_out=quarantine.path,
+            model_dir=base_model.path,
+            box_convention=box_convention,
+            max_pixels=training_max_pixels(swift_args),
+            max_invalid_fraction=max_invalid_fraction,
+        )
+    except DataError as exc:
+        raise SystemExit(f"validate-regression: {exc}") from None
+    print(result.summary())
+    for key, value in result.counts.items():
+        metrics.log_metric(key, value)
+    kinds = {kind: result.counts[f"n_{kind}"] for kind in KIND_NAMES}
+    regression_dataset.metadata.update(
+        {"rows": result.counts["n_valid"], "kinds": kinds, "format": "ms-swift jsonl + kind",
+         "manifest_sha256": result.manifest_sha256}
+    )  # fmt: skip
+    quarantine.metadata["rows"] = result.counts["n_invalid"]
+    return result.counts["n_valid"]
