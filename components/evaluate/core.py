@@ -11,6 +11,13 @@ Boxes are scored in pixels of the original image: the dataset's boxes (and so th
 models' answers, trained on them) are in one convention (`box_convention`: pixel,
 norm1000 or resized_pixel, see `components.common.boxes`), and each row's boxes are
 converted with the size of the row's first image (read from the image header only).
+
+With a regression set (`eval.regression`, validated by validate-regression), both models
+also answer its rows, in the same generation call as the held-out rows, and each row is
+scored by its kind's metric (`components.common.regression`: vqa, ocr, grounding). The gate
+then has a second rule: no kind, and not the overall score, may drop by more than
+`regression_max_drop`; its decision names the rule that failed (the task metric, or the
+regression kind and by how much).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common import regression as reg
+
 # The reference model is decided in one shared place; evaluate's component resolves it through this module.
 from components.common.boxes import CONVENTIONS, ResizeRule
 from components.common.dataset import checked_rows_file
@@ -33,8 +42,8 @@ from components.common.progress import Progress
 from components.common.provenance import make_origin, origin_of
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
 from components.common.storage import to_fuse_path
-from components.common.tasks import Geometry
-from components.evaluate.metrics import aggregate, gate, score_sample
+from components.common.tasks import PIXEL, Geometry
+from components.evaluate.metrics import aggregate, gate, gate_with_regression, score_sample
 
 # (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens); a generator
 # that also takes `progress_label` logs its own progress (rows done / total, rows/s, ETA) under that label
@@ -55,6 +64,12 @@ class EvalResult:
         tuned: Aggregate metrics of the tuned model (plus speed figures).
         reference: Aggregate metrics of the reference model (plus speed figures).
         predictions: Path of the per-sample predictions JSONL.
+        samples: The held-out rows' records (gold, both answers and scores).
+        regression: The regression figures (`components.common.regression.summarize`), None
+            without a regression set.
+        regression_samples: The regression rows' records (kind, gold, both answers and scores).
+        drops: The regression rule's checks, one per kind and overall (`regression.check_drops`).
+        failed_rules: The gate rules that failed: "task" and / or "regression:<kind or overall>".
     """
 
     passed: bool
@@ -63,6 +78,10 @@ class EvalResult:
     reference: dict[str, float]
     predictions: str
     samples: list[dict[str, Any]] = field(default_factory=list)
+    regression: dict[str, Any] | None = None
+    regression_samples: list[dict[str, Any]] = field(default_factory=list)
+    drops: list[reg.Drop] = field(default_factory=list)
+    failed_rules: list[str] = field(default_factory=list)
 
 
 def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marker: str = "") -> list[dict[str, Any]]:
@@ -84,6 +103,44 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marke
         EvalError: No data.jsonl, its files differ from the folder's completion marker
             (`components.common.manifest`), or no rows.
     """
+    rows = _read_rows(dataset_dir, max_samples, expected_marker)
+    if not rows:
+        raise EvalError(
+            f"{Path(dataset_dir) / 'data.jsonl'}: eval set is empty; provide held-out rows (data.eval or a larger "
+            "data.eval_fraction)"
+        )
+    return rows
+
+
+def load_regression_rows(dataset_dir: str | Path, expected_marker: str = "") -> list[dict[str, Any]]:
+    """Reads a validated regression set (validate-regression's output): rows as `load_eval_rows`, each with its kind.
+
+    Args:
+        dataset_dir: The regression dataset folder.
+        expected_marker: The sha256 of its completion marker (the artifact's `manifest_sha256`).
+            Default "" (checked when the folder has a marker).
+
+    Returns:
+        Rows of `load_eval_rows`, each with "kind" (one of `regression.KIND_NAMES`).
+
+    Raises:
+        EvalError: As `load_eval_rows`, no rows, or a row without a known kind (a folder
+            validate-regression did not write).
+    """
+    rows = _read_rows(dataset_dir, 0, expected_marker)
+    if not rows:
+        raise EvalError(f"{Path(dataset_dir) / 'data.jsonl'}: the regression set is empty; run validate-regression")
+    for row in rows:
+        if row["kind"] not in reg.KINDS:
+            raise EvalError(
+                f"{Path(dataset_dir) / 'data.jsonl'}:{row['line']}: regression row of kind {row['kind']!r}, not one of "
+                f"{', '.join(reg.KIND_NAMES)}; pass the dataset validate-regression wrote"
+            )
+    return rows
+
+
+def _read_rows(dataset_dir: str | Path, max_samples: int, expected_marker: str) -> list[dict[str, Any]]:
+    """The rows of a validated dataset folder, as `load_eval_rows` returns them (possibly none)."""
     try:  # the rows validate-data wrote: a gate never decides on a truncated copy
         src = checked_rows_file(dataset_dir, expected_marker)
     except ManifestError as exc:
@@ -101,12 +158,11 @@ def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marke
                     "line": number,
                     # the user's file:line and image names (validate-data's provenance); else this file's
                     "origin": origin_of(row) or make_origin(str(src), number, row.get("images", [])),
+                    "kind": row.get(reg.KIND_KEY, ""),  # a regression row's kind ("" for a task row)
                 }
             )
             if max_samples and len(rows) >= max_samples:
                 break
-    if not rows:
-        raise EvalError(f"{src}: eval set is empty; provide held-out rows (data.eval or a larger data.eval_fraction)")
     return rows
 
 
@@ -245,19 +301,20 @@ def _takes_progress_label(fn: Callable) -> bool:
         return False
 
 
-def _score_model(
+def _generate(
     name: str,
     model_dir: str,
     model_type: str,
     rows: list[dict[str, Any]],
     batch_size: int,
     max_new_tokens: int,
-    iou_threshold: float,
     generate_fn: GenerateFn,
-    geometries: list[Geometry],
-    pred_geometries: list[Geometry],
-    task: str = "detection",
-) -> tuple[dict[str, float], list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], dict[str, float]]:
+    """One model's answers to every row (held-out and regression, one call), and its speed figures.
+
+    Raises:
+        EvalError: The model returned another number of answers than rows.
+    """
     label = f"evaluate: {name} model"
     start = time.time()
     if _takes_progress_label(generate_fn):
@@ -269,19 +326,91 @@ def _score_model(
     seconds = max(time.time() - start, 1e-9)
     if len(answers) != len(rows):
         raise EvalError(f"{name} model returned {len(answers)} answers for {len(rows)} prompts")
+    return answers, {
+        "samples_per_second": len(rows) / seconds,
+        "generated_tokens_per_second": generated / seconds,
+        "generate_seconds": seconds,
+    }
+
+
+def _task_scores(
+    answers: list[str],
+    rows: list[dict[str, Any]],
+    geometries: list[Geometry],
+    pred_geometries: list[Geometry],
+    iou_threshold: float,
+    task: str,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Scores one model's answers to the held-out rows with the task's definition: (aggregate, per-row scores)."""
     scores = [
         score_sample(answer, row["gold"], iou_threshold, geometry=geometry, pred_geometry=pred_geometry, task=task)
         for answer, row, geometry, pred_geometry in zip(answers, rows, geometries, pred_geometries)
     ]
-    metrics = aggregate(scores)
-    metrics.update(
-        {
-            "samples_per_second": len(rows) / seconds,
-            "generated_tokens_per_second": generated / seconds,
-            "generate_seconds": seconds,
-        }
+    return aggregate(scores), scores
+
+
+def _geometries(
+    rows: list[dict[str, Any]], box_convention: str, reference_box_convention: str, rule: ResizeRule | None
+) -> tuple[list[Geometry], list[Geometry]]:
+    """Each row's geometry for the gold (and the tuned model's answers), and for the reference's answers."""
+    geometries = row_geometries(rows, box_convention, rule)
+    if reference_box_convention == box_convention:
+        return geometries, geometries
+    return geometries, row_geometries(rows, reference_box_convention, rule)
+
+
+def _regression_geometries(
+    rows: list[dict[str, Any]], box_convention: str, reference_box_convention: str, rule: ResizeRule | None
+) -> tuple[list[Geometry], list[Geometry]]:
+    """As `_geometries` for regression rows: only grounding rows have boxes (the others get PIXEL, unread)."""
+    boxed = [r for r in rows if r["kind"] == "grounding"]
+    gold, ref = (iter(g) for g in _geometries(boxed, box_convention, reference_box_convention, rule))
+    pairs = [(next(gold), next(ref)) if r["kind"] == "grounding" else (PIXEL, PIXEL) for r in rows]
+    return [g for g, _ in pairs], [r for _, r in pairs]
+
+
+def _regression(
+    rows: list[dict[str, Any]],
+    reference_answers: list[str],
+    tuned_answers: list[str],
+    geometries: tuple[list[Geometry], list[Geometry]],
+    max_drop: dict[str, float] | None,
+) -> tuple[dict[str, Any], list[reg.Drop], list[dict[str, Any]]]:
+    """Scores both models on the regression rows; returns (the figures, the rule's checks, the row records)."""
+    gold_geometries, ref_geometries = geometries
+    samples = []
+    for row, geometry, ref_geometry, r_ans, t_ans in zip(
+        rows, gold_geometries, ref_geometries, reference_answers, tuned_answers
+    ):
+        samples.append(
+            {
+                "set": "regression",
+                "kind": row["kind"],
+                "line": row["line"],
+                "origin": row["origin"],
+                "images": row["images"],
+                "question": reg.question_text(row["messages"]),
+                "box_convention": geometry.convention,
+                "image_size": list(geometry.image_size) if geometry.image_size else None,
+                "gold": row["gold"],
+                "tuned": t_ans,
+                "tuned_score": reg.score_row(row["kind"], t_ans, row["gold"], geometry),
+                "reference": r_ans,
+                "reference_score": reg.score_row(row["kind"], r_ans, row["gold"], geometry, ref_geometry),
+            }
+        )
+    summary = reg.summarize(
+        [s["kind"] for s in samples], [s["reference_score"] for s in samples], [s["tuned_score"] for s in samples]
     )
-    return metrics, answers, scores
+    return summary, reg.check_drops(summary, max_drop), samples
+
+
+def _write_predictions(path: str, samples: list[dict[str, Any]]) -> None:
+    """Writes the per-row records (held-out, then regression) as JSONL."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for sample in samples:
+            f.write(json.dumps(sample, ensure_ascii=False) + "\n")
 
 
 def evaluate(
@@ -304,18 +433,23 @@ def evaluate(
     task: str = "detection",
     max_pixels: int = 0,
     dataset_marker: str = "",
+    regression_dir: str = "",
+    regression_marker: str = "",
+    regression_max_drop: dict[str, float] | None = None,
 ) -> EvalResult:
-    """Scores the tuned and the reference model on held-out rows and applies the gate.
+    """Scores the tuned and the reference model on held-out rows (and the regression set) and applies the gate.
 
     Args:
         tuned_dir: Merged (tuned) model folder.
         reference_dir: Reference model folder (the base model, or the current champion).
         model_type: ms-swift model_type of both models.
         dataset_dir: Validated held-out dataset folder.
-        predictions_out: JSONL file for per-sample predictions and scores.
+        predictions_out: JSONL file for per-sample predictions and scores (held-out rows, then
+            the regression rows with "set": "regression").
         max_new_tokens: Generation budget per sample, tokens. Default 512.
         batch_size: Samples generated together. Default 8.
-        max_samples: Evaluate the first N rows; 0 = all. Default 0.
+        max_samples: Evaluate the first N held-out rows; 0 = all (the regression set is always
+            whole). Default 0.
         iou_threshold: Box match threshold. Default 0.5.
         gate_metric: Metric compared by the gate. Default "f1".
         gate_min_value: Minimum tuned value. Default 0.0.
@@ -336,6 +470,11 @@ def evaluate(
         dataset_marker: The sha256 of the eval set's completion marker as validate-data recorded it
             (the artifact's `manifest_sha256`): a marker removed or edited since is a named error.
             Default "" (checked when the folder has a marker).
+        regression_dir: The validated regression set (validate-regression's output); its rows are
+            generated in the same call as the held-out rows and scored by kind. Default "" (none).
+        regression_marker: The sha256 of its completion marker. Default "".
+        regression_max_drop: {"overall" or kind: absolute drop allowed}; names left out take
+            `regression.DEFAULT_MAX_DROP`. Default None (all defaults).
 
     Returns:
         The EvalResult.
@@ -345,11 +484,12 @@ def evaluate(
     is nothing new to promote.
 
     Raises:
-        EvalError: Empty eval set, missing dataset, a model folder that is missing (with
-            the real generator), a model returned too few answers, an unknown
+        EvalError: Empty eval or regression set, missing dataset, a model folder that is missing
+            (with the real generator), a model returned too few answers, an unknown
             box_convention, or (not pixel) a row whose image size cannot be read.
-        ValueError: Unknown gate metric.
+        ValueError: Unknown gate metric, or an invalid regression_max_drop.
     """
+    max_drop = reg.max_drops(regression_max_drop)  # an invalid rule fails before any model is loaded
     itself = same_model(tuned_dir, reference_dir)
     if generate_fn is swift_generate:  # fakes in tests take names, not folders
         reference_dir = check_model_dir(reference_dir, "reference")
@@ -357,70 +497,54 @@ def evaluate(
         if max_pixels:
             generate_fn = functools.partial(swift_generate, max_pixels=max_pixels)
     rows = load_eval_rows(dataset_dir, max_samples, dataset_marker)
-    geometries = row_geometries(rows, box_convention, resize_rule)
+    reg_rows = load_regression_rows(regression_dir, regression_marker) if regression_dir else []
     reference_box_convention = reference_box_convention or box_convention
-    ref_geometries = (
-        geometries
-        if reference_box_convention == box_convention
-        else row_geometries(rows, reference_box_convention, resize_rule)
-    )
-    ref_metrics, ref_answers, ref_scores = _score_model(
-        "reference",
-        reference_dir,
-        model_type,
-        rows,
-        batch_size,
-        max_new_tokens,
-        iou_threshold,
-        generate_fn,
-        geometries,
-        ref_geometries,
-        task,
-    )
-    if itself:
-        tuned_metrics, tuned_answers, tuned_scores = dict(ref_metrics), ref_answers, ref_scores
-    else:
-        tuned_metrics, tuned_answers, tuned_scores = _score_model(
-            "tuned",
-            tuned_dir,
-            model_type,
-            rows,
-            batch_size,
-            max_new_tokens,
-            iou_threshold,
-            generate_fn,
-            geometries,
-            geometries,
-            task,
-        )
+    conventions = (box_convention, reference_box_convention, resize_rule)
+    geometries, ref_geometries = _geometries(rows, *conventions)
+    reg_geometries = _regression_geometries(reg_rows, *conventions)
+
+    generate = functools.partial(_generate, model_type=model_type, rows=rows + reg_rows, batch_size=batch_size,
+                                 max_new_tokens=max_new_tokens, generate_fn=generate_fn)  # fmt: skip
+    ref_answers, ref_speed = generate("reference", reference_dir)
+    tuned_answers, tuned_speed = (ref_answers, dict(ref_speed)) if itself else generate("tuned", tuned_dir)
+    n = len(rows)
+    ref_metrics, ref_scores = _task_scores(ref_answers[:n], rows, geometries, ref_geometries, iou_threshold, task)
+    tuned_metrics, tuned_scores = _task_scores(tuned_answers[:n], rows, geometries, geometries, iou_threshold, task)
+    ref_metrics.update(ref_speed)
+    tuned_metrics.update(tuned_speed)
+
     passed, reason = gate(tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin)
-    if itself:
-        passed, reason = (
-            False,
-            (
-                f"FAIL: the tuned model {tuned_dir} is the reference model itself "
-                "(e.g. a cached merge already registered as the champion); nothing new to promote"
-            ),
+    failed = [] if passed else ["task"]
+    summary, drops, reg_samples = None, [], []
+    if reg_rows:
+        summary, drops, reg_samples = _regression(
+            reg_rows, ref_answers[n:], tuned_answers[n:], reg_geometries, max_drop
         )
-    samples = []
-    Path(predictions_out).parent.mkdir(parents=True, exist_ok=True)
-    with open(predictions_out, "w", encoding="utf-8") as f:
+        passed, reason, failed = gate_with_regression(passed, reason, drops)
+    if itself:
+        passed, failed = False, ["itself"]
+        reason = (
+            f"FAIL: the tuned model {tuned_dir} is the reference model itself "
+            "(e.g. a cached merge already registered as the champion); nothing new to promote"
+        )
+    samples = [
+        {
+            "line": row["line"],
+            "origin": row["origin"],
+            "images": row["images"],
+            "box_convention": geometry.convention,
+            "reference_box_convention": reference_box_convention,
+            "image_size": list(geometry.image_size) if geometry.image_size else None,
+            "gold": row["gold"],
+            "tuned": t_ans,
+            "tuned_score": t_score,
+            "reference": r_ans,
+            "reference_score": r_score,
+        }
         for row, geometry, t_ans, t_score, r_ans, r_score in zip(
             rows, geometries, tuned_answers, tuned_scores, ref_answers, ref_scores
-        ):
-            sample = {
-                "line": row["line"],
-                "origin": row["origin"],
-                "images": row["images"],
-                "box_convention": geometry.convention,
-                "reference_box_convention": reference_box_convention,
-                "image_size": list(geometry.image_size) if geometry.image_size else None,
-                "gold": row["gold"],
-                "tuned": t_ans,
-                "tuned_score": t_score,
-                "reference": r_ans,
-                "reference_score": r_score,
-            }
-            samples.append(sample)
-            f.write(json.dumps(sample, ensure_ascii=False) + "\n")
-    return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples)
+        )
+    ]
+    _write_predictions(predictions_out, samples + reg_samples)
+    return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
+                      drops, failed)  # fmt: skip

@@ -23,6 +23,7 @@ of :func:`score_sample`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from components.common import tasks
 from components.common.answers import is_finite_number, parse_findings  # noqa: F401 (re-exported)
@@ -241,3 +242,30 @@ def gate(
     if passed:
         return True, "PASS: " + "; ".join(msg for _, msg in checks)
     return False, "FAIL: " + "; ".join(msg for ok, msg in checks if not ok)
+
+
+def gate_with_regression(task_passed: bool, task_reason: str, drops: Sequence[Any]) -> tuple[bool, str, list[str]]:
+    """Adds the regression rule to the task metric's gate decision.
+
+    The tuned model passes only when the task metric passed (`gate`) and no regression check
+    failed (`components.common.regression.check_drops`: each kind, and the overall score, may
+    drop by at most its max_drop). The reason names every rule that failed: "task metric: ..."
+    and "regression <kind>: <metric> <reference> -> <tuned> (worse by X > max_drop Y)".
+
+    Args:
+        task_passed: `gate`'s decision.
+        task_reason: `gate`'s reason ("PASS: ..." or "FAIL: ...").
+        drops: The regression checks (`regression.Drop`s).
+
+    Returns:
+        (passed, reason, failed rules: "task" and "regression:<kind or overall>").
+    """
+    task_text = task_reason.split(": ", 1)[1] if ": " in task_reason else task_reason
+    failed = [] if task_passed else ["task"]
+    failed += [f"regression:{d.name}" for d in drops if not d.ok]
+    if not failed:
+        names = ", ".join(d.name for d in drops)
+        return True, f"PASS: task metric: {task_text}; regression: within max_drop ({names})", failed
+    parts = [] if task_passed else [f"task metric: {task_text}"]
+    parts += [f"regression {d.describe()}" for d in drops if not d.ok]
+    return False, "FAIL: " + "; ".join(parts), failed
