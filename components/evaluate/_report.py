@@ -18,6 +18,11 @@ requests), which the Vertex AI console shows for an `Output[HTML]` artifact.
   convention (the reference's answers from its own); a box with x2 <= x1 or y2 <= y1 has zero
   area and never matches, so it is drawn as a small cross marked "invalid", never as a
   rectangle spanning its corners. Sample images are drawn with PIL (exact pixels, tested).
+- The regression set (when there is one): per kind and overall, the reference's and the tuned
+  model's figures, the difference, the drop the gate compared with its max_drop and whether
+  that rule held; then the rows that got most worse (tuned row score below the reference's,
+  largest drop first), each with its question and the reference answer, the tuned answer and
+  the gold side by side (grounding rows drawn: gold green, tuned red).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from components.common import regression as reg
 from components.common.boxes import BoxError, ResizeRule
 from components.common.provenance import where
 from components.common.report import (
@@ -40,7 +46,7 @@ from components.common.report import (
     png_data_uri,
     render_template,
 )
-from components.common.tasks import Geometry, Shape, get_task, key_value_rows
+from components.common.tasks import Geometry, Shape, detection_shapes, get_task, key_value_rows
 from components.evaluate._labels import per_label
 
 # GOLD_COLOR and PRED_COLOR are components.common.report's, named here for the report's readers and tests.
@@ -240,6 +246,74 @@ def _per_label_svg(rows: list[dict], reference_name: str) -> Any:
     return figure_svg(draw, (6.4, 1.2 + 0.32 * len(rows)), "labels")
 
 
+REGRESSION_WORST = 6  # regression rows shown side by side
+
+
+def _regression_rows(summary: dict[str, Any], drops: Sequence[reg.Drop]) -> list[dict[str, Any]]:
+    """The regression table: per kind each figure (the gate's first, with its drop and rule), then overall."""
+    by_name = {d.name: d for d in drops}
+    rows = []
+    entries = [(kind, entry, reg.KINDS[kind]) for kind, entry in summary["kinds"].items()]
+    for name, entry, spec in [*entries, (reg.OVERALL, summary[reg.OVERALL], None)]:
+        metrics = [spec.gate_metric, *[m for m in spec.metrics if m != spec.gate_metric]] if spec else ["score"]
+        for i, metric in enumerate(metrics):
+            drop = by_name.get(name) if i == 0 else None
+            rows.append({
+                "name": name if i == 0 else "", "n": entry["tuned"].get("n") if i == 0 else None,
+                "metric": metric + (" (lower is better)" if spec and not spec.higher_is_better and i == 0 else ""),
+                "reference": f"{entry['reference'][metric]:.3f}", "tuned": f"{entry['tuned'][metric]:.3f}",
+                "delta": f"{entry['delta'][metric]:+.3f}",
+                "drop": f"{drop.drop:+.3f}" if drop else "", "allowed": f"{drop.allowed:.3f}" if drop else "",
+                "ok": drop.ok if drop else None,
+            })  # fmt: skip
+    return rows
+
+
+def _regression_card(sample: dict[str, Any], rule: ResizeRule) -> dict[str, Any]:
+    """One regression row side by side: question, image (grounding: gold green, tuned red), three answers."""
+    images = sample.get("images") or [None]
+    gold, tuned = [], []
+    if sample["kind"] == "grounding":
+        size = tuple(sample["image_size"]) if sample.get("image_size") else _image_size(images[0])
+        geometry = Geometry(sample.get("box_convention") or "pixel", size, rule)
+        try:
+            gold, tuned = detection_shapes(sample["gold"], geometry), detection_shapes(sample["tuned"], geometry)
+        except BoxError:
+            gold, tuned = [], []
+    return {
+        "kind": sample["kind"],
+        "where": where(sample.get("origin") or None) or f"line {sample.get('line')}",
+        "question": sample.get("question", ""),
+        "uri": png_data_uri(draw_shapes(images[0], gold, tuned, size=200)),
+        "gold": sample["gold"][:600],
+        "reference": (sample.get("reference") or "")[:600],
+        "tuned": (sample.get("tuned") or "")[:600],
+        "reference_score": sample["reference_score"]["score"],
+        "tuned_score": sample["tuned_score"]["score"],
+    }
+
+
+def worst_regressions(samples: Sequence[dict[str, Any]], n: int = REGRESSION_WORST) -> list[dict[str, Any]]:
+    """The n regression rows whose score fell most from the reference to the tuned model (only rows that fell)."""
+    fell = [s for s in samples if s["tuned_score"]["score"] < s["reference_score"]["score"]]
+    return sorted(fell, key=lambda s: s["tuned_score"]["score"] - s["reference_score"]["score"])[:n]
+
+
+def _regression_view(
+    summary: dict[str, Any] | None, samples: Sequence[dict[str, Any]], drops: Sequence[reg.Drop], rule: ResizeRule
+) -> dict[str, Any] | None:
+    """The report's regression section, None without a regression set."""
+    if not summary:
+        return None
+    return {
+        "rows": _regression_rows(summary, drops),
+        "n": len(samples),
+        "failed": [d.describe() for d in drops if not d.ok],
+        "cards": [_regression_card(s, rule) for s in worst_regressions(samples)],
+        "n_fell": sum(s["tuned_score"]["score"] < s["reference_score"]["score"] for s in samples),
+    }
+
+
 def render_report(
     tuned: dict[str, Any],
     reference: dict[str, Any],
@@ -253,6 +327,9 @@ def render_report(
     iou_threshold: float | None = None,
     resize_rule: ResizeRule | None = None,
     task: str = "detection",
+    regression: dict[str, Any] | None = None,
+    regression_samples: Sequence[dict[str, Any]] = (),
+    drops: Sequence[reg.Drop] = (),
 ) -> str:
     """Renders the evaluation report (pure apart from reading the sample images).
 
@@ -276,6 +353,9 @@ def render_report(
         task: The task the answers were scored with (`components.common.tasks`);
             "key_value" draws each sample's fields as a table instead of boxes. Default
             "detection".
+        regression: The regression figures (EvalResult.regression); None = no section. Default None.
+        regression_samples: The regression rows' records (EvalResult.regression_samples). Default ().
+        drops: The regression rule's checks (EvalResult.drops). Default ().
 
     Returns:
         A self-contained HTML document.
@@ -300,6 +380,7 @@ def render_report(
         n_invalid=sum(1 for s in samples if not s["tuned_score"].get("json_valid")),
         conventions=sorted({s.get("box_convention") or "pixel" for s in worst}),
         cards=[_sample_view(s, task, rule) for s in worst],
+        regression=_regression_view(regression, regression_samples, drops, rule),
     )
 
 

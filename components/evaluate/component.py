@@ -28,6 +28,8 @@ def evaluate(
     box_convention: str = "pixel",
     base_box_convention: str = "auto",
     task: str = "",
+    regression_dataset: dsl.Input[dsl.Dataset] = None,
+    regression_max_drop: dict = None,
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -46,7 +48,12 @@ def evaluate(
             images both models see and sets the resized_pixel box rule.
         metrics: Output: base_* (the reference's, also when it is the champion) and tuned_*
             metrics, speed figures, reference_is_champion, reference_version (0 = none),
-            and the metadata key "reference" (base, champion@VERSION or the folder).
+            and the metadata key "reference" (base, champion@VERSION or the folder). With a
+            regression set: base_regression_<kind>_<figure> / tuned_regression_<kind>_<figure>
+            per kind (and base_ / tuned_regression_score overall), regression_<kind>_drop and
+            regression_overall_drop, regression_passed; the metadata keys "regression" ({"overall":
+            {"reference", "tuned", "delta"}, "kinds": {kind: {"reference", "tuned", "delta"}}}),
+            "regression_max_drop" and "gate_failed" (the rules that failed).
         predictions: Output: per-sample answers and scores (JSONL).
         report: Output: HTML report (metric table, speed, worst samples with boxes drawn).
         reference_uri: Model to compare against instead of the base model: the champion's
@@ -64,12 +71,16 @@ def evaluate(
             Default "auto".
         task: How answers are scored (components.common.tasks): "detection" (boxes),
             "key_value" (fields), "json"; "" = detection. Default "".
+        regression_dataset: The validated regression set (validate-regression); both models answer
+            it and the gate's regression rule applies. None = no regression set. Default None.
+        regression_max_drop: {"overall" or kind: absolute drop allowed} (`eval.regression_max_drop`);
+            names left out take 0.05. Default None (all 0.05).
     """
     from collections import namedtuple
 
     from components.common.boxes import ResizeRule, resolve_convention
     from components.evaluate._report import write_report
-    from components.evaluate.core import EvalError, resolve_reference
+    from components.evaluate.core import EvalError, regression_metrics, resolve_reference
     from components.evaluate.core import evaluate as run_eval
 
     family = (base_model.metadata.get("architecture", ""), base_model.metadata.get("model_type", ""))
@@ -105,6 +116,9 @@ def evaluate(
             task=task or "detection",
             max_pixels=max_pixels,
             dataset_marker=eval_dataset.metadata.get("manifest_sha256", ""),
+            regression_dir=regression_dataset.path if regression_dataset is not None else "",
+            regression_marker=regression_dataset.metadata.get("manifest_sha256", "") if regression_dataset else "",
+            regression_max_drop=dict(regression_max_drop or {}),
         )
     except (EvalError, ValueError) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
@@ -115,6 +129,13 @@ def evaluate(
     for key, value in reference.metrics().items():
         metrics.log_metric(key, value)
     metrics.metadata["reference"] = reference.label
+    if result.regression is not None:
+        flat, meta = regression_metrics(result, regression_max_drop)
+        for key, value in flat.items():
+            metrics.log_metric(key, value)
+        metrics.metadata.update(meta)
+        for drop in result.drops:
+            print(f"evaluate: regression {drop.describe()}", flush=True)
     write_report(
         report.path,
         result.tuned,
@@ -127,6 +148,9 @@ def evaluate(
         iou_threshold=iou_threshold,
         resize_rule=resize_rule,
         task=task or "detection",
+        regression=result.regression,
+        regression_samples=result.regression_samples,
+        drops=result.drops,
     )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri

@@ -548,3 +548,30 @@ def evaluate(
     _write_predictions(predictions_out, samples + reg_samples)
     return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
                       drops, failed)  # fmt: skip
+
+
+def regression_metrics(result: EvalResult, max_drop: dict[str, float] | None = None) -> tuple[dict, dict]:
+    """The regression figures as evaluate's Metrics records them: (flat entries, metadata).
+
+    Args:
+        result: An EvalResult with a regression set.
+        max_drop: The rule's max drops as configured (names left out: the default). Default None.
+
+    Returns:
+        (flat: {"base_regression_<kind>_<figure>", "tuned_regression_<kind>_<figure>" per kind,
+        "base_regression_score" and "tuned_regression_score" overall, "regression_<kind or
+        overall>_drop", "regression_passed"}; metadata: {"regression": the `summarize` shape,
+        "regression_max_drop": the rule in full, "gate_failed": the failed rules}).
+    """
+    flat: dict[str, float] = {}
+    sides = (("base", "reference"), ("tuned", "tuned"))
+    for kind, entry in (result.regression or {}).get("kinds", {}).items():
+        for prefix, side in sides:
+            flat.update({f"{prefix}_regression_{kind}_{key}": value for key, value in entry[side].items()})
+    for prefix, side in sides:
+        flat[f"{prefix}_regression_score"] = result.regression[reg.OVERALL][side]["score"]
+    flat.update({f"regression_{drop.name}_drop": drop.drop for drop in result.drops})
+    flat["regression_passed"] = float(all(drop.ok for drop in result.drops))
+    meta = {"regression": result.regression, "regression_max_drop": reg.max_drops(max_drop),
+            "gate_failed": list(result.failed_rules)}  # fmt: skip
+    return flat, meta
