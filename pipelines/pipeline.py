@@ -7,8 +7,9 @@ Parameters (what a run can change) and the naming rule:
 
 * The run-time settings are the pipeline's parameters: the `model`, `data`, `swift` and
   `eval` keys listed in `RUN_PARAMETERS` (every one of those sections' keys except
-  `eval.reference`). They show in the console's "Create run" form with the config's values
-  as defaults, and `pipeline_arguments(cfg)` is what `pipelines.run` / `schedule` submit.
+  `eval.reference` and `eval.regression`, which decide whether a task exists). They show in
+  the console's "Create run" form with the config's values as defaults, and
+  `pipeline_arguments(cfg)` is what `pipelines.run` / `schedule` submit.
 * A parameter is named `<section>_<key>` after its config key: `data.train` ->
   `data_train`, `eval.metric` -> `eval_metric`, `model.source` -> `model_source`. The one
   exception is `swift_args`, the whole `swift` section (ms-swift's own argument names).
@@ -21,7 +22,8 @@ Parameters (what a run can change) and the naming rule:
   `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`.
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
   `images`, `register`, `deploy`, `vertex` (task machines, images, the CustomJob, the registry
-  entry, labels) and `eval.reference` (whether a find-champion task exists).
+  entry, labels), `eval.reference` (whether a find-champion task exists) and `eval.regression`
+  (whether a validate-regression task exists, and its sources).
 
 Targets (one DAG, same task names):
 
@@ -49,6 +51,13 @@ cached: the registry changes between runs; train-lora waits for it, so a missing
 permission stops the run before the GPU job starts), evaluate compares with that version
 (the base model when there is none yet), and register refuses to promote if the alias
 has moved to another version while this run was evaluating.
+
+The regression set (`eval.regression`, `components.common.regression`): snapshot-data resolves
+its sources to a snapshot of their own (outside the data's fingerprint and training key: a new
+regression row trains nothing anew), validate-regression checks its rows (cached like
+validate-data: same snapshot and base model, same output) and train-lora waits for it, so a
+set that quarantines to nothing stops the run before any GPU work; evaluate takes the clean
+set as an optional input and applies `eval.regression_max_drop`.
 """
 
 import copy
@@ -68,13 +77,15 @@ from components.register import promote, register
 from components.snapshot_data import nothing_to_train, snapshot_data
 from components.stage_model import stage_model
 from components.train_lora import train_lora
-from components.validate_data import validate_data
+from components.validate_data import validate_data, validate_regression
 from pipelines.config import TRAIN_SERVING, Config, ConfigError
 from pipelines.shapes import SCHEDULING
 
 TASK_ORDER = ("snapshot-data", "stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
 # The first task: resolves the data sources to exact files (never cached).
 SNAPSHOT_TASK = "snapshot-data"
+# With eval.regression only: checks the regression set (before train-lora, which waits for it).
+REGRESSION_TASK = "validate-regression"
 # Vertex with a champion only: the branch taken when the champion already saw this data and settings.
 NOTHING_TASK = "nothing-to-train"
 # Vertex only, after the gate: the condition group and the task inside it.
@@ -111,6 +122,7 @@ RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("eval_metric", "eval.metric"),
     ("eval_min_value", "eval.min_value"),
     ("eval_min_margin", "eval.min_margin"),
+    ("eval_regression_max_drop", "eval.regression_max_drop"),
 )
 
 
@@ -241,6 +253,7 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
         eval_metric: str = a["eval_metric"],
         eval_min_value: float = a["eval_min_value"],
         eval_min_margin: float = a["eval_min_margin"],
+        eval_regression_max_drop: dict = a["eval_regression_max_drop"],
     ) -> bool:
         """Fine-tunes a vision-language model with LoRA and gates it on held-out data.
 
@@ -272,6 +285,8 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
             eval_min_value: Minimum value of the gate metric for the tuned model.
             eval_min_margin: Minimum improvement of the gate metric over the reference model
                 (eval.reference: the base model or the registry's champion).
+            eval_regression_max_drop: The regression rule: absolute drop allowed per kind (vqa,
+                ocr, grounding) and overall; used when the pipeline has a regression set.
 
         Returns:
             Whether the tuned model passed the gate (False when nothing was trained: the
@@ -314,6 +329,7 @@ def _snapshot_task(plan: _Plan, p: dict[str, Any], champion: Any) -> Any:
             box_convention=p["data_box_convention"],
             leakage=p["data_leakage"],
             **({"champion_uri": champion.outputs["uri"]} if champion is not None else {}),
+            **({"regression_sources": plan.cfg.eval.regression} if plan.cfg.eval.regression else {}),
         ),
         SNAPSHOT_TASK,
         plan,
@@ -357,7 +373,16 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
         "validate-data",
         plan,
     )
+    regression = _regression_task(plan, p, snapshot, stage)
     train = _train_task(plan, stage, data, p["swift_args"], champion)
+    if regression is not None:  # a regression set that quarantines to nothing stops the run before the GPU job
+        train.after(regression)
+    regression_args = {}
+    if regression is not None:
+        regression_args = {
+            "regression_dataset": regression.outputs["regression_dataset"],
+            "regression_max_drop": p["eval_regression_max_drop"],
+        }
     merge = _gpu(
         merge_export(base_model=stage.outputs["model"], adapter=train.outputs["adapter"]),
         "merge-export",
@@ -379,6 +404,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             box_convention=p["data_box_convention"],
             task=p["data_task"],
             **reference_args,
+            **regression_args,
         ),
         "evaluate",
         plan,
@@ -387,11 +413,28 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
     return evaluation.outputs["passed"]
 
 
+def _regression_task(plan: _Plan, p: dict[str, Any], snapshot: Any, stage: Any) -> Any:
+    """Adds validate-regression when the config has a regression set (else None); cached like validate-data."""
+    if not plan.cfg.eval.regression:
+        return None
+    return _light(
+        validate_regression(
+            snapshot=snapshot.outputs["regression_snapshot"],
+            base_model=stage.outputs["model"],
+            max_invalid_fraction=p["data_max_invalid_fraction"],
+            swift_args=p["swift_args"],
+            box_convention=p["data_box_convention"],
+        ),
+        REGRESSION_TASK,
+        plan,
+    )
+
+
 # Light tasks that only read (listings, downloads, the registry's champion) are retried on
 # Vertex when they fail: a transient API or network error should not end a scheduled run.
 # register, deploy and promote change state and are not retried (a lost reply to an upload
 # would otherwise add a second version).
-RETRIED_TASKS = ("snapshot-data", "stage-model", "validate-data", "find-champion")
+RETRIED_TASKS = ("snapshot-data", "stage-model", "validate-data", "validate-regression", "find-champion")
 RETRY_POLICY = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
 
 

@@ -13,6 +13,7 @@ from pipelines.pipeline import (
     CHAMPION_TASK,
     NOTHING_TASK,
     REGISTER_TASK,
+    REGRESSION_TASK,
     RUN_PARAMETERS,
     SNAPSHOT_TASK,
     TASK_ORDER,
@@ -22,6 +23,11 @@ from pipelines.pipeline import (
 from tests.pipeline_spec import container_tasks, source, tasks, upstream
 
 CONFIGS = sorted(str(p) for p in Path(__file__).resolve().parent.parent.glob("configs/**/*.yaml"))
+
+
+def _tasks_of(cfg) -> set[str]:
+    """The tasks every build of a config has: TASK_ORDER, and validate-regression with eval.regression."""
+    return set(TASK_ORDER) | ({REGRESSION_TASK} if cfg.eval.regression else set())
 
 
 def _spec(path: Path) -> pipeline_spec_pb2.PipelineSpec:
@@ -39,12 +45,12 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
     spec = _spec(out)
     cfg = load_config(config)
     assert spec.pipeline_info.name == cfg.pipeline.name
-    # the six tasks, plus on Vertex register (behind the gate) and, with a champion, its look-up
-    # and the branch taken when the champion already saw this data
+    # the six tasks, plus on Vertex register (behind the gate), with a champion its look-up and the
+    # branch taken when the champion already saw this data, and with a regression set its check
     gate = {REGISTER_TASK} if cfg.register.serving_image else set()
     champion = reference_plan(cfg, "vertex")[0] == "champion"
     found = container_tasks(spec)
-    assert set(found) == set(TASK_ORDER) | gate | ({CHAMPION_TASK, NOTHING_TASK} if champion else set())
+    assert set(found) == _tasks_of(cfg) | gate | ({CHAMPION_TASK, NOTHING_TASK} if champion else set())
     if gate:
         assert found[REGISTER_TASK].group_names[-1] == "gate-passed"
     for name in TASK_ORDER[1:]:  # after snapshot-data: at the root, or in the branch that trains
@@ -71,7 +77,7 @@ def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_config_compiles_for_the_local_target(config, tmp_path):
     spec = _spec(compile_pipeline(config, str(tmp_path / "p.yaml"), target="local"))
-    assert set(spec.root.dag.tasks) == set(TASK_ORDER)
+    assert set(spec.root.dag.tasks) == _tasks_of(load_config(config))
     assert "train-lora" in spec.root.dag.tasks and not spec.deployment_spec.fields["executors"].struct_value.fields[
         "exec-train-lora"
     ].struct_value.fields.get("customJob")
@@ -79,7 +85,9 @@ def test_every_config_compiles_for_the_local_target(config, tmp_path):
 
 
 def test_tasks_are_wired_in_order(tmp_path):
-    spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml")))  # no registry model: the base
+    config = next(c for c in CONFIGS if c.endswith("tiny_cpu_kv.yaml"))  # no registry model (the base), no regression
+    assert not load_config(config).eval.regression
+    spec = _spec(compile_pipeline(config, str(tmp_path / "p.yaml")))
     up = _direct(spec)
     assert up[SNAPSHOT_TASK] == set()  # first: resolves the data (and pins the model) for the rest
     assert up["stage-model"] == {SNAPSHOT_TASK}  # stages the model source snapshot-data pinned
@@ -170,3 +178,24 @@ def test_local_root_moves_the_model_cache_that_lived_under_the_old_root(tmp_path
     assert with_local_root(own, str(tmp_path / "r")).model.cache == str(tmp_path / "my-cache")  # the user's, kept
     gcs = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, cache="gs://b/models"))
     assert with_local_root(gcs, str(tmp_path / "r")).model.cache == "gs://b/models"
+
+
+def test_regression_set_is_checked_before_training_and_reaches_evaluate(tmp_path):
+    """With eval.regression (the demo): validate-regression reads snapshot-data's regression snapshot, train-lora
+    waits for it (a set that quarantines to nothing stops the run before the GPU job), evaluate takes its dataset."""
+    cfg = load_config(CONFIGS[0])
+    assert cfg.eval.regression == "demo://drawings/regression"
+    for target in ("vertex", "local"):
+        spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / f"{target}.yaml"), target=target))
+        up, index = _direct(spec), tasks(spec)
+        assert up[REGRESSION_TASK] == {SNAPSHOT_TASK, "stage-model"}
+        assert REGRESSION_TASK in up["train-lora"]
+        assert REGRESSION_TASK in up["evaluate"]
+        assert str(source(index, REGRESSION_TASK, "snapshot")) == "snapshot-data.regression_snapshot"
+        assert str(source(index, "evaluate", "regression_dataset", artifact=True)) == (
+            "validate-regression.regression_dataset"
+        )
+        assert source(index, "evaluate", "regression_max_drop").value == "eval_regression_max_drop"
+        assert source(index, SNAPSHOT_TASK, "regression_sources").value == cfg.eval.regression
+    params = spec.root.input_definitions.parameters
+    assert json_format.MessageToDict(params["eval_regression_max_drop"].default_value) == cfg.eval.regression_max_drop
