@@ -84,6 +84,7 @@ DEMO_DATA_TRAIN = "demo://drawings/train"
 DEMO_DATA_EVAL = "demo://drawings/eval"
 DEMO_DOCUMENTS_TRAIN = "demo://documents/train"
 DEMO_DOCUMENTS_EVAL = "demo://documents/eval"
+DEMO_DRAWINGS_REGRESSION = "demo://drawings/regression"  # eval.regression: general questions about other drawings
 
 
 # A config is a few KB of a few dozen keys: anything far beyond is a mistake or an attack,

@@ -62,6 +62,7 @@ from pipelines.config import (
     DEMO_DATA_TRAIN,
     DEMO_DOCUMENTS_EVAL,
     DEMO_DOCUMENTS_TRAIN,
+    DEMO_DRAWINGS_REGRESSION,
     DEMO_MODEL,
     Config,
     check_local_dirs,
@@ -83,7 +84,8 @@ from pipelines.vertex import (
 
 # The tasks that read the data snapshot, in order: all cache hits when the data did not change.
 TRAIN_TASKS = ("validate-data", "train-lora", "merge-export", "evaluate")
-_DAG_ORDER = ("snapshot-data", "stage-model", *TRAIN_TASKS)  # the order the summary lists tasks in
+# the order the summary lists tasks in (validate-regression: with eval.regression only)
+_DAG_ORDER = ("snapshot-data", "stage-model", "validate-data", "validate-regression", *TRAIN_TASKS[1:])
 
 # Everything local runs offline: no hub look-ups from transformers, ms-swift or datasets.
 OFFLINE_ENV = {
@@ -103,6 +105,7 @@ KEY_FIGURES = {
     "snapshot-data": ("fingerprint", "train_files", "eval_files"),
     "stage-model": ("cache_hit", "num_parameters"),
     "validate-data": ("n_valid", "n_invalid", "n_train", "n_eval"),
+    "validate-regression": ("n_valid", "n_invalid"),
     "train-lora": ("first_loss", "final_loss", "eval_loss", "steps"),
     "evaluate": ("base_f1", "tuned_f1", "passed"),
 }
@@ -127,7 +130,8 @@ def resolve_demo_inputs(cfg: Config) -> Config:
     """Replaces `demo://` sources by the tiny model and the demo datasets, building them once.
 
     `demo://drawings/{train,eval}` are the synthetic engineering drawings (detection),
-    `demo://documents/{train,eval}` the synthetic invoices and forms (key_value).
+    `demo://documents/{train,eval}` the synthetic invoices and forms (key_value), and
+    `demo://drawings/regression` (eval.regression) general questions about other drawings.
 
     Args:
         cfg: The config.
@@ -159,7 +163,16 @@ def resolve_demo_inputs(cfg: Config) -> Config:
         data = dataclasses.replace(
             data, train=mapping.get(data.train, data.train), eval=mapping.get(data.eval, data.eval)
         )
-    return dataclasses.replace(cfg, model=model, data=data)
+    evaluation = cfg.eval
+    if evaluation.regression == DEMO_DRAWINGS_REGRESSION:
+        from pipelines.demo.drawings import generate_regression
+
+        folder = demo_cache_dir() / "demo-drawings-regression-v1"
+        marker = folder / "COMPLETE"
+        if not marker.exists():
+            marker.write_text(json.dumps(generate_regression(folder)))
+        evaluation = dataclasses.replace(evaluation, regression=json.loads(marker.read_text())["regression"])
+    return dataclasses.replace(cfg, model=model, data=data, eval=evaluation)
 
 
 def preflight_local(cfg: Config) -> None:
@@ -178,7 +191,11 @@ def preflight_local(cfg: Config) -> None:
         )
     if "://" not in cfg.model.source and not Path(cfg.model.source).expanduser().is_dir():
         raise RunError(f"{cfg.path}: model.source: model folder not found: {cfg.model.source}")
-    for key, value in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+    for key, value in (
+        ("data.train", cfg.data.train),
+        ("data.eval", cfg.data.eval),
+        ("eval.regression", cfg.eval.regression),
+    ):
         for item in filter(None, (s.strip() for s in value.split(","))):
             if "://" in item:
                 continue
@@ -718,6 +735,7 @@ def run_local(
         "tasks": {name: round(sec, 1) for name, (sec, _) in timer.times.items()},
         "cached": [name for name in timer.order if name in timer.hits],
         "metrics": metrics,
+        "reason": str(outputs.get("evaluate", {}).get("reason") or ""),
         "data": data_lineage(outputs),
         "reports": report_copies(outputs, run_dir),
         "log": log,
@@ -841,6 +859,7 @@ def format_summary(result: dict[str, Any]) -> str:
         for key in ("json_valid_rate", "precision", "recall", "f1", "exact_match_rate"):
             if f"base_{key}" in metrics:
                 lines.append(f"  {key:<20} {metrics[f'base_{key}']:8.3f}   {metrics[f'tuned_{key}']:8.3f}")
+        lines += regression_table(metrics)
     reports = result.get("reports") or []
     if reports:
         lines.append("reports (open in a browser):")
@@ -849,8 +868,43 @@ def format_summary(result: dict[str, Any]) -> str:
             lines.append(f"  {item['task'] + ' ' + item['name']:<24} {item['path']}{origin}")
     if result.get("log"):
         lines.append(f"full log: {result['log']}")
-    lines.append(f"gate passed: {result['passed']}")
+    reason = result.get("reason") or ""
+    lines.append(f"gate passed: {result['passed']}" + (f" ({reason})" if reason else ""))
     return "\n".join(lines)
+
+
+def regression_table(metrics: dict[str, Any]) -> list[str]:
+    """The summary's regression lines: overall in the heading, then per kind the gate's metric of both models.
+
+    Args:
+        metrics: evaluate's Metrics metadata; without its "regression" entry: no lines.
+
+    Returns:
+        The lines: each kind's metric (reference, tuned, tuned - reference, max drop, held or
+        FAILED), CER marked as lower-is-better.
+    """
+    from components.common.regression import KINDS, OVERALL, check_drops
+
+    figures = metrics.get("regression")
+    if not isinstance(figures, dict) or not figures.get("kinds"):
+        return []
+    drops = {d.name: d for d in check_drops(figures, metrics.get("regression_max_drop") or {})}
+    ref = "base" if str(metrics.get("reference") or "base") == "base" else "ref"
+
+    def row(name: str, entry: dict[str, Any], metric: str) -> str:
+        d = drops[name]
+        cells = f"{entry['reference'][metric]:8.3f}   {entry['tuned'][metric]:8.3f}   {entry['delta'][metric]:+7.3f}"
+        return f"{cells}   {d.allowed:8.3f}  {'held' if d.ok else 'FAILED'}"
+
+    overall = figures[OVERALL]
+    heading = f"regression set ({overall['tuned']['n']} rows):"
+    lines = [f"{heading:<24}{ref:>8}   {'tuned':>8}   {'delta':>7}   {'max drop':>8}"]
+    for kind, entry in figures["kinds"].items():
+        spec = KINDS[kind]
+        label = f"{kind} {spec.gate_metric}" + ("" if spec.higher_is_better else " (lower better)")
+        lines.append(f"  {label:<22}{row(kind, entry, spec.gate_metric)}")
+    lines.append(f"  {'overall score':<22}{row(OVERALL, overall, 'score')}")
+    return lines
 
 
 def plan_tasks(spec: dict[str, Any]) -> list[str]:

@@ -278,7 +278,10 @@ def test_compile_without_an_image_tag_says_so_in_one_line(monkeypatch, tmp_path,
 def test_local_dry_run_shows_the_plan_and_runs_nothing(tmp_path, capsys):
     assert main(["run", "--dry-run", "--local", "--root", str(tmp_path / "runs"), "eval.max_samples=4"]) == 0
     out = capsys.readouterr().out
-    assert "plan: snapshot-data -> stage-model -> validate-data -> train-lora -> merge-export -> evaluate" in out
+    plan = (
+        "snapshot-data -> stage-model -> validate-data -> validate-regression -> train-lora -> merge-export -> evaluate"
+    )
+    assert f"plan: {plan}" in out  # the demo config has a regression set: its check runs before training
     assert "eval_max_samples = 4" in out and not (tmp_path / "runs").exists()
 
 

@@ -197,6 +197,7 @@ class _Sheet:
         self.image = Image.new("RGB", (size, size), _BACKGROUND)
         self.draw = ImageDraw.Draw(self.image)
         self.findings: list[dict] = []
+        self.facts: dict = {}  # what the drawing shows beyond its findings (the regression set's questions)
 
     def element(self, label: str) -> _Element:
         if label not in LABELS:
@@ -248,6 +249,7 @@ def _title_block(sheet: _Sheet, rng: random.Random, frame: _Box, font) -> _Box:
     part_no = f"PART-{rng.randint(0, 999):03d}"
     scale_txt = rng.choice(_SCALES)[0]
     sheet_txt = f"{rng.randint(1, 4)}/4"
+    sheet.facts.update(part_number=part_no, scale=scale_txt, sheet=sheet_txt)
     with sheet.element("title_block") as el:
         d = el.draw
         d.rectangle([box.x1, box.y1, box.x2 - 1, box.y2 - 1], outline=255)
@@ -408,7 +410,15 @@ def convert_findings(findings: list[dict], convention: str, image_size: tuple[in
 
 
 def render_drawing(image_size: int, rng: random.Random, convention: str = "pixel") -> tuple[Image.Image, list[dict]]:
-    """Renders one synthetic drawing.
+    """Renders one synthetic drawing: `render_drawing_facts` without the facts."""
+    image, findings, _ = render_drawing_facts(image_size, rng, convention)
+    return image, findings
+
+
+def render_drawing_facts(
+    image_size: int, rng: random.Random, convention: str = "pixel"
+) -> tuple[Image.Image, list[dict], dict]:
+    """Renders one synthetic drawing, and says what else it shows.
 
     Args:
         image_size: Width and height of the square image in pixels (>= 128).
@@ -417,10 +427,13 @@ def render_drawing(image_size: int, rng: random.Random, convention: str = "pixel
             Default "pixel".
 
     Returns:
-        ``(image, findings)`` where ``image`` is an RGB PIL image and
+        ``(image, findings, facts)`` where ``image`` is an RGB PIL image,
         ``findings`` is the list of ``{"label", "bbox"}`` dicts (pixel) or
         ``{"bbox_2d", "label"}`` dicts (other conventions), sorted by their
-        pixel boxes.
+        pixel boxes, and ``facts`` holds the title block's ``part_number``,
+        ``scale`` and ``sheet`` texts, the unannotated ``note`` and its pixel
+        ``note_bbox``, and ``holes`` (their number). The facts draw no random
+        numbers: the image is the one `render_drawing` makes.
 
     Raises:
         ValueError: If ``image_size`` is too small for the layout, or the
@@ -445,6 +458,9 @@ def render_drawing(image_size: int, rng: random.Random, convention: str = "pixel
     note = rng.choice(("TOL ±0.1", "TOL ±0.2", "UNITS: mm", "MATL: AL"))
     _, nh = _text_size(font, note)
     sheet.draw.text((frame.x1 + 4, frame.y2 - nh - 6), note, font=font, fill=_THIN)
+    note_mask = Image.new("L", sheet.image.size, 0)  # its ink box, measured apart (no random draw: same image)
+    ImageDraw.Draw(note_mask).text((frame.x1 + 4, frame.y2 - nh - 6), note, font=font, fill=255)
+    sheet.facts.update(note=note, note_bbox=[int(v) for v in note_mask.getbbox()])
 
     # Part outline in the free area above the title block, leaving room on the
     # top and on the left for dimensions.
@@ -485,7 +501,8 @@ def render_drawing(image_size: int, rng: random.Random, convention: str = "pixel
         _dimension(sheet, rng, part, holes, scale_mm, frame, title, font)
 
     findings = sorted(sheet.findings, key=_sort_key)
-    return sheet.image, convert_findings(findings, convention, sheet.image.size)
+    sheet.facts["holes"] = len(holes)
+    return sheet.image, convert_findings(findings, convention, sheet.image.size), sheet.facts
 
 
 def format_answer(findings: list[dict]) -> str:
@@ -559,6 +576,89 @@ def generate_dataset(
     train = _write_split(out, "train", n_train, image_size, seed, convention)
     evl = _write_split(out, "eval", n_eval, image_size, seed, convention)
     return {"train": str(train), "eval": str(evl), "n_train": n_train, "n_eval": n_eval}
+
+
+REGRESSION_PROMPTS: dict[str, str] = {
+    "ocr": "Read the part number written in the title block of this engineering drawing. Answer with the text only.",
+    "holes": "How many holes does this engineering drawing show? Answer with a number.",
+    "scale": "What scale is written in the title block of this drawing? Answer with the scale only, such as 1:1.",
+    "dimension": "Does this engineering drawing carry a dimension? Answer yes or no.",
+    "grounding": "Locate the general note at the bottom left of this drawing (a tolerance, units or material text). "
+    'Answer with a JSON list of {"label": "note", "bbox": [x1, y1, x2, y2]} in pixels.',
+}
+"""The regression set's questions: about what the drawings show beyond the task's labels."""
+
+
+def regression_rows(facts: dict, image: str, index: int, convention: str, image_size: int) -> list[dict]:
+    """Returns a drawing's three regression rows (`components.common.regression`): ocr, vqa and grounding.
+
+    ocr reads the part number; vqa asks, by turns (`index` % 3), the number of holes, the scale, or
+    whether a dimension is drawn; grounding boxes the unannotated note at the bottom left (a
+    label the detection task does not know), in the data's box convention.
+
+    Args:
+        facts: `render_drawing_facts`' facts of the drawing.
+        image: The image path the rows name (relative to the JSONL file).
+        index: The drawing's number in the set.
+        convention: Box convention of the grounding answer (pixel: "bbox"; others "bbox_2d").
+        image_size: Side of the square image, px.
+    """
+    topic, answer = (
+        ("holes", str(facts["holes"])),
+        ("scale", facts["scale"]),
+        ("dimension", "yes" if facts.get("dimension") else "no"),
+    )[index % 3]
+    note = convert_findings([{"label": "note", "bbox": facts["note_bbox"]}], convention, (image_size, image_size))
+    grounding = REGRESSION_PROMPTS["grounding"]
+    if convention != "pixel":
+        grounding = grounding.replace('"bbox"', '"bbox_2d"').replace(" in pixels.", f" ({convention}).")
+    asked = (("ocr", REGRESSION_PROMPTS["ocr"], facts["part_number"]), ("vqa", REGRESSION_PROMPTS[topic], answer),
+             ("grounding", grounding, format_answer(note)))  # fmt: skip
+    return [
+        {
+            "messages": [{"role": "user", "content": IMAGE_TAG + prompt}, {"role": "assistant", "content": gold}],
+            "images": [image],
+            "kind": kind,
+        }
+        for kind, prompt, gold in asked
+    ]
+
+
+def generate_regression(
+    out_dir: str | Path, n: int = 4, image_size: int = 256, seed: int = 0, convention: str = "pixel"
+) -> dict:
+    """Generates the demo's regression set: three general rows (ocr, vqa, grounding) on each of `n` new drawings.
+
+    Writes ``out_dir/regression.jsonl`` and ``out_dir/images/regression_*.png``, drawn from an RNG
+    stream of their own (no image of the train or eval split). Deterministic, as `generate_dataset`.
+
+    Args:
+        out_dir: Output folder, created if missing.
+        n: Number of drawings (3 rows each, >= 1). Default 4.
+        image_size: Side of the square images, px (>= 128). Default 256.
+        seed: Seed. Default 0.
+        convention: Box convention of the grounding answers. Default "pixel".
+
+    Returns:
+        ``{"regression": str, "n_rows": int}``: the JSONL file's path and its number of rows.
+
+    Raises:
+        ValueError: n < 1, a too small image_size or an unknown convention.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    out = Path(out_dir)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(n):
+        image, findings, facts = render_drawing_facts(image_size, random.Random(f"drawings:{seed}:regression:{i}"))
+        facts["dimension"] = any(f["label"] == "dimension" for f in findings)
+        rel = f"images/regression_{i:05d}.png"
+        image.save(out / rel, format="PNG", optimize=False)
+        rows += regression_rows(facts, rel, i, convention, image_size)
+    jsonl = out / "regression.jsonl"
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return {"regression": str(jsonl), "n_rows": len(rows)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
