@@ -30,6 +30,7 @@ def evaluate(
     task: str = "",
     regression_dataset: dsl.Input[dsl.Dataset] = None,
     regression_max_drop: dict = None,
+    tracking: dict = None,
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -75,10 +76,14 @@ def evaluate(
             it and the gate's regression rule applies. None = no regression set. Default None.
         regression_max_drop: {"overall" or kind: absolute drop allowed} (`eval.regression_max_drop`);
             names left out take 0.05. Default None (all 0.05).
+        tracking: MLflow settings ({"mlflow_uri", "experiment", "required"}; components.common.tracking):
+            the metrics, the data snapshot and the lineage go to the adapter's MLflow run. Default
+            None (no MLflow).
     """
     from collections import namedtuple
 
     from components.common.boxes import ResizeRule, resolve_convention
+    from components.common.tracking import TrackingError, record
     from components.evaluate._report import write_report
     from components.evaluate.core import EvalError, regression_metrics, resolve_reference
     from components.evaluate.core import evaluate as run_eval
@@ -154,5 +159,17 @@ def evaluate(
     )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri
+    try:
+        record(
+            tracking,
+            "evaluate",
+            model_uri=tuned_model.uri,
+            model_dir=tuned_model.path,
+            model_meta=dict(tuned_model.metadata),
+            metrics=dict(metrics.metadata),
+            tags={"report": report.uri, "passed": result.passed},
+        )
+    except TrackingError as exc:
+        raise SystemExit(f"evaluate: {exc}") from None
     print(f"evaluate: {result.reason}")
     return namedtuple("Outputs", ["passed", "reason"])(result.passed, result.reason)
