@@ -23,6 +23,7 @@ def register(
     check_champion: bool = False,
     champion_version: str = "",
     promote: bool = True,
+    tracking: dict = None,
 ):
     """Uploads the merged model to the Vertex Model Registry as a new version.
 
@@ -47,6 +48,9 @@ def register(
             was none. Default "".
         promote: Move the alias to the new version now; False when a deploy step promotes it
             after its smoke test. Default True.
+        tracking: MLflow settings ({"mlflow_uri", "experiment", "required"}; components.common.tracking):
+            the registered version, the data snapshot and the lineage go to the adapter's MLflow run.
+            Default None (no MLflow).
     """
     from components.register.core import RegisterError, build_upload_request, register_model
 
@@ -78,6 +82,19 @@ def register(
             "aliases": [alias, "default"] if promote and alias else [],
         }
     )
+    from components.common.tracking import TrackingError, record
+
+    try:
+        record(
+            tracking,
+            "register",
+            model_uri=merged_model.uri,
+            model_dir=merged_model.path,
+            model_meta=dict(merged_model.metadata),
+            tags={"version": registered_model.uri, "run_name": run_name},
+        )
+    except TrackingError as exc:
+        raise SystemExit(f"register: {exc}; {result.resource_name}@{result.version_id} is registered") from None
 
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
