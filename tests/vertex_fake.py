@@ -9,7 +9,8 @@ done; a cancelled pipeline job reports CANCELLED. Cloud Logging's `entries:list`
 `log_entries`, filtered by the CustomJob IDs / pipeline job ID and the `timestamp>=` of the
 filter, in pages. Model versions are reachable as `models/ID@VERSION` and
 `models/ID@ALIAS`; an uploaded version takes its aliases from older versions, as Vertex
-does. Tests assert on `server.requests`.
+does. A version's imported evaluations (`evaluations:import`) and their slices
+(`slices:batchImport`) are stored under it and listed on GET. Tests assert on `server.requests`.
 """
 
 from __future__ import annotations
@@ -178,6 +179,10 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                 ),
             )
+        if self.command == "POST" and path.endswith("/evaluations:import"):
+            return self._import_evaluation(path[: -len(":import")], body)
+        if self.command == "POST" and path.endswith("/slices:batchImport"):
+            return self._import_slices(path[: -len(":batchImport")], body)
         if self.command == "POST" and path.endswith("/endpoints"):  # create: a long-running operation
             name = f"{path}/{_kind_id(query) or uuid.uuid4().hex[:12]}"
             res[name] = {**body, "name": name, "deployedModels": [], "trafficSplit": {}}
@@ -227,11 +232,11 @@ class _Handler(BaseHTTPRequestHandler):
                     item["state"] = states.pop(0) if len(states) > 1 else states[0]
                 return self._send(200, item)
             collection = path.rsplit("/", 1)[-1]
-            children = [r for k, r in res.items() if k.rsplit("/", 1)[0] == path and "@" not in k]
+            children = [r for k, r in res.items() if k.rsplit("/", 1)[0] == path and "@" not in k.rsplit("/", 1)[1]]
             for key, value in re.findall(r'labels\.([\w-]+)\s*=\s*"([^"]*)"', (query.get("filter") or [""])[0]):
                 children = [c for c in children if (c.get("labels") or {}).get(key) == value]
-            if collection in ("schedules", "pipelineJobs", "models", "endpoints"):
-                return self._send(200, {collection: children})
+            if collection in ("schedules", "pipelineJobs", "models", "endpoints", "evaluations"):
+                return self._send(200, {"modelEvaluations" if collection == "evaluations" else collection: children})
             return self._not_found(path)
         return self._send(400, {"error": {"code": 400, "message": "unsupported", "status": "INVALID_ARGUMENT"}})
 
@@ -267,6 +272,29 @@ class _Handler(BaseHTTPRequestHandler):
         if start + size < len(entries):
             page["nextPageToken"] = str(start + size)
         return self._send(200, page)
+
+    def _import_evaluation(self, collection: str, body: dict) -> None:
+        """`models/ID@VERSION/evaluations:import`: the evaluation is stored under the version, numbered 1, 2, ..."""
+        model = collection[: -len("/evaluations")]
+        if model not in self.fake.resources:
+            return self._not_found(model)
+        # numbered per version, as Vertex's numeric IDs (a test can name the slices' path before the import)
+        name = f"{collection}/{sum(k.rsplit('/', 1)[0] == collection for k in self.fake.resources) + 1}"
+        item = {**body.get("modelEvaluation", {}), "name": name, "createTime": "2026-01-01T00:00:00Z"}
+        self.fake.resources[name] = item
+        return self._send(200, item)
+
+    def _import_slices(self, collection: str, body: dict) -> None:
+        """`.../evaluations/E/slices:batchImport`: each slice stored under the evaluation; their names answered."""
+        evaluation = collection[: -len("/slices")]
+        if evaluation not in self.fake.resources:
+            return self._not_found(evaluation)
+        names = []
+        for one in body.get("modelEvaluationSlices") or []:
+            name = f"{collection}/{uuid.uuid4().hex[:12]}"
+            self.fake.resources[name] = {**one, "name": name}
+            names.append(name)
+        return self._send(200, {"importedModelEvaluationSlices": names})
 
     def _merge_aliases(self, name: str, body: dict) -> None:
         """`models/ID@VERSION:mergeVersionAliases`: each alias moves to this version ("-alias" removes it)."""
