@@ -24,8 +24,18 @@ def register(
     champion_version: str = "",
     promote: bool = True,
     tracking: dict = None,
+    eval_report: dsl.Input[dsl.HTML] = None,
+    gate_reason: str = "",
+    gate_metric: str = "",
+    gate_min_value: float = 0.0,
+    gate_min_margin: float = 0.0,
 ):
-    """Uploads the merged model to the Vertex Model Registry as a new version.
+    """Uploads the merged model to the Vertex Model Registry as a new version, with its evaluation.
+
+    The version gets a ModelEvaluation (the console's Evaluate tab; `components.register.evaluation`
+    says what it holds) and a slice per label and per regression kind. A failed import is one
+    WARNING line naming the version and the permission; the version stays registered (and
+    promoted) and the output records `evaluation_imported: false`.
 
     Args:
         merged_model: Merged model from merge-export (a gs:// folder).
@@ -51,9 +61,34 @@ def register(
         tracking: MLflow settings ({"mlflow_uri", "experiment", "required"}; components.common.tracking):
             the registered version, the data snapshot and the lineage go to the adapter's MLflow run.
             Default None (no MLflow).
-    """
-    from components.register.core import RegisterError, build_upload_request, register_model
+        eval_report: evaluate's HTML report; the evaluation links it. Default none.
+        gate_reason: evaluate's `reason` output (the gate's decision in words). Default "".
+        gate_metric: The gate's metric (`eval.metric`); "" = the rules are not recorded. Default "".
+        gate_min_value: The gate's `eval.min_value`. Default 0.0.
+        gate_min_margin: The gate's `eval.min_margin`. Default 0.0.
 
+    Output metadata (registered_model): resourceName, version_id, created_parent, aliases,
+    evaluation_imported, evaluation (its resource name), evaluation_slices (how many).
+    """
+    import sys
+
+    from components.register.core import RegisterError, attach_evaluation, build_upload_request, register_model
+    from components.register.evaluation import SCHEMA_FILE, build_evaluation
+
+    metrics = dict(eval_metrics.metadata)
+    lineage = {
+        k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key", "base_model", "adapter")
+    }
+    rules = {"metric": gate_metric, "min_value": gate_min_value, "min_margin": gate_min_margin} if gate_metric else {}
+    folder, folder_uri = registered_model.path, registered_model.uri.rstrip("/")  # before uri names the version
+    evaluation = build_evaluation(
+        metrics,
+        run_name,
+        f"{folder_uri}/{SCHEMA_FILE}",
+        gate={"reason": gate_reason, **rules},
+        lineage={**lineage, "merged_model": merged_model.uri},
+        report_uri=eval_report.uri if eval_report is not None else "",
+    )
     try:
         request = build_upload_request(
             merged_model.uri,
@@ -61,10 +96,10 @@ def register(
             display_name,
             serving_image,
             run_name,
-            dict(eval_metrics.metadata),
+            metrics,
             alias,
             labels,
-            data_lineage={k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key")},
+            data_lineage={k: lineage[k] for k in ("data_snapshot", "training_key")},
             container=dict(serving_container),
             promote=promote,
         )
@@ -73,13 +108,19 @@ def register(
         )
     except RegisterError as exc:
         raise SystemExit(f"register: {exc}") from None
-    registered_model.uri = f"https://{location}-aiplatform.googleapis.com/v1/{result.resource_name}@{result.version_id}"
+    version = f"{result.resource_name}@{result.version_id}"
+    outcome = attach_evaluation(folder, version, evaluation, location)
+    kept = "registered and promoted" if promote and alias else "registered"
+    for line in outcome.warnings:
+        print(f"register: WARNING: {line}; {version} stays {kept}", file=sys.stderr, flush=True)
+    registered_model.uri = f"https://{location}-aiplatform.googleapis.com/v1/{version}"
     registered_model.metadata.update(
         {
             "resourceName": result.resource_name,
             "version_id": result.version_id,
             "created_parent": result.created_parent,
             "aliases": [alias, "default"] if promote and alias else [],
+            **outcome.metadata(),
         }
     )
     from components.common.tracking import TrackingError, record

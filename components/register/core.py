@@ -13,6 +13,10 @@ With a deploy step the order is register (no alias: a version nobody serves and 
 compares with) → deploy + smoke test → `promote_version` (the same champion check again, then
 the alias and the default version move). A failed deploy leaves the alias where it was.
 
+Once the version exists, `attach_evaluation` imports its ModelEvaluation and slices
+(`components.register.evaluation` builds them; `import_evaluation` is the Vertex call). The
+version is registered (perhaps promoted) by then, so a refused import is reported, not raised.
+
 The serving container (`serving_container_args`) is what Vertex starts for a deployment: by
 default the project's image running `python3 -m components.deploy.container` (it copies the
 model from `AIP_STORAGE_URI` and runs `swift deploy` on `AIP_HTTP_PORT`), OpenAI chat on
@@ -25,9 +29,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from components.common.registry import ChampionChanged, alias_version, check_champion
+from components.register.evaluation import SCHEMA_FILE, EvaluationRequest, schema_path
 
 _LABEL_RE = re.compile(r"[^a-z0-9_-]+")
 # Metrics copied into version labels (all metrics go into the version description).
@@ -40,10 +46,38 @@ DEFAULT_SERVING_PORT = 8080
 DEFAULT_PREDICT_ROUTE = "/v1/chat/completions"
 DEFAULT_HEALTH_ROUTE = "/health"
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HTTP_PREFIX_RE = re.compile(r"^[A-Z]+ https?://\S+: ")
 
 
 class RegisterError(RuntimeError):
     """The model cannot be registered; the message says what and how to fix it."""
+
+
+class EvaluationImportError(RuntimeError):
+    """The evaluation or its slices were not imported; the message is one line: what, why, the fix.
+
+    Attributes:
+        evaluation: The imported evaluation's resource name when only its slices failed, else "".
+        slices: The slices imported before the failure.
+    """
+
+    def __init__(self, message: str, evaluation: str = "", slices: list[str] | None = None):
+        super().__init__(message)
+        self.evaluation = evaluation
+        self.slices = list(slices or [])
+
+
+@dataclass(frozen=True)
+class ImportedEvaluation:
+    """An imported ModelEvaluation.
+
+    Attributes:
+        name: `projects/P/locations/R/models/ID@VERSION/evaluations/EVAL` (as Vertex names it).
+        slices: The imported slices' resource names.
+    """
+
+    name: str
+    slices: list[str]
 
 
 @dataclass(frozen=True)
@@ -175,6 +209,7 @@ def build_upload_request(
         if key in metrics:
             out_labels[label_value(key)] = label_value(float(metrics[key]))
     data = {k: v for k, v in (data_lineage or {}).items() if v}
+    scalars = {k: v for k, v in metrics.items() if not isinstance(v, (dict, list))}
     out_labels.update({label_value(k): label_value(v) for k, v in data.items()})
     request: dict[str, Any] = {
         "display_name": display_name or model_id,
@@ -183,7 +218,9 @@ def build_upload_request(
         "labels": out_labels,
         "version_aliases": [alias] if alias and promote else [],
         "is_default_version": bool(promote),
-        "version_description": json.dumps({"run": run_name, "data": data, "metrics": metrics}, sort_keys=True)[:2048],
+        # scalar figures only: the nested blocks (per label, regression) go to the imported evaluation
+        # and would be cut mid-JSON at Vertex's 2048 characters
+        "version_description": json.dumps({"run": run_name, "data": data, "metrics": scalars}, sort_keys=True)[:2048],
         "sync": True,
         **serving_container_args(container),
     }
@@ -287,3 +324,147 @@ def _checked(parent: str, alias: str, expected: str, current: str) -> None:
         check_champion(parent, alias, expected, current)
     except ChampionChanged as exc:
         raise RegisterError(str(exc)) from None
+
+
+# BatchImportModelEvaluationSlices takes at most 50 slices a call (GCPC's importer batches the same).
+SLICE_BATCH = 50
+EVALUATION_FILE = "evaluation.json"
+
+
+def write_evaluation_files(folder: str, version_name: str, request: EvaluationRequest) -> None:
+    """Writes the metrics schema and the request (what an import by hand reads) into `folder`.
+
+    Args:
+        folder: register's own output folder (`/gcs/...` on Vertex).
+        version_name: `projects/P/locations/R/models/ID@VERSION`, the evaluation's parent.
+        request: `build_evaluation(...)`.
+
+    Raises:
+        OSError: The folder cannot be written.
+    """
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SCHEMA_FILE).write_bytes(schema_path().read_bytes())
+    saved = {"parent": version_name, "evaluation": request.evaluation, "slices": request.slices}
+    (out / EVALUATION_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def import_evaluation(
+    version_name: str, request: EvaluationRequest, location: str, credentials: Any = None, saved: str = ""
+) -> ImportedEvaluation:
+    """Imports the ModelEvaluation into a model version, then its slices (50 a call).
+
+    Args:
+        version_name: `projects/P/locations/R/models/ID@VERSION`.
+        request: `components.register.evaluation.build_evaluation(...)`.
+        location: Vertex region (the regional endpoint, unless `aiplatform.init` set another).
+        credentials: google-auth credentials; default ADC.
+        saved: Where `write_evaluation_files` saved the request, for the error's fix; "" = not
+            saved. Default "".
+
+    Returns:
+        The evaluation's and its slices' resource names.
+
+    Raises:
+        EvaluationImportError: An API error (permission, invalid argument, unavailable) on
+            either call; the message names the version and the permission the call needs.
+    """
+    from google.api_core import exceptions
+    from google.cloud.aiplatform import initializer, utils
+    from google.cloud.aiplatform_v1.types import ModelEvaluation, ModelEvaluationSlice
+
+    failures = (exceptions.GoogleAPICallError, exceptions.RetryError)
+    client = initializer.global_config.create_client(
+        client_class=utils.ModelClientWithOverride, credentials=credentials, location_override=location
+    )
+    try:
+        evaluation = client.import_model_evaluation(
+            parent=version_name, model_evaluation=ModelEvaluation(**request.evaluation)
+        )
+    except failures as exc:
+        what = f"the evaluation was not imported into {version_name}"
+        raise EvaluationImportError(_import_failed(what, exc, "aiplatform.modelEvaluations.import", saved)) from None
+    names: list[str] = []
+    for start in range(0, len(request.slices), SLICE_BATCH):
+        batch = [ModelEvaluationSlice(**s) for s in request.slices[start : start + SLICE_BATCH]]
+        try:
+            response = client.batch_import_model_evaluation_slices(
+                parent=evaluation.name, model_evaluation_slices=batch
+            )
+        except failures as exc:
+            what = (
+                f"evaluation {evaluation.name} was imported but {len(request.slices) - len(names)} of its "
+                f"{len(request.slices)} slices were not"
+            )
+            message = _import_failed(what, exc, "aiplatform.modelEvaluationSlices.import", saved)
+            raise EvaluationImportError(message, evaluation.name, names) from None
+        names.extend(response.imported_model_evaluation_slices)
+    return ImportedEvaluation(evaluation.name, names)
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    """What became of a version's evaluation.
+
+    Attributes:
+        imported: The evaluation and all its slices were imported.
+        evaluation: The evaluation's resource name ("" = none was imported).
+        slices: Slices imported.
+        warnings: One line each: what went wrong, the fix.
+    """
+
+    imported: bool
+    evaluation: str
+    slices: int
+    warnings: list[str]
+
+    def metadata(self) -> dict[str, Any]:
+        """The keys register's output records."""
+        return {"evaluation_imported": self.imported, "evaluation": self.evaluation, "evaluation_slices": self.slices}
+
+
+def attach_evaluation(
+    folder: str, version_name: str, request: EvaluationRequest, location: str, credentials: Any = None
+) -> EvaluationOutcome:
+    """Writes the schema and the request into `folder`, then imports the evaluation; never raises.
+
+    The version is already registered (and perhaps promoted) when this runs, so a failure is
+    reported, not raised: the registry keeps the version, its labels and its description.
+
+    Args:
+        folder: register's own output folder; `request`'s metrics_schema_uri points into it.
+        version_name: `projects/P/locations/R/models/ID@VERSION`.
+        request: `build_evaluation(...)`.
+        location: Vertex region.
+        credentials: google-auth credentials; default ADC.
+
+    Returns:
+        The outcome, with a warning line per failure.
+    """
+    warnings = []
+    saved = request.evaluation["metrics_schema_uri"].rsplit("/", 1)[0] + "/" + EVALUATION_FILE  # its URI
+    try:
+        write_evaluation_files(folder, version_name, request)
+    except OSError as exc:
+        saved = ""
+        warnings.append(
+            f"the metrics schema and {EVALUATION_FILE} were not written to {folder} ({exc.strerror or exc}); "
+            f"the evaluation of {version_name} names a schema that is not there"
+        )
+    try:
+        done = import_evaluation(version_name, request, location, credentials, saved)
+    except EvaluationImportError as exc:
+        return EvaluationOutcome(False, exc.evaluation, len(exc.slices), [*warnings, str(exc)])
+    return EvaluationOutcome(True, done.name, len(done.slices), warnings)
+
+
+def _import_failed(what: str, exc: Exception, permission: str, saved: str) -> str:
+    """One line: what was not imported, the API's answer, the permission to grant."""
+    answer = " ".join(str(getattr(exc, "message", None) or exc).split())
+    answer = _HTTP_PREFIX_RE.sub("", answer)[:300]  # the REST transport's "POST http://...: "
+    code = getattr(exc, "code", None)  # HTTP status over gRPC and REST alike (403 PermissionDenied / Forbidden)
+    status = f"{int(code)} {type(exc).__name__}" if code else type(exc).__name__
+    return (
+        f"{what} ({status}: {answer}); grant the pipeline's service account {permission} on the model, "
+        f"then import {saved or 'the evaluation'} by hand (docs/vertex.md, Evaluations in the Model Registry)"
+    )
