@@ -1,4 +1,4 @@
-"""The batch's host copies (components/train_lora/batch_facts.py, plugin item 16): kept for the very device tensor
+"""The batch's host copies (components/train_lora/speedups/batch_facts.py, plugin item 16): kept for the very device tensor
 made from each, read by ms-swift's logits_to_keep and by the model forward's facts instead of the GPU.
 
 "Device" tensors here are on PyTorch's meta device where the code must not read them: a meta tensor has no values,
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.train_lora import batch_facts, vision_seqlens
+from components.train_lora.speedups import batch_facts, vision_seqlens
 
 
 def _batch():
@@ -182,7 +182,7 @@ def test_a_missing_host_copy_sends_the_facts_to_the_device_path(monkeypatch):
 
 GPU_CODE = """
 import torch
-from components.train_lora import deepstack, swift_plugin
+from components.train_lora.speedups import deepstack, swift_plugin
 from swift.dataloader.shard import DataLoaderShard
 from tests.gpu_waits import gpu_waits
 from tests.test_vision_seqlens import _batch, _qwen3_vl_model
@@ -238,7 +238,7 @@ def test_the_plugin_wraps_ms_swift_s_readers_once_they_are_loaded():
 
     code = """
 import sys
-from components.train_lora import swift_plugin as plugin
+from components.train_lora.speedups import swift_plugin as plugin
 print("swift.trainers.mixin" in sys.modules, end=" ")
 from swift.trainers.mixin import SwiftMixin
 from swift.dataloader import shard

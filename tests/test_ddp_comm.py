@@ -1,4 +1,4 @@
-"""DDP's communication for LoRA (components/train_lora/ddp_comm.py, swift_plugin._with_ddp_comm).
+"""DDP's communication for LoRA (components/train_lora/speedups/ddp_comm.py, swift_plugin._with_ddp_comm).
 
 The bucket size is checked where it matters: two real processes (gloo on the CPU) run DDP with the
 settings and DDP's own logging data says how many buckets it reduced, and where the gradients lie; the plugin
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from components.train_lora import ddp_comm, swift_plugin
+from components.train_lora.speedups import ddp_comm, swift_plugin
 
 
 class Adapted(torch.nn.Module):
@@ -218,7 +218,7 @@ def _trainer_worker(rank: int, port: int, out_dir: str, environ: dict, out) -> N
     )
     from transformers import Trainer, TrainingArguments
 
-    from components.train_lora import swift_plugin as plugin  # installs its wrappers, as `swift sft` loads it
+    from components.train_lora.speedups import swift_plugin as plugin  # installs its wrappers, as `swift sft` loads it
 
     assert plugin.DDP_COMM
     torch.manual_seed(0)

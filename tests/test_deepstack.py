@@ -1,11 +1,11 @@
-"""Qwen3-VL's deepstack additions by position (components/train_lora/deepstack.py)."""
+"""Qwen3-VL's deepstack additions by position (components/train_lora/speedups/deepstack.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from components.train_lora import deepstack
+from components.train_lora.speedups import deepstack
 from tests.tiny_text import qwen3_vl_text_model
 
 
@@ -77,7 +77,7 @@ def test_installed_in_the_text_model_gives_the_same_outputs_and_gradients():
 
 
 def test_the_plugin_patches_the_trainers_model_unless_switched_off(monkeypatch):
-    from components.train_lora import swift_plugin
+    from components.train_lora.speedups import swift_plugin
 
     model = qwen3_vl_text_model(2)
     monkeypatch.setenv("VLM_LORA_INDEX_DEEPSTACK", "0")

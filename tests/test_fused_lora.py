@@ -1,4 +1,4 @@
-"""The fused LoRA branch (components/train_lora/fused_lora.py) against peft's own forward."""
+"""The fused LoRA branch (components/train_lora/speedups/fused_lora.py) against peft's own forward."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
 
-from components.train_lora import fused_lora
+from components.train_lora.speedups import fused_lora
 from tests.peft_routing import peft_forward as _peft_forward
 from tests.peft_routing import routed
 
@@ -241,7 +241,7 @@ def test_no_grad_several_adapters_and_zero3_stay_on_peft():
 
 
 def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base):
-    from components.train_lora import swift_plugin
+    from components.train_lora.speedups import swift_plugin
 
     monkeypatch.setattr(swift_plugin._load_sibling("fused_lora"), "FUSED_BASE", fused_base)  # the plugin's copy
     assert swift_plugin.FUSED_LORA
@@ -258,7 +258,7 @@ def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base
 def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch):
     """On CUDA nn.Dropout runs the same native_dropout kernel: the same masks from the same seed (with the seeded
     masks turned off; they are checked against autograd in tests/test_lora_triton.py)."""
-    from components.train_lora import swift_plugin
+    from components.train_lora.speedups import swift_plugin
 
     monkeypatch.setattr(fused_lora, "SEEDED", False)
     assert swift_plugin.AUTOCAST_INPUT  # peft's dropout runs on the bf16 input, as in training
@@ -286,7 +286,7 @@ def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch
 
 
 def test_layer_compile_picks_the_language_models_decoder_layers_only():
-    from components.train_lora.swift_plugin import compile_decoder_layers
+    from components.train_lora.speedups.swift_plugin import compile_decoder_layers
 
     class TextDecoderLayer(torch.nn.Linear):
         pass
@@ -310,7 +310,7 @@ def test_layer_compile_picks_the_language_models_decoder_layers_only():
 def test_layer_compile_keeps_liger_to_its_fused_loss():
     from transformers import TrainingArguments
 
-    from components.train_lora.swift_plugin import keep_liger_out_of_layers
+    from components.train_lora.speedups.swift_plugin import keep_liger_out_of_layers
 
     args = TrainingArguments(output_dir="/tmp/unused", report_to="none")
     keep_liger_out_of_layers(args)  # Liger off: nothing to do

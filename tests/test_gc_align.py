@@ -1,4 +1,4 @@
-"""Garbage collection at step ends (components/train_lora/gc_align.py, swift_plugin.gc_callback, item 15).
+"""Garbage collection at step ends (components/train_lora/speedups/gc_align.py, swift_plugin.gc_callback, item 15).
 
 The collector is the real one: cyclic garbage is watched through weak references, and the plugin's callback
 runs inside a real transformers Trainer on the CPU.
@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 
-from components.train_lora import gc_align, swift_plugin
+from components.train_lora.speedups import gc_align, swift_plugin
 
 
 class Node:

@@ -1,4 +1,4 @@
-"""ms-swift's NaN-gradient skip decided on the GPU (components/train_lora/grad_nan.py, plugin item 17): the fused
+"""ms-swift's NaN-gradient skip decided on the GPU (components/train_lora/speedups/grad_nan.py, plugin item 17): the fused
 optimizer's `found_inf` leaves everything as ms-swift's skip (every gradient None) does, with no `.item()`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.train_lora import grad_nan
+from components.train_lora.speedups import grad_nan
 
 
 def _model_and_optimizer(fused: bool = True, cls=torch.optim.AdamW):
@@ -134,7 +134,7 @@ def test_the_plugin_wraps_ms_swift_s_context_once_its_trainers_are_loaded():
     from tests.plugin_run import ROOT, last_line
 
     code = """
-from components.train_lora import swift_plugin as plugin
+from components.train_lora.speedups import swift_plugin as plugin
 before = plugin.GRAD_NAN_ON_GPU
 from swift.trainers.mixin import SwiftMixin
 print(before, plugin._install_grad_nan(), plugin._install_grad_nan(),

@@ -1,4 +1,4 @@
-"""The train-lora plugin (components/train_lora/swift_plugin.py) installs each of its patches when
+"""The train-lora plugin (components/train_lora/speedups/swift_plugin.py) installs each of its patches when
 imported by `swift sft`, and each switch in the job environment turns its own off. Two fresh
 interpreters (the plugin patches libraries at import): every switch at its default, then every one
 flipped."""
@@ -57,7 +57,7 @@ import inspect
 import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl  # loaded first, without the function: untouched
 from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as before
-from components.train_lora import swift_plugin as plugin
+from components.train_lora.speedups import swift_plugin as plugin
 from transformers.models.qwen3_vl import modeling_qwen3_vl as after
 from transformers import Trainer, masking_utils
 from liger_kernel.transformers.model import loss_utils, qwen3_vl as liger_qwen3_vl
@@ -166,7 +166,7 @@ def test_the_loss_s_waits_have_their_own_switch(tmp_path):
 def test_torch_rms_norm_is_on_by_default_with_more_than_one_process(tmp_path, env, expected):
     code = """
 import transformers.trainer
-from components.train_lora import swift_plugin as plugin
+from components.train_lora.speedups import swift_plugin as plugin
 print(plugin.TORCH_RMS_NORM, bool(getattr(transformers.trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm", False)))
 """
     assert last_line(code, PYTHONPATH=str(ROOT), **env) == expected
@@ -174,7 +174,7 @@ print(plugin.TORCH_RMS_NORM, bool(getattr(transformers.trainer.apply_liger_kerne
 
 def test_the_grid_switch_leaves_the_boundaries_on_the_host(tmp_path):
     code = """
-from components.train_lora import swift_plugin as plugin
+from components.train_lora.speedups import swift_plugin as plugin
 from transformers.models.qwen3_vl import modeling_qwen3_vl as m
 print(plugin.HOST_VISION_SEQLENS > 0, plugin.HOST_VISION_GRID, getattr(m.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid", False))
 """

@@ -1,10 +1,10 @@
-"""torch's fused RMSNorm in place of Liger's (components/train_lora/rms_norm.py)."""
+"""torch's fused RMSNorm in place of Liger's (components/train_lora/speedups/rms_norm.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from components.train_lora import rms_norm
+from components.train_lora.speedups import rms_norm
 
 
 class LigerRMSNorm(torch.nn.Module):
@@ -69,7 +69,7 @@ def test_fused_op_is_detected_per_device():
 
 
 def test_wanted_with_more_than_one_process_unless_switched_off():
-    from components.train_lora.swift_plugin import multi_process_switch
+    from components.train_lora.speedups.swift_plugin import multi_process_switch
 
     def wanted(environ, world_size):
         return multi_process_switch(environ, "VLM_LORA_TORCH_RMS_NORM", world_size)

@@ -1,4 +1,4 @@
-"""Liger's fused SiLU-multiply in Qwen3-VL's MLPs (components/train_lora/swiglu.py)."""
+"""Liger's fused SiLU-multiply in Qwen3-VL's MLPs (components/train_lora/speedups/swiglu.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.train_lora.swiglu import fuse_silu_mul, silu_mul_bytes
+from components.train_lora.speedups.swiglu import fuse_silu_mul, silu_mul_bytes
 from tests.peft_routing import routed
 from tests.tiny_text import qwen3_vl_text_model
 
@@ -77,7 +77,7 @@ def test_silu_mul_bytes_for_the_planner():
 
 
 def test_wanted_only_with_liger_on_and_the_layers_not_compiled(monkeypatch):
-    from components.train_lora.swift_plugin import wants_liger_swiglu
+    from components.train_lora.speedups.swift_plugin import wants_liger_swiglu
 
     liger = SimpleNamespace(use_liger_kernel=True, liger_kernel_config=None)
     assert wants_liger_swiglu(liger, compile_language=False)
@@ -137,7 +137,7 @@ def test_plan_sizes_without_the_silu_output():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_liger_product_keeps_less_and_matches_gpu():
     pytest.importorskip("liger_kernel")
-    from components.train_lora.swift_plugin import _liger_silu_mul
+    from components.train_lora.speedups.swift_plugin import _liger_silu_mul
 
     silu_mul, kernels = _liger_silu_mul()
     torch.manual_seed(0)
@@ -162,7 +162,7 @@ def test_liger_product_keeps_less_and_matches_gpu():
     for g_fused, g_ref in zip(grads_fused, grads_ref):
         assert (g_fused - g_ref).abs().max().item() <= 0.02 * g_ref.abs().max().item()
     # the kernels the down projection calls (forward, then the backward into gate and up) against PyTorch's
-    from components.train_lora.fused_lora import TorchSiluMul
+    from components.train_lora.speedups.fused_lora import TorchSiluMul
 
     a, b = gate.detach().view(-1, 9728), up.detach().view(-1, 9728)
     dc = torch.randn_like(a)
@@ -178,7 +178,7 @@ class _SavingSiluMul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up):
-        from components.train_lora.fused_lora import TorchSiluMul
+        from components.train_lora.speedups.fused_lora import TorchSiluMul
 
         ctx.save_for_backward(gate, up)
         return TorchSiluMul.forward(gate, up)
@@ -209,7 +209,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
     function, the same masks from the same seed; autograd keeps one product's bytes less per MLP."""
     import functools
 
-    from components.train_lora import fused_lora
+    from components.train_lora.speedups import fused_lora
 
     def model():
         torch.manual_seed(0)
@@ -245,7 +245,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
 
 
 def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
-    from components.train_lora import fused_lora
+    from components.train_lora.speedups import fused_lora
 
     m = _lora(_text_model(layers=1)).train()
     mlp = m.base_model.model.layers[0].mlp

@@ -96,7 +96,7 @@ def test_plugin_counts_tokens_without_padding():
     import torch
     from transformers import Trainer
 
-    from components.train_lora import swift_plugin
+    from components.train_lora.speedups import swift_plugin
 
     assert swift_plugin.INSTALLED
     fake = SimpleNamespace(
@@ -122,7 +122,7 @@ def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_w
     import torch
     from transformers import Trainer
 
-    from components.train_lora import swift_plugin
+    from components.train_lora.speedups import swift_plugin
 
     class Event:  # a CUDA event: done once the GPU reaches it
         def __init__(self):
@@ -398,7 +398,7 @@ def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from components.train_lora import swift_plugin
+    from components.train_lora.speedups import swift_plugin
 
     assert swift_plugin.AUTOCAST_INPUT
     torch.manual_seed(0)

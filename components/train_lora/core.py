@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import cost
+from components.common import cost, tracking
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.dataset import checked_rows_file, read_token_stats
 from components.common.manifest import ManifestError
@@ -34,13 +34,14 @@ from components.common.swift import (
     swift_executable,
     to_cli,
 )
-from components.train_lora import _checkpoints, _input_checks, _launch, _plan, swiglu
+from components.train_lora import _checkpoints, _input_checks, _launch, _plan
 from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
+from components.train_lora.speedups import swiglu
 
 # Set by the task from its inputs; a config that sets them is refused.
-PLUGIN = str(Path(__file__).with_name("swift_plugin.py"))
+PLUGIN = str(Path(__file__).parent / "speedups" / "swift_plugin.py")
 # Printed when SIGTERM arrives: what the task does next.
 _SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
 # How long each node's preflight waits for every rank to join, seconds: the ranks of one
@@ -513,6 +514,11 @@ def train_lora(
     args, strategy = _final_swift_args(
         swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
     )
+    try:  # MLflow (MLFLOW_TRACKING_URI in the job environment): report_to mlflow, the server checked before swift
+        args, tracking_env = tracking.prepare_training(args, extra_env, train_dir, adapter_out)
+    except tracking.TrackingError as exc:
+        raise TrainError(str(exc)) from None
+    extra_env.update(tracking_env)
     batch_plan = _micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env)
     if launch.plan.is_chief:
         _log_expected_time(args, batch_plan, train_dir, launch, (base_model_ref or {}).get("source", ""), model_dir)

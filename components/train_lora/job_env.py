@@ -25,7 +25,7 @@ class JobEnvError(TrainError):
     """A job environment variable is not allowed (unknown name, reserved, or a secret); the message names the fix."""
 
 
-# The train-lora plugin's switches: the values each takes (read in components/train_lora/swift_plugin.py).
+# The train-lora plugin's switches: the values each takes (read in components/train_lora/speedups/swift_plugin.py).
 _PLUGIN_SWITCHES = {
     "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
     "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
@@ -96,8 +96,13 @@ JOB_ENV_NAMES = frozenset(
         "OMP_NUM_THREADS",
         "TOKENIZERS_PARALLELISM",
         "LOGLEVEL",
-        # the train-lora plugin's memory cap (components/train_lora/swift_plugin.py)
+        # the train-lora plugin's memory cap (components/train_lora/speedups/swift_plugin.py)
         "VLM_LORA_GPU_MEMORY_GIB",
+        # MLflow tracking (components/common/tracking.py): the server, the experiment, and whether an
+        # unreachable server stops the training (0 = train on without MLflow); no credentials
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_EXPERIMENT_NAME",
+        "VLM_LORA_TRACKING_REQUIRED",
     }
 ) | frozenset(_PLUGIN_SWITCHES)  # and its switches
 # Common names under the prefixes, offered as "did you mean".

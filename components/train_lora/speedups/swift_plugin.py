@@ -172,6 +172,21 @@ import os
 import sys
 from pathlib import Path
 
+PACKAGE = "components.train_lora.speedups"
+
+
+def _importable_package() -> None:
+    """Puts the repository root (the folder holding `components/`) first on sys.path when `components` is not
+    importable or is another copy: `swift sft` loads this file by path, with only this folder on sys.path."""
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.find_spec("components")
+    here = root / "components"
+    if spec is None or not any(Path(p).resolve() == here for p in spec.submodule_search_locations or ()):
+        sys.path.insert(0, str(root))
+
+
+_importable_package()
+
 ASYNC_TOKENS = os.environ.get("VLM_LORA_ASYNC_TOKENS", "1") != "0"
 
 
@@ -300,19 +315,8 @@ def _install_memory_cap() -> float:
 
 
 def _load_sibling(stem: str):
-    """`<stem>.py` from beside this file (the plugin is loaded by path, not as a package)."""
-    name = f"vlm_lora_{stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:  # e.g. Triton missing: no half-run module left for the next call
-        del sys.modules[name]
-        raise
-    return module
+    """The package's module `<stem>` (`components.train_lora.speedups.<stem>`), one copy per process."""
+    return importlib.import_module(f"{PACKAGE}.{stem}")
 
 
 def _install_fused_lora() -> bool:

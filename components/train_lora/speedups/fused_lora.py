@@ -44,11 +44,9 @@ without gradients) goes through peft's own forward.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
-import sys
 import weakref
-from pathlib import Path
 
 import torch
 
@@ -115,21 +113,11 @@ _kernels = None  # lora_triton, loaded at first use (False where Triton is missi
 
 
 def _load_kernels():
-    """`lora_triton.py` from beside this file (this module is also loaded by path, not as a package)."""
+    """`lora_triton` of this package, or False where Triton is missing."""
     global _kernels
     if _kernels is None:
-        name = "vlm_lora_lora_triton"
         try:
-            if name not in sys.modules:
-                spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("lora_triton.py"))
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module  # before running it: its dataclass looks itself up there
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
-            _kernels = sys.modules[name]
+            _kernels = importlib.import_module(".lora_triton", __package__)
         except ImportError:
             _kernels = False
     return _kernels
