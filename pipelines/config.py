@@ -1,6 +1,6 @@
 """The one schema every file under `configs/` loads into.
 
-A config is value-only YAML with ten sections (`pipeline`, `model` and `data` required):
+A config is value-only YAML with eleven sections (`pipeline`, `model` and `data` required):
 
 * `pipeline`: name and pipeline root (where every task writes its artifacts).
 * `model`: the base model source and the model cache it is staged into.
@@ -21,6 +21,8 @@ A config is value-only YAML with ten sections (`pipeline`, `model` and `data` re
 * `images`: container image overrides (default: `components.images`).
 * `register`: the Vertex Model Registry entry a passing model becomes a version of.
 * `schedule`: the recurring run of `python -m pipelines.schedule`.
+* `tracking`: the MLflow server results go to (`components.common.tracking`, docs/tracking.md);
+  `swift.report_to` names only what the images can serve (W&B is refused here, not in the GPU job).
 
 Unknown keys and wrong types are errors that name the file, the line, the key and what
 is expected: `ConfigError`, raised before any work starts. So are careless and hostile
@@ -68,6 +70,7 @@ from components.common.reference import CHAMPION, reference_problem
 from components.common.regression import max_drop_problem, max_drops
 from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
+from components.common.tracking import ENV_EXPERIMENT, ENV_REQUIRED, ENV_URI, Settings, report_to_problem, uri_problem
 from components.train_lora.job_env import JobEnvError, check_job_env
 from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
@@ -419,6 +422,29 @@ class DeploySection:
 
 
 @dataclass(frozen=True)
+class TrackingSection:
+    """Where results are tracked besides Vertex Experiments and TensorBoard (docs/tracking.md).
+
+    Attributes:
+        mlflow_uri: MLflow tracking server, http(s)://host[:port]: train-lora's curves (ms-swift's
+            report_to mlflow), evaluate's figures, the data snapshot and the lineage go to one run per
+            adapter. `environment.MLFLOW_TRACKING_URI` sets it too. "" = no MLflow. Default "".
+        experiment: MLflow experiment; "" = pipeline.name. `environment.MLFLOW_EXPERIMENT_NAME`
+            sets it too. Default "".
+        required: An MLflow server that cannot be reached stops the run before training (true), or
+            is one warning line and the run goes on without MLflow (false). Default true.
+    """
+
+    mlflow_uri: str = ""
+    experiment: str = ""
+    required: bool = True
+
+    def settings(self, pipeline_name: str) -> Settings:
+        """The components' tracking settings (`components.common.tracking.Settings`)."""
+        return Settings(self.mlflow_uri, self.experiment or pipeline_name, self.required)
+
+
+@dataclass(frozen=True)
 class ScheduleSection:
     """The recurring run created by `python -m pipelines.schedule create`.
 
@@ -453,6 +479,7 @@ class Config:
     register: RegisterSection = field(default_factory=RegisterSection)
     deploy: DeploySection = field(default_factory=DeploySection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    tracking: TrackingSection = field(default_factory=TrackingSection)
     path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -889,6 +916,7 @@ _SECTIONS: dict[str, type] = {
     "register": RegisterSection,
     "deploy": DeploySection,
     "schedule": ScheduleSection,
+    "tracking": TrackingSection,
 }
 
 
@@ -995,7 +1023,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         hint = _did_you_mean(unknown[0], [*sections, "swift", "environment"])
         raise ConfigError(
             f"{where(unknown[0])}: unknown section '{unknown[0]}'{hint}; allowed: pipeline, model, data, swift, eval, "
-            "vertex, resources, images, register, deploy, schedule, environment"
+            "vertex, resources, images, register, deploy, schedule, tracking, environment"
         )
     for required in ("pipeline", "model", "data"):
         if required not in raw:
@@ -1026,6 +1054,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     _check_swift(cfg.swift, where)
     _check_parameter_targets(cfg.swift, where)
     _check_packing(cfg.swift, where)
+    cfg = _check_tracking(cfg, where)
     for key, value in (("pipeline.root", cfg.pipeline.root), ("model.cache", cfg.model.cache)):
         problem = local_dir_problem(value, writable=False)
         if problem:
@@ -1034,6 +1063,42 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 _BOX_CONVENTIONS = (AUTO_CONVENTION, *CONVENTIONS)
+
+
+def _check_tracking(cfg: Config, where: typing.Callable[[str], str]) -> Config:
+    """Checks the `tracking` section and `swift.report_to`; folds environment.MLFLOW_* into `tracking`.
+
+    Returns:
+        The config with `tracking` holding what the environment section set.
+
+    Raises:
+        ConfigError: A tracking URI that is not an http(s) server or holds credentials, a
+            `report_to` the images cannot serve (W&B and the like, or mlflow without a URI),
+            environment.MLFLOW_* that differ from `tracking`, or VLM_LORA_TRACKING_REQUIRED set by hand.
+    """
+    t = cfg.tracking
+    values = {"mlflow_uri": t.mlflow_uri, "experiment": t.experiment}
+    if ENV_REQUIRED in cfg.environment:
+        key = f"environment.{ENV_REQUIRED}"
+        raise ConfigError(f"{where(key)}: '{key}' is set by the pipeline; use tracking.required instead")
+    for name, var in (("mlflow_uri", ENV_URI), ("experiment", ENV_EXPERIMENT)):
+        if var not in cfg.environment:
+            continue
+        value = str(cfg.environment[var])
+        if values[name] and values[name] != value:
+            key = f"environment.{var}"
+            raise ConfigError(f"{where(key)}: '{key}' differs from 'tracking.{name}'; set only one of them")
+        values[name] = value
+    if values["mlflow_uri"]:
+        key = "tracking.mlflow_uri" if t.mlflow_uri else f"environment.{ENV_URI}"
+        problem = uri_problem(values["mlflow_uri"])
+        if problem:
+            raise ConfigError(f"{where(key)}: '{key}': {problem}")
+    if "report_to" in cfg.swift:
+        problem = report_to_problem(cfg.swift["report_to"], values["mlflow_uri"])
+        if problem:
+            raise ConfigError(f"{where('swift.report_to')}: 'swift.report_to' {problem}")
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(t, **values))
 
 
 def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:

@@ -42,6 +42,9 @@ ENV_URI = "MLFLOW_TRACKING_URI"
 ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
 ENV_REQUIRED = "VLM_LORA_TRACKING_REQUIRED"  # "0": train on without MLflow when the server cannot be reached
 ENV_TAGS = "MLFLOW_TAGS"  # transformers' MLflowCallback sets these tags on the run it opens
+# MLflow's client sends usage telemetry to MLflow's own servers unless this is "true": `swift sft` gets
+# it with the tracking settings, and `record` sets it in its process unless the environment has it.
+ENV_NO_TELEMETRY = "MLFLOW_DISABLE_TELEMETRY"
 DEFAULT_EXPERIMENT = "Default"  # MLflow's own, where a run without an experiment name goes
 # The run's identity and lineage tags.
 ADAPTER_TAG = "vlm_lora.adapter"
@@ -279,7 +282,7 @@ def report_args(args: Mapping[str, Any], job_env: Mapping[str, str], tags: Mappi
     out = {**args, "report_to": [*report, "mlflow"]}
     if "run_name" not in args and tags.get(TRAINING_KEY_TAG):  # else ms-swift names the run after its scratch folder
         out["run_name"] = f"train-lora {tags[TRAINING_KEY_TAG]}"
-    env = {ENV_TAGS: json.dumps(scrub(dict(tags)), sort_keys=True)}
+    env = {ENV_TAGS: json.dumps(scrub(dict(tags)), sort_keys=True), ENV_NO_TELEMETRY: "true"}
     if ENV_EXPERIMENT not in job_env:
         env[ENV_EXPERIMENT] = settings.experiment
     return out, env
@@ -426,6 +429,7 @@ def record(
     if problem:
         _unreachable(s, problem, task)
         return ""
+    os.environ.setdefault(ENV_NO_TELEMETRY, "true")
     from mlflow import MlflowClient
     from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
