@@ -22,8 +22,9 @@ Parameters (what a run can change) and the naming rule:
   `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`.
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
   `images`, `register`, `deploy`, `vertex` (task machines, images, the CustomJob, the registry
-  entry, labels), `eval.reference` (whether a find-champion task exists) and `eval.regression`
-  (whether a validate-regression task exists, and its sources).
+  entry, labels), `eval.reference` (whether a find-champion task exists), `eval.regression`
+  (whether a validate-regression task exists, and its sources) and `tracking` (the MLflow server:
+  train-lora's job environment, evaluate's and register's `tracking` argument).
 
 Targets (one DAG, same task names):
 
@@ -405,6 +406,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             task=p["data_task"],
             **reference_args,
             **regression_args,
+            **_tracking_args(plan.cfg),
         ),
         "evaluate",
         plan,
@@ -497,7 +499,10 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
         eval_dataset=data.outputs["eval_dataset"],
         swift_args=swift_args,
         preflight=cfg.resources.preflight,
-        job_env={str(k): v for k, v in cfg.environment.items()},
+        job_env={
+            **{str(k): v for k, v in cfg.environment.items()},
+            **cfg.tracking.settings(cfg.pipeline.name).job_env(),  # MLflow (components.common.tracking)
+        },
         **vertex_args,
     ).set_display_name("train-lora")
     if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
@@ -505,6 +510,12 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
     if plan.vertex and cfg.resources.scheduling == "spot":
         train.set_retry(num_retries=2)  # a preempted job restarts and resumes from its newest complete checkpoint
     return train
+
+
+def _tracking_args(cfg: Config) -> dict[str, Any]:
+    """evaluate's and register's `tracking` argument (the MLflow server); nothing when the config names none."""
+    param = cfg.tracking.settings(cfg.pipeline.name).as_param()
+    return {"tracking": param} if param else {}
 
 
 def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval_dataset: Any) -> None:
@@ -534,6 +545,7 @@ def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval
                 serving_container=reg.container(),
                 promote=not deploying,
                 **check,
+                **_tracking_args(cfg),
             ),
             REGISTER_TASK,
             plan,

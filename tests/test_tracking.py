@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -357,6 +358,37 @@ def test_probe_names_a_server_that_is_not_mlflow(tmp_path):
         assert "answers 404" in tracking.probe(f"http://127.0.0.1:{server.server_port}")
     finally:
         server.shutdown()
+
+
+# ---------------------------------------------------------------- the pipeline passes the settings
+
+
+@pytest.mark.parametrize("target", ["vertex", "local"])
+def test_the_compiled_pipeline_gives_train_lora_evaluate_and_register_the_settings(target, tmp_path):
+    from pipelines.compile import compile_pipeline
+    from tests.pipeline_spec import container_tasks, source
+
+    config = ROOT / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
+    overrides = {"tracking.mlflow_uri": "http://10.0.0.5:5000", "pipeline.root": str(tmp_path / "runs")}
+    out = compile_pipeline(str(config), str(tmp_path / "p.yaml"), target=target, overrides=overrides)
+    spec = yaml.safe_load(out.read_text())
+    index = container_tasks(spec)
+    expected = {"mlflow_uri": "http://10.0.0.5:5000", "experiment": load_config(config).pipeline.name, "required": True}
+    assert source(index, "evaluate", "tracking").value == expected
+    job_env = source(index, "train-lora", "job_env").value
+    assert job_env["MLFLOW_TRACKING_URI"] == "http://10.0.0.5:5000"
+    assert job_env["MLFLOW_EXPERIMENT_NAME"] == expected["experiment"] and job_env["VLM_LORA_TRACKING_REQUIRED"] == "1"
+    if target == "vertex":
+        assert source(index, "register", "tracking").value == expected
+    # without a server nothing is passed (tracking stays off)
+    plain = yaml.safe_load(
+        compile_pipeline(str(config), str(tmp_path / "q.yaml"), target=target, overrides=overrides | {
+            "tracking.mlflow_uri": ""
+        }).read_text()
+    )  # fmt: skip
+    plain_index = container_tasks(plain)
+    assert "tracking" not in plain_index["evaluate"].spec["inputs"].get("parameters", {})
+    assert not any(k.startswith("MLFLOW") for k in source(plain_index, "train-lora", "job_env").value or {})
 
 
 # ---------------------------------------------------------------- packaging
