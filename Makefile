@@ -10,9 +10,10 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade "pip==26.3"
+	# setuptools as Dockerfile.train-deps pins it: torch 2.11.0 caps it < 82, and the venv's own has no bdist_wheel
+	$(PY) -m pip install -q --upgrade "pip==26.3" "setuptools==81.0.0"
 	# torch first, pinned: an unpinned torch pulled by another package downloads GBs
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q torch==2.11.0 torchvision==0.26.0
 	$(PY) -m pip install -q -c requirements.lock -e ".[train,dev]"
 	touch $(STAMP)
 
