@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# The wheels the GPU benchmarks carry to a GPU machine that has torch, transformers and
-# accelerate but not ms-swift or Unsloth (the device image: Python 3.12, x86-64).
+# The wheels the GPU benchmarks carry to a GPU machine whose image has the lock's torch stack
+# (torch 2.11.0, torchvision 0.26.0, Triton 3.6.0: benchmarks/gpu_stack.json) but its own
+# transformers and no ms-swift or Unsloth (the device image: Python 3.12, x86-64). The swift
+# wheels take their versions from requirements.lock, so a GPU run uses the lock's packages above torch.
 #
-#   bash benchmarks/gpu_wheels.sh swift     # .whl/: ms-swift 4.6.0 and its needs (~31 MB)
+#   bash benchmarks/gpu_wheels.sh swift     # .whl/ (~31 MB): ms-swift and its needs, peft, liger-kernel;
+#                                           # .whl_hf/ (~17 MB): transformers, accelerate, huggingface_hub,
+#                                           #   tokenizers, safetensors
 #   bash benchmarks/gpu_wheels.sh unsloth   # .whl_u1/ (~60 MB) and .whl_u2/ (~29 MB): Unsloth 2026.10.9
 #
 # Run it here (where PyPI is reachable), in the repository root; the folders must be ignored
-# by git (.git/info/exclude) and are named in the GPU call's `carry`. One call carries at most
-# 64 MiB with the working tree, so Unsloth travels in two calls while the machine stays warm:
+# by git (.gitignore or .git/info/exclude) and are named in the GPU call's `carry`. One call carries
+# at most 64 MiB with the working tree (~3 MB): a swift run carries [".whl", ".whl_hf"] (~48 MB).
+# On the GPU machine:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#       .whl/*.whl .whl_hf/*.whl
+#   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+# Unsloth travels in calls of its own while the machine stays warm:
 #   call 1, carry [".whl_u1"]:        pip install --no-index --no-deps --target /tmp/usite .whl_u1/*.whl
 #   call 2, carry [".whl", ".whl_u2"]: the same for .whl_u2 into /tmp/usite and .whl into /tmp/site,
 #                                      then PYTHONPATH=/tmp/usite:/tmp/site:$PWD (benchmarks/unsloth_peer.py)
-# On the GPU machine:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-#   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+#   (the lock's transformers under Unsloth too: a third call carries [".whl_hf"] into /tmp/site)
 set -euo pipefail
 
 PLATFORMS=(
@@ -30,6 +37,22 @@ download() {  # download DIR NAME==VERSION...
         "${PLATFORMS[@]}" -d "$dir" "$@"
 }
 
+locked() {  # locked NAME...: each as NAME==VERSION from requirements.lock; a name the lock lacks stops the script
+    python3 -c '
+import re, sys
+canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+try:
+    lines = open("requirements.lock").read().splitlines()
+except FileNotFoundError:
+    sys.exit("error: no requirements.lock here; run this in the repository root")
+pins = {canon(n): f"{n}=={v}" for n, _, v in (line.strip().partition("==") for line in lines) if v}
+missing = [name for name in sys.argv[1:] if canon(name) not in pins]
+if missing:
+    sys.exit("error: not in requirements.lock: " + " ".join(missing))
+print(" ".join(pins[canon(name)] for name in sys.argv[1:]))
+' "$@"
+}
+
 ignored_or_die() {  # the folder must not travel as tracked files or be committed ("$1/": a folder, existing or not)
     if ! git check-ignore -q "$1/"; then
         echo "error: $1 is not ignored by git; add '/$1/' to .git/info/exclude first" >&2
@@ -39,16 +62,22 @@ ignored_or_die() {  # the folder must not travel as tracked files or be committe
 
 swift() {
     ignored_or_die .whl
-    download .whl ms_swift==4.6.0 datasets==4.8.4 trl==0.29.1 modelscope==1.40.2 modelscope-hub==0.5.1 \
-        cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 qwen-vl-utils==0.0.14 liger-kernel==0.8.5 peft==0.20.0 \
-        fsspec==2026.2.0 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
-        openai==3.54.0 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 fastapi==0.165.0 starlette==1.10.0 \
-        uvicorn==0.54.0 zstandard==0.25.0 nltk==3.10.4 dill==0.4.1 multiprocess==0.70.19 binpacking==2.0.1 \
-        json_repair==0.64.5 addict==2.4.0 dacite==1.9.2 rouge==1.0.1 cpm-kernels==1.0.11 attrdict==2.0.1 \
-        lazy-importer==0.1.0 hjson==3.1.0
+    ignored_or_die .whl_hf
+    local swift_pins hf_pins built_pins
+    swift_pins=$(locked ms_swift datasets trl modelscope modelscope-hub cryptography cffi pycparser qwen-vl-utils \
+        liger-kernel peft fsspec pydantic pydantic_core annotated-types typing-inspection openai jiter distro \
+        sniffio fastapi starlette uvicorn zstandard nltk dill multiprocess binpacking json_repair addict dacite \
+        rouge cpm-kernels attrdict lazy-importer hjson)
+    hf_pins=$(locked transformers accelerate huggingface_hub tokenizers safetensors)
+    built_pins=$(locked transformers-stream-generator deepspeed)
+    # each *_pins holds several pins, one word each: split on purpose
+    # shellcheck disable=SC2086
+    download .whl $swift_pins
+    # shellcheck disable=SC2086
+    download .whl_hf $hf_pins
     # no wheel on PyPI: built here (pure Python)
-    python3 -m pip wheel -q --no-deps -w .whl transformers-stream-generator==0.0.5
-    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps -w .whl deepspeed==0.19.8
+    # shellcheck disable=SC2086
+    DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps -w .whl $built_pins
 }
 
 unsloth() {
@@ -69,7 +98,7 @@ case "${1:-}" in
         exit 2
         ;;
 esac
-for dir in .whl .whl_u1 .whl_u2; do
+for dir in .whl .whl_hf .whl_u1 .whl_u2; do
     [ -d "$dir" ] && echo "$dir: $(ls "$dir" | wc -l) wheels, $(du -sm "$dir" | cut -f1) MB"
 done
 exit 0
