@@ -280,8 +280,9 @@ def report_args(args: Mapping[str, Any], job_env: Mapping[str, str], tags: Mappi
     current = args.get("report_to", list(SWIFT_DEFAULT_REPORT_TO))
     report = [v for v in ([current] if isinstance(current, str) else list(current)) if v not in ("none", "mlflow")]
     out = {**args, "report_to": [*report, "mlflow"]}
-    if "run_name" not in args and tags.get(TRAINING_KEY_TAG):  # else ms-swift names the run after its scratch folder
-        out["run_name"] = f"train-lora {tags[TRAINING_KEY_TAG]}"
+    name = tags.get(TRAINING_KEY_TAG) or tags.get(ADAPTER_TAG)
+    if "run_name" not in args and name:  # else ms-swift names the run after its scratch folder
+        out["run_name"] = f"train-lora {name}"
     env = {ENV_TAGS: json.dumps(scrub(dict(tags)), sort_keys=True), ENV_NO_TELEMETRY: "true"}
     if ENV_EXPERIMENT not in job_env:
         env[ENV_EXPERIMENT] = settings.experiment
