@@ -114,7 +114,7 @@ def _merged_model(tmp_path: Path, adapter: str = "/runs/r1/train-lora/adapter") 
         "adapter": adapter,
         "base_model": "/runs/r1/stage-model/model",
         "training_key": "0123456789abcdef",
-        "data_snapshot": "/runs/r1/snapshot-data/snapshot",
+        "data_snapshot": "f" * 64,  # merge-export's metadata: the snapshot's fingerprint
         "run_id": "run-7",
         "hub_token": HF_TOKEN,  # a secret that slipped into metadata is not logged
     }

@@ -360,8 +360,7 @@ def _lineage(model_uri: str, model_dir: str, model_meta: Mapping[str, Any]) -> t
         "vlm_lora.base_model": str(model_meta.get("base_model") or ""),
         ADAPTER_TAG: adapter_key(str(model_meta.get("adapter") or model.get("adapter") or "")),
         TRAINING_KEY_TAG: str(model_meta.get("training_key") or data.get("training_key") or ""),
-        SNAPSHOT_TAG: str(snapshot.get("fingerprint") or ""),
-        "vlm_lora.data_snapshot_uri": str(model_meta.get("data_snapshot") or ""),
+        SNAPSHOT_TAG: str(snapshot.get("fingerprint") or model_meta.get("data_snapshot") or ""),  # the fingerprint
         "vlm_lora.pipeline_run": str(model_meta.get("run_id") or model.get("run_id") or ""),
     }
     counts = {f"data/{k}": float(data[k]) for k in ("n_rows", "n_train", "n_eval") if isinstance(data.get(k), int)}
