@@ -88,3 +88,33 @@ def test_training_curves_reach_mlflow_and_evaluate_adds_to_the_same_run(mlflow_s
         "lineage/lineage.json",
     }
     assert Path(adapter, "adapter_model.safetensors").is_file()
+
+
+def test_an_unreachable_server_stops_train_lora_before_swift_starts(tmp_path):
+    from components.train_lora.core import TrainError, train_lora
+    from components.validate_data.core import validate_data
+    from pipelines.demo.drawings import generate_dataset
+    from pipelines.demo.tiny_model import ensure_tiny_model
+    from tests.test_tracking import _closed_port_uri
+
+    raw = generate_dataset(tmp_path / "raw", n_train=2, n_eval=1, image_size=128)
+    validate_data(
+        [raw["train"]], str(tmp_path / "train"), str(tmp_path / "eval"), str(tmp_path / "q.jsonl"),
+        eval_files=[raw["eval"]],
+    )  # fmt: skip
+    uri = _closed_port_uri()
+    with pytest.raises(TrainError) as err:
+        train_lora(
+            model_dir=str(ensure_tiny_model()),
+            model_type="qwen3_vl",
+            train_dir=str(tmp_path / "train"),
+            eval_dir="",
+            swift_args=SWIFT_ARGS,
+            adapter_out=str(tmp_path / "adapter"),
+            work_dir=str(tmp_path / "work"),
+            job_env={"MLFLOW_TRACKING_URI": uri},
+        )
+    assert uri in str(err.value) and "tracking.required: false" in str(err.value) and "\n" not in str(err.value)
+    assert (tmp_path / "work" / "train.jsonl").is_file()  # the inputs were ready ...
+    assert not (tmp_path / "work" / "swift_sft.log").exists()  # ... and swift never started
+    assert not any((tmp_path / "adapter").glob("*"))
