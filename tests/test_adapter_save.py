@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from components.train_lora.speedups import adapter_save
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from components.train_lora.speedups import batch_facts, vision_seqlens
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def _batch():
@@ -182,7 +183,7 @@ def test_a_missing_host_copy_sends_the_facts_to_the_device_path(monkeypatch):
 
 GPU_CODE = """
 import torch
-from components.train_lora.speedups import deepstack, swift_plugin
+from components.train_lora.speedups import batch_facts, deepstack, swift_plugin
 from swift.dataloader.shard import DataLoaderShard
 from tests.gpu_waits import gpu_waits
 from tests.test_vision_seqlens import _batch, _qwen3_vl_model
@@ -191,18 +192,18 @@ model = _qwen3_vl_model().cuda()
 deepstack.install(model)
 batch = {k: v.contiguous() for k, v in _batch(model.config).items()}
 pinned = lambda rows: {k: v.pin_memory() for k, v in rows[0].items()}
-swift_plugin._install_swift_readers()  # as at a trainer's creation, ms-swift's modules loaded
+batch_facts.install_readers()  # as at a trainer's creation, ms-swift's modules loaded
 (device,) = list(DataLoaderShard([batch], device=torch.device("cuda"), collate_fn=pinned))
 
 def run(inputs):
     out, waits = gpu_waits(lambda: model(**inputs).last_hidden_state)
     return out.detach(), len(waits)
 
-kept = swift_plugin._load_sibling("batch_facts").COPIES.host_of(device["input_ids"]) is not None
+kept = batch_facts.COPIES.host_of(device["input_ids"]) is not None
 run(device)  # the tower's per-size parts computed
 mine, waits = run(device)
 stock, stock_waits = run({k: v.clone() for k, v in device.items()})  # no host copies for these
-print(swift_plugin.BATCH_FACTS, kept, waits, stock_waits, bool(torch.allclose(mine, stock)))
+print(not swift_plugin.CONTEXT.loaded[16].skipped, kept, waits, stock_waits, bool(torch.allclose(mine, stock)))
 """
 
 
@@ -238,14 +239,15 @@ def test_the_plugin_wraps_ms_swift_s_readers_once_they_are_loaded():
 
     code = """
 import sys
-from components.train_lora.speedups import swift_plugin as plugin
-print("swift.trainers.mixin" in sys.modules, end=" ")
+import torch
+from components.train_lora.speedups import plugin
+ctx = plugin.install()
+loaded_before = "swift.trainers.mixin" in sys.modules
 from swift.trainers.mixin import SwiftMixin
 from swift.dataloader import shard
-if plugin.BATCH_FACTS:
-    plugin._install_swift_readers()  # as the plugin's Trainer.__init__ does
+outcome = plugin.check_model(torch.nn.Linear(2, 2))[16]  # as the plugin's Trainer.__init__ does
 flag = lambda f: getattr(f, "_vlm_lora_batch_facts", False)
-print(plugin.BATCH_FACTS, flag(shard.to_device), flag(SwiftMixin.prepare_logits_to_keep))
+print(loaded_before, outcome.applied, flag(shard.to_device), flag(SwiftMixin.prepare_logits_to_keep))
 """
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     assert last_line(code, PYTHONPATH=path) == "False True True True"

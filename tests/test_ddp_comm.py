@@ -1,4 +1,4 @@
-"""DDP's communication for LoRA (components/train_lora/speedups/ddp_comm.py, swift_plugin._with_ddp_comm).
+"""DDP's communication for LoRA (components/train_lora/speedups/ddp_comm.py, plugin item 14).
 
 The bucket size is checked where it matters: two real processes (gloo on the CPU) run DDP with the
 settings and DDP's own logging data says how many buckets it reduced, and where the gradients lie; the plugin
@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from components.train_lora.speedups import ddp_comm, swift_plugin
+from components.train_lora.speedups import ddp_comm
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 class Adapted(torch.nn.Module):
@@ -171,10 +172,12 @@ def _built(tmp_path, environ: dict, **training_args):
     """accelerate's DDP arguments that transformers' Trainer builds, through the plugin's wrapper, and the log."""
     from transformers import Trainer, TrainingArguments
 
+    from components.train_lora.speedups import swift_plugin  # noqa: F401 (installs its wrappers)
+
     assert getattr(Trainer._build_accelerator_args, "_vlm_lora_ddp_comm", False)  # installed on import
     plain = Trainer._build_accelerator_args.__wrapped__
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", **training_args)
-    build = swift_plugin._with_ddp_comm(plain, environ=environ)
+    build = ddp_comm.with_ddp_comm(plain, environ=environ)
     handler = build(types.SimpleNamespace(args=args, model=Adapted()))["kwargs_handlers"][0]
     return {k: getattr(handler, k) for k in ("bucket_cap_mb", "broadcast_buffers", "gradient_as_bucket_view")}
 
@@ -220,7 +223,7 @@ def _trainer_worker(rank: int, port: int, out_dir: str, environ: dict, out) -> N
 
     from components.train_lora.speedups import swift_plugin as plugin  # installs its wrappers, as `swift sft` loads it
 
-    assert plugin.DDP_COMM
+    assert plugin.CONTEXT.loaded[14].state == ("skipped" if environ.get("VLM_LORA_DDP_COMM") == "0" else "pending")
     torch.manual_seed(0)
     rows = [{"x": torch.randn(1024)} for _ in range(8)]
     args = TrainingArguments(
@@ -236,16 +239,30 @@ def _trainer_worker(rank: int, port: int, out_dir: str, environ: dict, out) -> N
     trainer.train()
     ddp = trainer.model_wrapped
     data = ddp._get_ddp_logging_data()
+    table = trainer.__dict__["_vlm_lora_speedups"]  # the start-up table of this trainer
     out.put(
-        (rank, type(ddp).__name__, ddp.gradient_as_bucket_view, data.get("num_buckets_reduced"), ddp.broadcast_buffers)
-    )
+        (rank, type(ddp).__name__, ddp.gradient_as_bucket_view, data.get("num_buckets_reduced"), ddp.broadcast_buffers,
+         table.outcomes[14].line())
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
-        ({}, ("DistributedDataParallel", True, 1, False)),
-        ({"VLM_LORA_DDP_COMM": "0"}, ("DistributedDataParallel", False, 2, True)),
+        (
+            {},
+            (
+                "DistributedDataParallel",
+                True,
+                1,
+                False,
+                "applied: broadcast_buffers, bucket_cap_mb, gradient_as_bucket_view",
+            ),
+        ),
+        (
+            {"VLM_LORA_DDP_COMM": "0"},
+            ("DistributedDataParallel", False, 2, True, "skipped: switch off (VLM_LORA_DDP_COMM=0)"),
+        ),
     ],
     ids=["on", "off"],
 )

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from components.train_lora.speedups import deepstack
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 from tests.tiny_text import qwen3_vl_text_model
 
 
@@ -77,12 +78,21 @@ def test_installed_in_the_text_model_gives_the_same_outputs_and_gradients():
 
 
 def test_the_plugin_patches_the_trainers_model_unless_switched_off(monkeypatch):
-    from components.train_lora.speedups import swift_plugin
+    from components.train_lora.speedups import plugin
 
     model = qwen3_vl_text_model(2)
     monkeypatch.setenv("VLM_LORA_INDEX_DEEPSTACK", "0")
-    assert swift_plugin.patch_model(model, None) == {}
+    off = plugin.check_model(model)[10]
+    assert off.line() == "skipped: switch off (VLM_LORA_INDEX_DEEPSTACK=0)"
     assert not getattr(model._deepstack_process, "_vlm_lora_deepstack", False)
     monkeypatch.delenv("VLM_LORA_INDEX_DEEPSTACK")
-    assert swift_plugin.patch_model(model, None) == {"deepstack": 1}
+    assert plugin.check_model(model)[10].line() == "applied: 1 text model(s)"
     assert getattr(model._deepstack_process, "_vlm_lora_deepstack", False)
+
+
+def test_a_model_without_deepstack_is_said_to_have_none(monkeypatch):
+    """Item 10 finds nothing in a model without Qwen3-VL's text model: it says so (it used to log nothing)."""
+    from components.train_lora.speedups import plugin
+
+    outcome = plugin.check_model(torch.nn.Sequential(torch.nn.Linear(2, 2)))[10]
+    assert outcome.skipped and outcome.kind == "found nothing in the model" and "deepstack count 0" in outcome.detail

@@ -12,6 +12,7 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from components.train_lora.speedups import fused_lora
 from tests.peft_routing import peft_forward as _peft_forward
 from tests.peft_routing import routed
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 class Block(torch.nn.Module):
@@ -243,8 +244,7 @@ def test_no_grad_several_adapters_and_zero3_stay_on_peft():
 def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base):
     from components.train_lora.speedups import swift_plugin
 
-    monkeypatch.setattr(swift_plugin._load_sibling("fused_lora"), "FUSED_BASE", fused_base)  # the plugin's copy
-    assert swift_plugin.FUSED_LORA
+    assert not swift_plugin.CONTEXT.loaded[3].skipped  # the fused_base fixture set FUSED_BASE on the one copy
     assert getattr(LoraLinear.forward, "_vlm_lora_fused", False)
     assert _peft_forward() is not LoraLinear.forward
     peft_model, _ = _models()
@@ -261,7 +261,7 @@ def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch
     from components.train_lora.speedups import swift_plugin
 
     monkeypatch.setattr(fused_lora, "SEEDED", False)
-    assert swift_plugin.AUTOCAST_INPUT  # peft's dropout runs on the bf16 input, as in training
+    assert not swift_plugin.CONTEXT.loaded[2].skipped  # peft's dropout runs on the bf16 input, as in training
     torch.manual_seed(0)
     block = Block(d=256, d_out=512).cuda()
     config = LoraConfig(r=8, lora_alpha=32, target_modules=["q", "k", "v", "o"], lora_dropout=0.1)
@@ -286,7 +286,7 @@ def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch
 
 
 def test_layer_compile_picks_the_language_models_decoder_layers_only():
-    from components.train_lora.speedups.swift_plugin import compile_decoder_layers
+    from components.train_lora.speedups.compile_layers import compile_decoder_layers
 
     class TextDecoderLayer(torch.nn.Linear):
         pass
@@ -310,7 +310,7 @@ def test_layer_compile_picks_the_language_models_decoder_layers_only():
 def test_layer_compile_keeps_liger_to_its_fused_loss():
     from transformers import TrainingArguments
 
-    from components.train_lora.speedups.swift_plugin import keep_liger_out_of_layers
+    from components.train_lora.speedups.compile_layers import keep_liger_out_of_layers
 
     args = TrainingArguments(output_dir="/tmp/unused", report_to="none")
     keep_liger_out_of_layers(args)  # Liger off: nothing to do

@@ -12,7 +12,9 @@ import weakref
 import pytest
 import torch
 
-from components.train_lora.speedups import gc_align, swift_plugin
+from components.train_lora.speedups import gc_align
+from components.train_lora.speedups.registry import SWITCHES
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 class Node:
@@ -136,7 +138,7 @@ def test_census_counts_collections_and_pauses():
     ],
 )
 def test_on_with_several_processes_unless_switched(environ, world_size, expected):
-    assert swift_plugin.multi_process_switch(environ, "VLM_LORA_ALIGNED_GC", world_size) is expected
+    assert SWITCHES["VLM_LORA_ALIGNED_GC"].on(environ, world_size) is expected
 
 
 class Regression(torch.nn.Module):
@@ -152,6 +154,8 @@ def _train(tmp_path, steps: int = 4, evaluate: bool = False, accumulate: int = 1
     """A real Trainer on the CPU (the plugin's __init__ wrapper adds its callback); whether the automatic collector
     was on at each step's start, and the callbacks. `evaluate`: 3 batches of evaluation after step 2."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from components.train_lora.speedups import swift_plugin  # noqa: F401 (installs the plugin, as swift sft does)
 
     seen: list[bool] = []
 
@@ -191,6 +195,7 @@ def test_trainer_collects_at_step_ends_with_several_processes(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "garbage collection at step ends on every rank (automatic collection off; all generations every 50" in out
     assert "train-lora plugin: rank 0, collection at step ends: " in out
+    assert "train-lora plugin: 15 aligned_gc      applied: collections at step ends" in out  # the start-up table
 
 
 def test_trainer_collects_after_each_evaluation_batch(tmp_path, monkeypatch):
@@ -216,14 +221,15 @@ def test_trainer_keeps_automatic_collection_with_one_process(tmp_path, monkeypat
     assert seen == [True, True]
     ours = [c for c in callbacks if type(c).__name__ == "GcCallback"]
     assert len(ours) == 1 and ours[0].aligner is None
-    assert "train-lora plugin: rank 0, collection automatic: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "train-lora plugin: rank 0, collection automatic: " in out
+    assert "15 aligned_gc      skipped: switch off (VLM_LORA_ALIGNED_GC unset: default 0 with one process)" in out
 
 
 def test_plugin_switch_is_allowed_in_the_job_environment():
     from components.train_lora.job_env import check_job_env
 
     check_job_env({"VLM_LORA_ALIGNED_GC": "0"})
-    assert swift_plugin.TRAINER_INIT
 
 
 def test_plugin_switch_takes_zero_or_one_only():

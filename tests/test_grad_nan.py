@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from components.train_lora.speedups import grad_nan
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def _model_and_optimizer(fused: bool = True, cls=torch.optim.AdamW):
@@ -134,16 +135,40 @@ def test_the_plugin_wraps_ms_swift_s_context_once_its_trainers_are_loaded():
     from tests.plugin_run import ROOT, last_line
 
     code = """
-from components.train_lora.speedups import swift_plugin as plugin
-before = plugin.GRAD_NAN_ON_GPU
+import torch
+from components.train_lora.speedups import plugin
+before = plugin.check_model(torch.nn.Linear(2, 2))[17]  # as at a trainer's creation
 from swift.trainers.mixin import SwiftMixin
-print(before, plugin._install_grad_nan(), plugin._install_grad_nan(),
+after, again = (plugin.check_model(torch.nn.Linear(2, 2))[17] for _ in range(2))
+print(before.line() == "skipped: not applicable (ms-swift's trainers not loaded)", after.applied, again.applied,
       getattr(SwiftMixin._fix_grad_norm_nan, "_vlm_lora_grad_nan", False),
       type(SwiftMixin.__dict__["_fix_grad_norm_nan"]).__name__)
 """
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    assert last_line(code, PYTHONPATH=path) == "False True True True staticmethod"
+    assert last_line(code, PYTHONPATH=path) == "True True True True staticmethod"
     assert last_line(code, PYTHONPATH=path, VLM_LORA_GRAD_NAN_ON_GPU="0") == "False False False False staticmethod"
+
+
+def test_where_fused_adam_stops_taking_found_inf_ms_swift_s_own_check_stays_with_a_line():
+    """Item 17 relies on torch's fused Adam / AdamW reading `found_inf`: where they stop, the skip would silently
+    stop skipping, so the item checks their signature and source first and leaves ms-swift's check in place."""
+    import os
+
+    from tests.plugin_run import ROOT, last_line
+
+    assert grad_nan.found_inf_problem() == ""  # this torch takes it
+    code = """
+import torch
+from components.train_lora.speedups import grad_nan, plugin
+from swift.trainers.mixin import SwiftMixin
+grad_nan.found_inf_problem = lambda: "torch.optim.adam._fused_adam(found_inf=)"  # as a torch without it
+outcome = plugin.check_model(torch.nn.Linear(2, 2))[17]
+print(outcome.kind, "|", outcome.detail.split(";")[0], "|",
+      getattr(SwiftMixin._fix_grad_norm_nan, "_vlm_lora_grad_nan", False))
+"""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    out = last_line(code, PYTHONPATH=path)
+    assert out == "target missing or changed | torch.optim.adam._fused_adam(found_inf=) | False"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -15,6 +15,7 @@ from components.train_lora.speedups.label_rows import (
     selected_target,
     shifted_label_rows,
 )
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 @dataclasses.dataclass

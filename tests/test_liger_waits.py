@@ -17,6 +17,7 @@ import torch
 
 from components.train_lora.speedups import liger_waits
 from components.train_lora.speedups.label_rows import host_rows_for_loss, label_rows_only, selected_target
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 LIGER_LIKE = '''
 import torch
@@ -110,8 +111,32 @@ def test_the_backward_scales_the_input_gradient_without_asking():
     assert calls == [True]
 
 
+def _liger_s_own(fn):
+    """`fn` without the plugin's wrappers or replacement, where the plugin ran in this process before the test."""
+    while True:
+        mine = {k for k, v in vars(fn).items() if k.startswith("_vlm_lora") and v}
+        if "_vlm_lora_original" in mine:
+            fn = fn._vlm_lora_original
+        elif mine and hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        else:
+            return fn
+
+
+def test_liger_s_own_functions_are_found_under_the_plugin_s_wrappers(tmp_path):
+    module = _module(tmp_path, name="liger_wrapped")
+    forward = module.fused_linear_cross_entropy_forward
+    liger_waits.count_without_wait(module, lambda: None)
+    backward = liger_waits.scaled_without_wait(forward)
+    assert _liger_s_own(module.fused_linear_cross_entropy_forward) is forward and _liger_s_own(backward) is forward
+    assert _liger_s_own(forward) is forward
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_liger_s_loss_from_the_host_rows_is_liger_s_own_and_waits_for_nothing_gpu(monkeypatch):
+    """Liger's own loss (waits) against the same with items 5 and 18 (no wait). The test starts from Liger's own
+    functions whatever ran before it in this process: where the plugin had replaced Liger's forward, its count hook
+    (set to None below) was never set again, `TypeError: 'NoneType' object is not callable` (GPU files together)."""
     pytest.importorskip("liger_kernel")
     from liger_kernel.ops import fused_linear_cross_entropy as ops
     from liger_kernel.transformers.model import loss_utils
@@ -125,11 +150,11 @@ def test_liger_s_loss_from_the_host_rows_is_liger_s_own_and_waits_for_nothing_gp
     host[:, 1080:1194] = torch.randint(0, 151936, (4, 114))
     labels = host.to("cuda")
     scale = torch.tensor(2.0, device="cuda")  # as with two processes (the loss times the world size)
-    original = getattr(
-        loss_utils.fixed_fused_linear_cross_entropy, "__wrapped__", loss_utils.fixed_fused_linear_cross_entropy
-    )
-    loss_fn = getattr(loss_utils.LigerForCausalLMLoss, "__wrapped__", loss_utils.LigerForCausalLMLoss)
+    original = _liger_s_own(loss_utils.fixed_fused_linear_cross_entropy)
+    loss_fn = _liger_s_own(loss_utils.LigerForCausalLMLoss)
     monkeypatch.setattr(loss_utils, "fixed_fused_linear_cross_entropy", label_rows_only(original))
+    monkeypatch.setattr(ops, liger_waits.FORWARD, _liger_s_own(ops.fused_linear_cross_entropy_forward))
+    monkeypatch.setattr(ops, liger_waits.BACKWARD, _liger_s_own(ops.fused_linear_cross_entropy_backward))
 
     def step(fn):
         loss = fn(hidden, weight, labels, hidden_size=2560, num_items_in_batch=456)
@@ -138,9 +163,7 @@ def test_liger_s_loss_from_the_host_rows_is_liger_s_own_and_waits_for_nothing_gp
 
     step(loss_fn)  # warm-up: Triton compiles Liger's kernels
     (loss_before, grad_before), before = gpu_waits(lambda: step(loss_fn))
-    monkeypatch.setattr(ops, liger_waits.FORWARD, ops.fused_linear_cross_entropy_forward)  # restored after
-    monkeypatch.setattr(ops, liger_waits.BACKWARD, ops.fused_linear_cross_entropy_backward)
-    monkeypatch.setattr(ops, liger_waits.HOOK, None, raising=False)
+    monkeypatch.setattr(ops, liger_waits.HOOK, None, raising=False)  # forward and backward: restored after
     assert liger_waits.count_without_wait(ops, selected_target)
     ops.fused_linear_cross_entropy_backward = liger_waits.scaled_without_wait(ops.fused_linear_cross_entropy_backward)
     no_wait = host_rows_for_loss(loss_fn, lambda t: host if t is labels else None)

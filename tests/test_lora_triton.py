@@ -17,6 +17,7 @@ import torch
 
 from components.train_lora import job_env
 from components.train_lora.speedups import fused_lora
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]

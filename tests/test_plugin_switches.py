@@ -1,7 +1,8 @@
 """The train-lora plugin (components/train_lora/speedups/swift_plugin.py) installs each of its patches when
 imported by `swift sft`, and each switch in the job environment turns its own off. Two fresh
 interpreters (the plugin patches libraries at import): every switch at its default, then every one
-flipped."""
+flipped. A stand-in Liger (its call structure, and a distribution record of its version) stands for the
+real one, whose kernels need a GPU."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import textwrap
 import pytest
 
 from tests.plugin_run import ROOT, last_line
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 # The same call structure as Liger 0.8.5: LigerForCausalLMLoss shifts and flattens, then looks
 # fixed_fused_linear_cross_entropy up in its own module's globals (Liger's kernels need a GPU).
@@ -50,6 +52,8 @@ FAKE_LIGER = {
     """,
     # a model module binds LigerForCausalLMLoss by name (transformers loads it when training starts)
     "liger_kernel/transformers/model/qwen3_vl.py": "from .loss_utils import LigerForCausalLMLoss\n",
+    # what importlib.metadata reads: the version the registry checks against its verified range
+    "liger_kernel-0.8.5.dist-info/METADATA": "Metadata-Version: 2.1\nName: liger-kernel\nVersion: 0.8.5\n",
 }
 
 CODE = """
@@ -57,7 +61,8 @@ import inspect
 import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl  # loaded first, without the function: untouched
 from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as before
-from components.train_lora.speedups import swift_plugin as plugin
+from components.train_lora.speedups import swift_plugin as entry
+from components.train_lora.speedups import fused_lora, token_count
 from transformers.models.qwen3_vl import modeling_qwen3_vl as after
 from transformers import Trainer, masking_utils
 from liger_kernel.transformers.model import loss_utils, qwen3_vl as liger_qwen3_vl
@@ -70,27 +75,28 @@ labels[1, 7] = 2  # the last position has no next token: 3 labelled rows after t
 loss = loss_utils.LigerForCausalLMLoss(hidden, torch.randn(5, 4), labels, hidden_size=4)
 loss.backward()
 flag = lambda f, name: bool(getattr(f, name, False))
+ctx = entry.CONTEXT
+on = lambda number: not ctx.loaded[number].skipped  # installed when the plugin loaded
+seqlens, grid = ctx.state.get("host_vision", (0, {}))
 print(
-    plugin.LABEL_ROWS_LOSS, loss_utils.SEEN[-1], bool(torch.isfinite(loss)),
-    plugin.RIGHT_PAD_CAUSAL, flag(masking_utils._ignore_causal_mask_sdpa, "_vlm_lora_right_padding"),
-    plugin.HOST_VISION_SEQLENS > 0,
+    on(5), loss_utils.SEEN[-1], bool(torch.isfinite(loss)),
+    on(6), flag(masking_utils._ignore_causal_mask_sdpa, "_vlm_lora_right_padding"),
+    on(7) and seqlens > 0,
     flag(before.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
     flag(after.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
-    plugin.FUSED_LORA, plugin.COMPILE_LAYERS, plugin.TRAINER_INIT,
+    on(3), ctx.state.get("compile", (False, False))[0], flag(Trainer.__init__, "_vlm_lora_init"),
     "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
-    plugin._load_sibling("fused_lora").LEAN,
-    plugin._load_sibling("fused_lora").GROUP, plugin._load_sibling("fused_lora").INPLACE,
-    plugin._load_sibling("fused_lora").FUSED_BASE,
-    plugin.ASYNC_TOKENS, plugin.TORCH_RMS_NORM, flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
-    plugin._load_sibling("fused_lora").TRITON,
-    plugin.ADAPTER_ONLY_SAVE, flag(Trainer.save_model, "_vlm_lora_adapter_save"),
-    plugin._load_sibling("fused_lora").SILU_MUL_DOWN, plugin._load_sibling("fused_lora").SEEDED,
-    bool(plugin.HOST_VISION_GRID), flag(after.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid"),
-    flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), plugin.DDP_COMM,
-    plugin._load_sibling("fused_lora").CAST_CACHE, plugin._load_sibling("fused_lora").FOLD,
+    fused_lora.LEAN, fused_lora.GROUP, fused_lora.INPLACE, fused_lora.FUSED_BASE,
+    token_count.ASYNC_TOKENS, on(9), flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
+    fused_lora.TRITON,
+    on(12), flag(Trainer.save_model, "_vlm_lora_adapter_save"),
+    fused_lora.SILU_MUL_DOWN, fused_lora.SEEDED,
+    on(7) and bool(grid), flag(after.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid"),
+    flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), on(14),
+    fused_lora.CAST_CACHE, fused_lora.FOLD,
     flag(after.Qwen3VLModel.forward, "_vlm_lora_host_grid"),
-    plugin.BATCH_FACTS,
-    plugin.LOSS_NO_WAIT, flag(flce_ops.fused_linear_cross_entropy_forward, "_vlm_lora_count"),
+    on(16),
+    on(18), flag(flce_ops.fused_linear_cross_entropy_forward, "_vlm_lora_count"),
     flag(flce_ops.fused_linear_cross_entropy_backward, "_vlm_lora_scaled"),
     flag(liger_qwen3_vl.LigerForCausalLMLoss, "_vlm_lora_host_rows"),
 )
@@ -140,12 +146,12 @@ def test_each_patch_is_installed_and_its_switch_turns_it_off(tmp_path, flipped, 
     assert _run_with_fake_liger(tmp_path, **env) == expected
 
 
-def _run_with_fake_liger(tmp_path, **env: str) -> str:
+def _run_with_fake_liger(tmp_path, code: str = CODE, version: str = "0.8.5", **env: str) -> str:
     for name, text in FAKE_LIGER.items():
-        path = tmp_path / name
+        path = tmp_path / name.replace("0.8.5", version)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return last_line(textwrap.dedent(CODE), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **env)
+        path.write_text(textwrap.dedent(text).replace("0.8.5", version))
+    return last_line(textwrap.dedent(code), PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **env)
 
 
 def test_the_loss_s_waits_have_their_own_switch(tmp_path):
@@ -167,15 +173,17 @@ def test_torch_rms_norm_is_on_by_default_with_more_than_one_process(tmp_path, en
     code = """
 import transformers.trainer
 from components.train_lora.speedups import swift_plugin as plugin
-print(plugin.TORCH_RMS_NORM, bool(getattr(transformers.trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm", False)))
+print(not plugin.CONTEXT.loaded[9].skipped,
+      bool(getattr(transformers.trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm", False)))
 """
-    assert last_line(code, PYTHONPATH=str(ROOT), **env) == expected
+    assert _run_with_fake_liger(tmp_path, code, **env) == expected
 
 
 def test_the_grid_switch_leaves_the_boundaries_on_the_host(tmp_path):
     code = """
 from components.train_lora.speedups import swift_plugin as plugin
 from transformers.models.qwen3_vl import modeling_qwen3_vl as m
-print(plugin.HOST_VISION_SEQLENS > 0, plugin.HOST_VISION_GRID, getattr(m.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid", False))
+seqlens, grid = plugin.CONTEXT.state["host_vision"]
+print(seqlens > 0, grid, getattr(m.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid", False))
 """
     assert last_line(code, PYTHONPATH=str(ROOT), VLM_LORA_HOST_VISION_GRID="0") == "True {} False"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from components.train_lora.speedups import rms_norm
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 class LigerRMSNorm(torch.nn.Module):
@@ -69,10 +70,10 @@ def test_fused_op_is_detected_per_device():
 
 
 def test_wanted_with_more_than_one_process_unless_switched_off():
-    from components.train_lora.speedups.swift_plugin import multi_process_switch
+    from components.train_lora.speedups.registry import SWITCHES
 
     def wanted(environ, world_size):
-        return multi_process_switch(environ, "VLM_LORA_TORCH_RMS_NORM", world_size)
+        return SWITCHES["VLM_LORA_TORCH_RMS_NORM"].on(environ, world_size)
 
     assert wanted({}, 2) and wanted({"VLM_LORA_TORCH_RMS_NORM": ""}, 8)
     assert not wanted({}, 1)

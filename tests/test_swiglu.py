@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from components.train_lora.speedups.swiglu import fuse_silu_mul, silu_mul_bytes
 from tests.peft_routing import routed
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 from tests.tiny_text import qwen3_vl_text_model
 
 
@@ -77,7 +78,7 @@ def test_silu_mul_bytes_for_the_planner():
 
 
 def test_wanted_only_with_liger_on_and_the_layers_not_compiled(monkeypatch):
-    from components.train_lora.speedups.swift_plugin import wants_liger_swiglu
+    from components.train_lora.speedups.swiglu import wants_liger_swiglu
 
     liger = SimpleNamespace(use_liger_kernel=True, liger_kernel_config=None)
     assert wants_liger_swiglu(liger, compile_language=False)
@@ -137,9 +138,9 @@ def test_plan_sizes_without_the_silu_output():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_liger_product_keeps_less_and_matches_gpu():
     pytest.importorskip("liger_kernel")
-    from components.train_lora.speedups.swift_plugin import _liger_silu_mul
+    from components.train_lora.speedups.swiglu import liger_silu_mul
 
-    silu_mul, kernels = _liger_silu_mul()
+    silu_mul, kernels = liger_silu_mul()
     torch.manual_seed(0)
     gate = torch.randn(8, 1200, 9728, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     up = torch.randn_like(gate, requires_grad=True)

@@ -16,6 +16,7 @@ from components.train_lora.core import (
     find_checkpoints,
     materialize_dataset,
 )
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +99,7 @@ def test_plugin_counts_tokens_without_padding():
 
     from components.train_lora.speedups import swift_plugin
 
-    assert swift_plugin.INSTALLED
+    assert swift_plugin.CONTEXT.loaded[1].state == "pending"  # installed; decided when a trainer is built
     fake = SimpleNamespace(
         args=SimpleNamespace(include_num_input_tokens_seen="all", device="cpu"),
         state=SimpleNamespace(num_input_tokens_seen=0),
@@ -122,7 +123,7 @@ def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_w
     import torch
     from transformers import Trainer
 
-    from components.train_lora.speedups import swift_plugin
+    from components.train_lora.speedups import swift_plugin, token_count
 
     class Event:  # a CUDA event: done once the GPU reaches it
         def __init__(self):
@@ -143,7 +144,7 @@ def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_w
         empty=lambda shape, dtype, pin_memory: torch.empty(shape, dtype=dtype),
         cuda=SimpleNamespace(Event=Event),
     )
-    pending = swift_plugin.PendingCounts(fake_torch)
+    pending = token_count.PendingCounts(fake_torch)
     state = SimpleNamespace(num_input_tokens_seen=0)
     for n in (7, 5, 9):
         pending.add(torch.tensor(n))
@@ -156,7 +157,7 @@ def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_w
     pending.drain(state, wait=True)
     assert state.num_input_tokens_seen == 21 and not pending.queue
     # logging and checkpoints complete the count first
-    assert swift_plugin.INSTALLED
+    assert swift_plugin.CONTEXT.loaded[1].state == "pending"
     for name in ("log", "_save_checkpoint"):
         assert getattr(getattr(Trainer, name), "_vlm_lora_counts_drained", False), name
 
@@ -400,7 +401,7 @@ def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
 
     from components.train_lora.speedups import swift_plugin
 
-    assert swift_plugin.AUTOCAST_INPUT
+    assert not swift_plugin.CONTEXT.loaded[2].skipped
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(16, 8)).to(torch.bfloat16)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["0"], lora_dropout=0.0))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from components.train_lora.speedups.vision_seqlens import host_seqlens, install
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def _recorder():
@@ -315,7 +316,7 @@ def test_the_plugin_installs_the_grid_work_on_qwen3_vl():
 
     from components.train_lora.speedups import swift_plugin
 
-    assert swift_plugin.HOST_VISION_GRID is not None
+    assert swift_plugin.CONTEXT.state["host_vision"][1]
     for fn in (
         modeling_qwen3_vl.Qwen3VLVisionModel.forward,
         modeling_qwen3_vl.Qwen3VLModel.get_image_features,

@@ -12,6 +12,7 @@ import torch
 
 from components.train_lora.job_env import check_job_env
 from components.train_lora.speedups import vision_tower
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def tiny_tower(dtype=torch.float32, seed: int = 0, device: str = "cpu"):
@@ -191,18 +192,19 @@ def test_install_reaches_only_a_qwen3_vl_vision_tower():
 def test_the_plugin_installs_it_unless_switched_off(monkeypatch):
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import swift_plugin
+    from components.train_lora.speedups import plugin
 
     # on a GPU the plugin wraps the modeling file's rotary: put transformers' own back afterwards
     monkeypatch.setattr(modeling_qwen3_vl, "apply_rotary_pos_emb_vision", modeling_qwen3_vl.apply_rotary_pos_emb_vision)
     tower, _ = tiny_tower()
     monkeypatch.setenv("VLM_LORA_FAST_VISION", "0")
-    assert not [k for k in swift_plugin.patch_model(tower, None) if k.startswith("vision_")]
+    assert plugin.check_model(tower)[13].line() == "skipped: switch off (VLM_LORA_FAST_VISION=0)"
     assert not getattr(tower.patch_embed.forward, "_vlm_lora_linear_patch", False)
     monkeypatch.delenv("VLM_LORA_FAST_VISION")
-    counts = swift_plugin.patch_model(tower, None)
-    assert counts["vision_patch_embed"] == 1 and counts["vision_layer_norm"] == 8
-    assert ("vision_rotary" in counts) == torch.cuda.is_available()
+    assert plugin.check_model(tower)[13].applied
+    counts = plugin.context().state["fast_vision"]
+    assert counts["patch_embed"] == 1 and counts["layer_norm"] == 8
+    assert ("rotary" in counts) == torch.cuda.is_available()
 
 
 @pytest.mark.parametrize(("value", "ok"), [("0", True), ("1", True), ("2", False)])

@@ -16,6 +16,8 @@ adapter is the same file either way (tests/test_adapter_save.py).
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from typing import Any
 
 
@@ -77,3 +79,66 @@ def zero_below_3(accelerator: Any) -> bool:
     stage = (config.get("zero_optimization") or {}).get("stage", 0)
     tensor_parallel = (config.get("tensor_parallel") or {}).get("autotp_size", 0) or 0
     return stage != 3 and tensor_parallel <= 1
+
+
+# ---- item 12 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+# True while a trainer's save_model saves a LoRA adapter.
+_SAVING_ADAPTER: contextvars.ContextVar = contextvars.ContextVar("vlm_lora_saving_adapter", default=False)
+
+
+def install(ctx):
+    """Wraps `Trainer.save_model` and `Accelerator.get_state_dict`: under ZeRO-1/2 a LoRA save copies only the
+    adapter's tensors."""
+    from accelerate import Accelerator
+    from transformers import Trainer
+
+    from components.train_lora.speedups import registry
+
+    saving = _SAVING_ADAPTER
+    original_save, original_state = getattr(Trainer, "save_model", None), getattr(Accelerator, "get_state_dict", None)
+    missing = [n for n, f in (("transformers.Trainer.save_model", original_save),
+                              ("accelerate.Accelerator.get_state_dict", original_state)) if f is None]  # fmt: skip
+    if missing:
+        return registry.target_missing(*missing)
+    if getattr(original_save, "_vlm_lora_adapter_save", False):
+        return registry.pending()
+
+    @functools.wraps(original_save)
+    def save_model(self, *args, **kwargs):
+        token = saving.set(saves_lora_only(self))
+        try:
+            return original_save(self, *args, **kwargs)
+        finally:
+            saving.reset(token)
+
+    @functools.wraps(original_state)
+    def get_state_dict(self, model, unwrap=True):
+        if saving.get() and zero_below_3(self):
+            inner = self.unwrap_model(model)
+            kept = adapter_entries(inner)
+            if kept is not None:
+                from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+
+                total = len(inner.state_dict())
+                print(f"train-lora plugin: save under ZeRO-1/2: {len(kept)} of {total} tensors copied (adapter)")
+                return clone_tensors_for_torch_save(kept)
+        return original_state(self, model, unwrap=unwrap)
+
+    save_model._vlm_lora_adapter_save = True
+    get_state_dict._vlm_lora_adapter_save = True
+    Trainer.save_model = save_model
+    Accelerator.get_state_dict = get_state_dict
+    return registry.pending()
+
+
+def check(ctx, trainer):
+    from components.train_lora.speedups import patching, registry
+
+    changed = patching.not_ours(registry.item(12))
+    if changed:
+        return registry.target_missing(*changed)
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or not zero_below_3(accelerator):
+        return registry.not_applicable("no DeepSpeed ZeRO-1/2")
+    return registry.applied("saves copy the adapter only")

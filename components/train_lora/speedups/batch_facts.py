@@ -140,3 +140,58 @@ def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = C
 
     prepare_logits_to_keep._vlm_lora_batch_facts = True
     return prepare_logits_to_keep
+
+
+# ---- item 16 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+SWIFT_LOADERS = ("swift.dataloader.shard", "swift.dataloader.dispatcher")
+SWIFT_MIXIN = "swift.trainers.mixin"
+
+
+def swift_mixin():
+    """ms-swift's `SwiftMixin` where its trainers are loaded already (None otherwise: the plugin does not load them,
+    as they replace transformers' default callbacks)."""
+    import sys
+
+    return getattr(sys.modules.get(SWIFT_MIXIN), "SwiftMixin", None)
+
+
+def install_readers() -> int:
+    """The wrappers in ms-swift (the loaders' `to_device`, `SwiftMixin.prepare_logits_to_keep`) where its modules
+    are loaded: the plugin does not load them itself (ms-swift's trainers replace transformers' default callbacks),
+    so a trainer's creation tries again; how many are wrapped."""
+    import sys
+
+    from components.train_lora.speedups.patching import wrap_once
+
+    marker = "_vlm_lora_batch_facts"
+    wrapped = sum(
+        wrap_once(sys.modules[name], "to_device", remembering, marker) for name in SWIFT_LOADERS if name in sys.modules
+    )
+    mixin = swift_mixin()
+    if mixin is not None:
+        wrapped += wrap_once(mixin, "prepare_logits_to_keep", logits_to_keep_from_host, marker)
+    return wrapped
+
+
+def install(ctx):
+    from components.train_lora.speedups import registry
+
+    return registry.pending(f"{install_readers()} readers wrapped so far")
+
+
+def check(ctx, trainer):
+    import sys
+
+    from components.train_lora.speedups import registry
+
+    wrapped = install_readers()
+    if swift_mixin() is None:
+        return registry.not_applicable("ms-swift's trainers not loaded")
+    loaders = [name for name in SWIFT_LOADERS if name in sys.modules]
+    if wrapped < len(loaders) + 1:
+        return registry.target_missing(
+            *(f"{n}.to_device" for n in loaders), f"{SWIFT_MIXIN}.SwiftMixin.prepare_logits_to_keep",
+            version_of="ms-swift",
+        )  # fmt: skip
+    return registry.applied(f"{wrapped} of ms-swift's readers")

@@ -104,3 +104,78 @@ def apply(handlers: list[Any], settings: dict[str, Any]) -> int:
             setattr(handler, key, value)
         changed += 1
     return changed
+
+
+# ---- item 14 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+
+def with_ddp_comm(original, environ=None):
+    """transformers' `Trainer._build_accelerator_args`, then item 14's settings on the DDP arguments it built: one
+    bucket, no broadcast of derived buffers, the gradients as views of the bucket. What was set is kept on the
+    trainer (`_vlm_lora_ddp_comm`) for the start-up table."""
+    import functools
+    import os
+
+    from components.train_lora.speedups import registry
+
+    environ = os.environ if environ is None else environ
+
+    @functools.wraps(original)
+    def _build_accelerator_args(self, **kwargs):
+        built = original(self, **kwargs)
+        training_args = getattr(self, "args", None)
+        model = getattr(self, "model", None)
+        if environ.get("VLM_LORA_DDP_COMM") == "0" or model is None or training_args is None:
+            return built
+        settings, lines = ddp_settings(
+            model,
+            world_size=registry.world_size(environ),
+            deepspeed=getattr(training_args, "deepspeed", None),
+            bucket_cap_mb=getattr(training_args, "ddp_bucket_cap_mb", None),
+            broadcast_buffers=getattr(training_args, "ddp_broadcast_buffers", None),
+            bucket_view=environ.get("VLM_LORA_DDP_BUCKET_VIEW") != "0",
+        )
+        if apply(built.get("kwargs_handlers") or [], settings):
+            self.__dict__["_vlm_lora_ddp_comm"] = sorted(settings)
+            for line in lines:
+                print(f"train-lora plugin: {line}", flush=True)
+        else:
+            self.__dict__["_vlm_lora_ddp_comm"] = []
+        return built
+
+    _build_accelerator_args._vlm_lora_ddp_comm = True
+    return _build_accelerator_args
+
+
+def install(ctx):
+    from transformers import Trainer
+
+    from components.train_lora.speedups import patching, registry
+
+    def wrap(original):
+        return with_ddp_comm(original, ctx.environ)
+
+    if not patching.wrap_once(Trainer, "_build_accelerator_args", wrap, "_vlm_lora_ddp_comm"):
+        return registry.target_missing("transformers.Trainer._build_accelerator_args", version_of="transformers")
+    return registry.pending()
+
+
+def check(ctx, trainer):
+    from components.train_lora.speedups import patching, registry
+
+    changed = patching.not_ours(registry.item(14))
+    if changed:
+        return registry.target_missing(*changed, version_of="transformers")
+    if ctx.world <= 1:
+        return registry.not_applicable("one process")
+    if getattr(getattr(trainer, "args", None), "deepspeed", None):
+        return registry.not_applicable("DeepSpeed moves the gradients")
+    settings = trainer.__dict__.get("_vlm_lora_ddp_comm")
+    if settings is None:
+        return registry.target_missing(
+            "transformers.Trainer._build_accelerator_args (not called while the trainer was built)",
+            version_of="transformers",
+        )
+    if not settings:
+        return registry.not_applicable("no DDP argument handler, or every value set by the config")
+    return registry.applied(", ".join(settings))

@@ -90,3 +90,22 @@ def install(model: torch.nn.Module) -> int:
         module._deepstack_process = types.MethodType(_deepstack_process, module)
         count += 1
     return count
+
+
+# ---- item 10 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+
+def check(ctx, trainer) -> Any:
+    """Gives the trainer's model the index-based deepstack addition."""
+    from components.train_lora.speedups import registry
+
+    install(trainer.model)
+    count = sum(
+        getattr(getattr(m, "_deepstack_process", None), "_vlm_lora_deepstack", False)
+        for m in trainer.model.modules()
+        if type(m).__name__ in TEXT_MODEL_CLASSES
+    )
+    if not count:
+        return registry.found_nothing("deepstack count 0: no Qwen3-VL text model with _deepstack_process")
+    ctx.say(f"index-based deepstack additions in {count} text model(s)")
+    return registry.applied(f"{count} text model(s)")

@@ -633,3 +633,78 @@ def fused_forward(layer, x, *args, **kwargs):
         inplace = INPLACE and _plain_linear(base_layer)  # its output: fresh, not kept by its backward or hooks
         out = lora_delta(x.to(dtype), base.to(dtype), weight_a, weight_b, scaling, p, inplace)
     return out.to(result_dtype)
+
+
+# ---- item 3 of the plugin (registry.py): peft's LoRA Linear through `fused_forward` ----------------------------------
+
+# what `fused_forward` reads of a peft LoRA Linear (`_plain_adapter`, `fused_forward`)
+FORWARD_READS = (
+    "disable_adapters",
+    "merged",
+    "active_adapters",
+    "lora_A",
+    "lora_B",
+    "lora_dropout",
+    "lora_variant",
+    "scaling",
+    "base_layer",
+    "_check_forward_args",
+)
+
+
+def install(ctx):
+    """Routes peft's `lora.Linear.forward` through `fused_forward` (peft's own forward where that returns None)."""
+    from peft.tuners.lora.layer import Linear
+
+    from components.train_lora.speedups import registry
+
+    original = getattr(Linear, "forward", None)
+    if original is None:
+        return registry.target_missing("peft.tuners.lora.layer.Linear.forward", version_of="peft")
+    if not getattr(original, "_vlm_lora_fused", False):
+
+        def forward(self, x, *args, **kwargs):
+            out = fused_forward(self, x, *args, **kwargs)
+            return original(self, x, *args, **kwargs) if out is None else out
+
+        forward._vlm_lora_fused = True
+        forward._vlm_lora_original = original
+        Linear.forward = forward
+    return registry.pending()
+
+
+def check(ctx, trainer):
+    """Applied where the model's peft LoRA Linear layers have what `fused_forward` reads (else peft's forward is put
+    back and the names are said); groups the layers that read one input (`SharedInput`)."""
+    from peft.tuners.lora.layer import Linear
+
+    from components.train_lora.speedups import patching, registry
+
+    if not patching.ours(Linear.forward):
+        return registry.target_missing("peft.tuners.lora.layer.Linear.forward", version_of="peft")
+    layers = [m for m in trainer.model.modules() if isinstance(m, Linear)]
+    if not layers:
+        return registry.found_nothing("no peft LoRA Linear layer")
+    missing = sorted({name for layer in layers for name in FORWARD_READS if not hasattr(layer, name)})
+    if missing:
+        patching.restore(registry.item(3))  # peft's own forward for every layer
+        return registry.target_missing(
+            *(f"peft.tuners.lora.layer.Linear.{name}" for name in missing), version_of="peft"
+        )
+    compiled = ctx.state.get("compile", (False, False))[0]
+    detail = f"{len(layers)} LoRA layers"
+    if GROUP and LEAN and not compiled:  # compiled layers: no Python state in them
+        groups = group_shared_inputs(trainer.model)
+        if groups:
+            detail += f", {groups} groups of one input"
+            ctx.say(
+                f"one rank-r matmul for each of {groups} groups of LoRA layers that read one input (q/k/v, gate/up; "
+                "without dropout)"
+            )
+    if TRITON and SEEDED and not compiled and torch.cuda.is_available():
+        detail += ", dropout masks from seeds"
+        ctx.say(
+            "LoRA's dropout masks from seeds in the Triton kernels, none kept for the backward "
+            "(VLM_LORA_SEEDED_DROPOUT=1)"
+        )
+    return registry.applied(detail)

@@ -144,3 +144,60 @@ class AlignedGc:
         gc.unfreeze()
         if self._was_enabled:
             gc.enable()
+
+
+# ---- item 15 of the plugin (registry.py), and the collection census every trainer gets ---------------------------------
+
+
+def gc_callback(environ=None, aligned: bool = False, batch_facts: bool = False):
+    """A TrainerCallback that counts garbage collections during training (every rank logs them at the end) and, with
+    `aligned` (item 15), runs them at step ends only; with `batch_facts`, item 16's lookups are logged too."""
+    from transformers import TrainerCallback
+
+    environ = os.environ if environ is None else environ
+
+    class GcCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.census = GcCensus()
+            self.aligner = AlignedGc() if aligned else None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if self.aligner is not None:
+                self.aligner.start()
+                print(
+                    "train-lora plugin: garbage collection at step ends on every rank (automatic collection off; "
+                    f"all generations every {self.aligner.full_every} steps)",
+                    flush=True,
+                )
+            self.census.attach()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.aligner is not None:
+                self.aligner.step_end(state.global_step)
+
+        def on_substep_end(self, args, state, control, **kwargs):  # a micro-step that accumulates
+            if self.aligner is not None:
+                self.aligner.young()
+
+        on_prediction_step = on_substep_end  # an evaluation batch: the same
+
+        def on_train_end(self, args, state, control, **kwargs):
+            rank = environ.get("RANK", "0")
+            if batch_facts:  # item 16's lookups, on every rank (one line)
+                from components.train_lora.speedups.batch_facts import COPIES
+
+                print(f"train-lora plugin: rank {rank}, batch facts: {COPIES.summary()}", flush=True)
+            self.census.detach()
+            if self.aligner is not None:
+                self.aligner.stop()
+            how = "at step ends" if self.aligner is not None else "automatic"
+            print(f"train-lora plugin: rank {rank}, collection {how}: {self.census.summary()}", flush=True)
+
+    return GcCallback()
+
+
+def check(ctx, trainer):
+    """Item 15 applies to every trainer built while its switch is on (the plugin adds the callback)."""
+    from components.train_lora.speedups import registry
+
+    return registry.applied(f"collections at step ends, all generations every {FULL_EVERY} steps")

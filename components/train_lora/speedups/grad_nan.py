@@ -94,3 +94,60 @@ def device_nan_skip(swift_context: Callable[[], Any]) -> Callable[[], Any]:
 
     _fix_grad_norm_nan._vlm_lora_grad_nan = True
     return _fix_grad_norm_nan
+
+
+# ---- item 17 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+
+def found_inf_problem() -> str:
+    """What stops torch's fused Adam / AdamW from taking `found_inf` as this module hands it ("" where nothing does):
+    the optimizers' `step` must pass their `found_inf` attribute on, and the fused kernels must take it."""
+    import inspect
+
+    try:
+        from torch.optim import adam
+    except ImportError:
+        return "torch.optim.adam"
+    problems = []
+    for cls in FUSED_TYPES:
+        try:
+            source = inspect.getsource(cls.step)
+        except (OSError, TypeError):
+            source = ""
+        if '"found_inf"' not in source and "'found_inf'" not in source:
+            problems.append(f"torch.optim.{cls.__name__}.step (does not pass its found_inf on)")
+    for name in ("adam", "_fused_adam"):
+        fn = getattr(adam, name, None)
+        try:
+            takes = fn is not None and "found_inf" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not takes:
+            problems.append(f"torch.optim.adam.{name}(found_inf=)")
+    return ", ".join(problems)
+
+
+def check(ctx, trainer):
+    """Wraps ms-swift's `SwiftMixin._fix_grad_norm_nan` once ms-swift's trainers are loaded, where torch's fused
+    Adam / AdamW still take `found_inf`; otherwise ms-swift's own check stays (and says so)."""
+    import sys
+
+    from components.train_lora.speedups import registry
+
+    cls = getattr(sys.modules.get("swift.trainers.mixin"), "SwiftMixin", None)
+    if cls is None:
+        return registry.not_applicable("ms-swift's trainers not loaded")
+    original = cls.__dict__.get("_fix_grad_norm_nan")
+    if not isinstance(original, staticmethod):
+        return registry.target_missing("swift.trainers.mixin.SwiftMixin._fix_grad_norm_nan", version_of="ms-swift")
+    problem = found_inf_problem()
+    if problem:
+        if getattr(original.__func__, "_vlm_lora_grad_nan", False):
+            cls._fix_grad_norm_nan = staticmethod(original.__func__.__wrapped__)
+        ctx.say(
+            f"a NaN gradient norm is checked by ms-swift on the host: torch's fused Adam no longer takes found_inf ({problem})"
+        )
+        return registry.target_missing(problem, version_of="torch")
+    if not getattr(original.__func__, "_vlm_lora_grad_nan", False):
+        cls._fix_grad_norm_nan = staticmethod(device_nan_skip(original.__func__))
+    return registry.applied("fused Adam / AdamW skip on the device; other optimizers: ms-swift's check")

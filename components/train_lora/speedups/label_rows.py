@@ -160,3 +160,30 @@ def label_rows_only(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper._vlm_lora_label_rows = True
     return wrapper
+
+
+# ---- item 5 of the plugin (registry.py) -------------------------------------------------------------------------------
+
+LOSS = "liger_kernel.transformers.model.loss_utils.fixed_fused_linear_cross_entropy"
+
+
+def install(ctx):
+    """Wraps Liger's `fixed_fused_linear_cross_entropy` in `label_rows_only`."""
+    from liger_kernel.transformers.model import loss_utils
+
+    from components.train_lora.speedups import patching, registry
+
+    if not patching.wrap_once(loss_utils, "fixed_fused_linear_cross_entropy", label_rows_only, "_vlm_lora_label_rows"):
+        return registry.target_missing(LOSS, version_of="liger-kernel")
+    return registry.pending()
+
+
+def check(ctx, trainer):
+    from components.train_lora.speedups import patching, registry
+
+    changed = patching.not_ours(registry.item(5))
+    if changed:
+        return registry.target_missing(*changed, version_of="liger-kernel")
+    if not getattr(getattr(trainer, "args", None), "use_liger_kernel", False):
+        return registry.not_applicable("use_liger_kernel off")
+    return registry.applied()

@@ -91,3 +91,53 @@ def scaled_without_wait(backward: Callable[..., Any]) -> Callable[..., Any]:
 
     fused_linear_cross_entropy_backward._vlm_lora_scaled = True
     return fused_linear_cross_entropy_backward
+
+
+# ---- item 18 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+LIGER_MODELS = "liger_kernel.transformers.model."
+OPS = "liger_kernel.ops.fused_linear_cross_entropy"
+
+
+def install(ctx):
+    """Liger's forward counts and its backward scales without reading the GPU, and its `LigerForCausalLMLoss` hands
+    item 5 the labelled rows from the labels' host copy (item 16's)."""
+    import importlib
+    import sys
+
+    from components.train_lora.speedups import label_rows, registry
+    from components.train_lora.speedups.patching import wrap_once
+
+    try:
+        ops = importlib.import_module(OPS)
+    except ImportError:  # a Liger laid out otherwise: its count and check read the GPU
+        ops = None
+    parts = []
+    if ops is not None and wrap_once(ops, BACKWARD, scaled_without_wait, "_vlm_lora_scaled"):
+        parts.append("backward scaled without asking")
+    if ops is not None and count_without_wait(ops, label_rows.selected_target):
+        parts.append("count by length")
+    else:
+        print("train-lora plugin: Liger's forward is not the one item 18 knows; its count reads the GPU", flush=True)
+    if ctx.on(16):  # host copies kept: the labelled rows come from the labels' host copy
+        from components.train_lora.speedups.batch_facts import COPIES
+
+        def wrap(loss_fn):
+            return label_rows.host_rows_for_loss(loss_fn, COPIES.host_of)
+
+        # loss_utils first: the model modules Liger loads later bind its wrapped function
+        modules = [sys.modules.get(LIGER_MODELS + "loss_utils")]
+        modules += [m for name, m in list(sys.modules.items()) if name.startswith(LIGER_MODELS) and m not in modules]
+        if sum(wrap_once(m, "LigerForCausalLMLoss", wrap, "_vlm_lora_host_rows") for m in modules if m):
+            parts.append("labelled rows from the host")
+    if not parts:
+        return registry.target_missing(f"{OPS}.{FORWARD}", f"{OPS}.{BACKWARD}", version_of="liger-kernel")
+    return registry.pending(", ".join(parts))
+
+
+def check(ctx, trainer):
+    from components.train_lora.speedups import registry
+
+    if not getattr(getattr(trainer, "args", None), "use_liger_kernel", False):
+        return registry.not_applicable("use_liger_kernel off")
+    return registry.applied(ctx.loaded[18].detail)

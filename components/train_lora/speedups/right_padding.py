@@ -83,3 +83,34 @@ def right_padded_causal_skip(
 
     wrapper._vlm_lora_right_padding = True
     return wrapper
+
+
+# ---- item 6 of the plugin (registry.py) -------------------------------------------------------------------------------
+
+
+def install(ctx):
+    """Wraps transformers' `masking_utils._ignore_causal_mask_sdpa` (the forward's facts tell the alignment where
+    item 7 gathered them)."""
+    from transformers import masking_utils
+
+    from components.train_lora.speedups import patching, registry
+    from components.train_lora.speedups.vision_seqlens import known_right_aligned
+
+    def wrap(original):
+        return right_padded_causal_skip(original, known_right_aligned)
+
+    if not patching.wrap_once(masking_utils, "_ignore_causal_mask_sdpa", wrap, "_vlm_lora_right_padding"):
+        return registry.target_missing("transformers.masking_utils._ignore_causal_mask_sdpa", version_of="transformers")
+    return registry.pending()
+
+
+def check(ctx, trainer):
+    from components.train_lora.speedups import patching, registry
+
+    changed = patching.not_ours(registry.item(6))
+    if changed:
+        return registry.target_missing(*changed, version_of="transformers")
+    attn = getattr(getattr(getattr(trainer, "model", None), "config", None), "_attn_implementation", None)
+    if isinstance(attn, str) and attn != "sdpa":
+        return registry.not_applicable(f"attention {attn}")
+    return registry.applied()

@@ -65,3 +65,47 @@ def use_torch_rms_norm(model: torch.nn.Module) -> int:
         module.forward = types.MethodType(_forward, module)
         count += 1
     return count
+
+
+# ---- item 9 of the plugin (registry.py) -------------------------------------------------------------------------------
+
+
+def _after_liger(original):
+    """transformers' `apply_liger_kernel` (called when training starts), then torch's fused RMSNorm."""
+    import functools
+
+    @functools.wraps(original)
+    def apply_liger_kernel(model, kernel_config=None, *args, **kwargs):
+        out = original(model, kernel_config, *args, **kwargs)
+        first = next(model.parameters(), None)
+        if first is not None and first.is_cuda and fused_op_on(first.device):
+            count = use_torch_rms_norm(model)
+            print(f"train-lora plugin: torch's fused RMSNorm in {count} of Liger's norms", flush=True)
+        return out
+
+    apply_liger_kernel._vlm_lora_torch_rms_norm = True
+    return apply_liger_kernel
+
+
+def install(ctx):
+    """Wraps `transformers.trainer.apply_liger_kernel`: torch's fused RMSNorm right after Liger's is applied."""
+    from transformers import trainer
+
+    from components.train_lora.speedups import patching, registry
+
+    if not patching.wrap_once(trainer, "apply_liger_kernel", _after_liger, "_vlm_lora_torch_rms_norm"):
+        return registry.target_missing("transformers.trainer.apply_liger_kernel", version_of="transformers")
+    return registry.pending()
+
+
+def check(ctx, trainer):
+    from components.train_lora.speedups import patching, registry
+
+    changed = patching.not_ours(registry.item(9))
+    if changed:
+        return registry.target_missing(*changed, version_of="transformers")
+    if not getattr(getattr(trainer, "args", None), "use_liger_kernel", False):
+        return registry.not_applicable("use_liger_kernel off")
+    if not torch.cuda.is_available():
+        return registry.not_applicable("no GPU")
+    return registry.applied("when training starts, in Liger's norms")

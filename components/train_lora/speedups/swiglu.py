@@ -74,3 +74,71 @@ def silu_mul_bytes(model_config: dict[str, Any]) -> float:
     if text.get("hidden_act") not in (None, "silu") or not all(isinstance(v, int) and v > 0 for v in (inter, hidden)):
         return 0.0
     return 2.0 * inter / hidden
+
+
+# ---- item 8 of the plugin (registry.py) -------------------------------------------------------------------------------
+
+
+class _LigerSiluMul:
+    """Liger's SiLU-multiply kernels as `forward(gate, up) -> c` and `backward(gate, up, dc) -> (dgate, dup)`
+    (the backward writes into gate and up), for the down projection that keeps no product."""
+
+    def __init__(self, ops) -> None:
+        self._ops = ops
+
+    def forward(self, gate, up):
+        return self._ops.swiglu_forward(gate, up)[2]
+
+    def backward(self, gate, up, grad_c):
+        return self._ops.swiglu_backward(gate, up, grad_c)
+
+
+def liger_silu_mul():
+    """Liger's fused SiLU-multiply as f(gate, up) and its kernels (`_LigerSiluMul`), or None without Liger."""
+    try:
+        from liger_kernel.ops import LigerSiLUMulFunction
+        from liger_kernel.ops import swiglu as ops
+    except ImportError:
+        return None
+    return (lambda gate, up: LigerSiLUMulFunction.apply(gate, up)), _LigerSiluMul(ops)
+
+
+def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
+    """Liger on, its SwiGLU not turned off in `liger_kernel_config`, the layers not compiled, the switch not 0."""
+    import os
+
+    if training_args is None or not getattr(training_args, "use_liger_kernel", False) or compile_language:
+        return False
+    if os.environ.get("VLM_LORA_LIGER_SWIGLU") == "0":
+        return False
+    return (getattr(training_args, "liger_kernel_config", None) or {}).get("swiglu", True) is not False
+
+
+def check(ctx, trainer):
+    """Gives the model's Qwen3-VL MLPs Liger's fused SiLU-multiply (and, with item 3, the down projections that keep
+    no product)."""
+    import functools
+
+    from components.train_lora.speedups import fused_lora, registry
+
+    training_args = getattr(trainer, "args", None)
+    compiled = ctx.state.get("compile", (False, False))[0]
+    if not getattr(training_args, "use_liger_kernel", False):
+        return registry.not_applicable("use_liger_kernel off")
+    if compiled:
+        return registry.not_applicable("compiled layers (inductor fuses them)")
+    if not wants_liger_swiglu(training_args, compiled):
+        return registry.not_applicable("liger_kernel_config swiglu false")
+    liger = liger_silu_mul()
+    if liger is None:
+        return registry.target_missing("liger_kernel.ops.LigerSiLUMulFunction", version_of="liger-kernel")
+    silu_mul, kernels = liger
+    down = None
+    if ctx.on(3) and fused_lora.SILU_MUL_DOWN:
+        down = functools.partial(fused_lora.silu_mul_lora, silu_mul=kernels)
+    count = fuse_silu_mul(trainer.model, silu_mul, down)
+    if not count:
+        return registry.found_nothing("no Qwen3VLTextMLP with a SiLU activation")
+    kept = "; down projections with LoRA keep no product for the backward" if down else ""
+    ctx.say(f"Liger's fused SiLU-multiply in {count} MLPs{kept}")
+    return registry.applied(f"{count} MLPs" + (", down projections keep no product" if down else ""))

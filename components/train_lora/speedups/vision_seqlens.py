@@ -446,3 +446,62 @@ def install_grid(modules: list[Any], facts: bool = True, host_of: Callable[[Any]
                     setattr(cls, method, wrap(original, host_of) if method == "forward" else wrap(original))
                     counts["facts"] += 1
     return counts
+
+
+# ---- item 7 of the plugin (registry.py) -------------------------------------------------------------------------------
+
+QWEN3_VL_MODELING = (
+    "transformers.models.qwen3_vl.modeling_qwen3_vl",
+    "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe",
+)
+
+
+def install_item(ctx):
+    """The vision boundaries from a host copy of the grid (vision_utils and every loaded modeling file that imported
+    the function) and, unless VLM_LORA_HOST_VISION_GRID=0, the rest of the tower's grid work and (unless
+    VLM_LORA_FORWARD_FACTS=0) the forward's facts from that copy; what was wrapped goes to `ctx.state`."""
+    import importlib
+    import sys
+
+    from components.train_lora.speedups import registry
+
+    try:
+        from transformers import vision_utils
+    except ImportError:
+        return registry.target_missing("transformers.vision_utils", version_of="transformers")
+    if not callable(getattr(vision_utils, "get_vision_attention_seqlens", None)):
+        return registry.target_missing(
+            "transformers.vision_utils.get_vision_attention_seqlens", version_of="transformers"
+        )
+    loaded = [m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.") and m is not None]
+    seqlens = install([vision_utils, *loaded])
+    ctx.state["host_vision"] = (seqlens, {})
+    if not registry.option_on("VLM_LORA_HOST_VISION_GRID", ctx.environ):
+        return registry.pending("the boundaries only (VLM_LORA_HOST_VISION_GRID=0)")
+    qwen3_vl = []
+    for name in QWEN3_VL_MODELING:
+        try:
+            qwen3_vl.append(importlib.import_module(name))
+        except ImportError:  # an older transformers without it
+            continue
+    facts = registry.option_on("VLM_LORA_FORWARD_FACTS", ctx.environ)
+    host_of = None
+    if registry.option_on("VLM_LORA_BATCH_FACTS", ctx.environ):  # item 16 keeps the host copies
+        from components.train_lora.speedups.batch_facts import COPIES
+
+        host_of = COPIES.host_of
+    grid = install_grid([vision_utils, *qwen3_vl], facts=facts, host_of=host_of)
+    ctx.state["host_vision"] = (seqlens, grid)
+    return registry.pending("boundaries, grid work" + (" and the forward's facts" if facts else ""))
+
+
+def check(ctx, trainer):
+    from transformers import vision_utils
+
+    from components.train_lora.speedups import patching, registry
+
+    if not patching.ours(getattr(vision_utils, "get_vision_attention_seqlens", None)):
+        return registry.target_missing(
+            "transformers.vision_utils.get_vision_attention_seqlens", version_of="transformers"
+        )
+    return registry.applied(ctx.loaded[7].detail)

@@ -179,3 +179,31 @@ def install(model: torch.nn.Module, modeling_modules: list[Any], kernels: Any = 
     if kernels is not None and any(counts.values()):
         counts["rotary"] = rotary_before_each_forward(model, modeling_modules, kernels)
     return {k: v for k, v in counts.items() if v}
+
+
+# ---- item 13 of the plugin (registry.py) ------------------------------------------------------------------------------
+
+
+def check(ctx, trainer) -> Any:
+    """The three changes on the trainer's model (the rotary kernel only with Triton and a GPU)."""
+    import importlib
+    import sys
+
+    from components.train_lora.speedups import registry
+
+    kernels = None
+    if torch.cuda.is_available():
+        try:
+            kernels = importlib.import_module(".vision_triton", __package__)
+        except ImportError:
+            kernels = None
+    modeling = [
+        m for name, m in list(sys.modules.items()) if name.startswith("transformers.models.qwen3_vl") and m is not None
+    ]
+    fast = install(trainer.model, modeling, kernels)
+    ctx.state["fast_vision"] = fast
+    if not fast:
+        return registry.found_nothing("no Qwen3-VL vision tower")
+    done = ", ".join(f"{k} {v}" for k, v in fast.items())
+    ctx.say(f"vision tower in fewer kernels ({done}; rotary = modeling files)")
+    return registry.applied(done)
