@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.retrain_local import N_EXTRA, SHARDS, check, retrain_config, run_scenarios
-from pipelines.pipeline import TASK_ORDER
+from pipelines.pipeline import REGRESSION_TASK, TASK_ORDER
 
 pytestmark = pytest.mark.pipeline
 
@@ -41,7 +41,7 @@ def _lineage(row: dict) -> dict:
 
 def test_first_run_runs_every_task(runs):
     a = runs["a"]
-    assert set(a["ran"]) == set(TASK_ORDER) and a["cached"] == []
+    assert set(a["ran"]) == {*TASK_ORDER, REGRESSION_TASK} and a["cached"] == []  # the demo config's regression set
     assert a["rows"] == 64 + 16 and a["train_rows"] == 64  # the demo's rows, in two shards
     assert _lineage(a)["snapshot"] == a["fingerprint"] and _lineage(a)["files"] == len(SHARDS) + 1
 
