@@ -12,6 +12,7 @@ say that the regression rule failed, for which kind, and by how much.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -147,6 +148,7 @@ def test_run_summary_prints_the_regression_table_and_the_decision(datasets, tmp_
                               "reason": result.reason})  # fmt: skip
     assert summary.splitlines()[-1] == f"gate passed: False ({result.reason})"
     assert regression_table({"base_f1": 0.1}) == []  # no regression set: no lines
+    assert regression_metrics(dataclasses.replace(result, regression=None)) == ({}, {})
 
 
 def test_both_rules_failing_are_both_named(datasets, tmp_path):

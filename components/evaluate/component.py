@@ -134,13 +134,10 @@ def evaluate(
     for key, value in reference.metrics().items():
         metrics.log_metric(key, value)
     metrics.metadata["reference"] = reference.label
-    if result.regression is not None:
-        flat, meta = regression_metrics(result, regression_max_drop)
-        for key, value in flat.items():
-            metrics.log_metric(key, value)
-        metrics.metadata.update(meta)
-        for drop in result.drops:
-            print(f"evaluate: regression {drop.describe()}", flush=True)
+    flat, meta = regression_metrics(result, regression_max_drop)  # nothing without a regression set
+    for key, value in flat.items():
+        metrics.log_metric(key, value)
+    metrics.metadata.update(meta)
     write_report(
         report.path,
         result.tuned,

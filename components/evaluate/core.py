@@ -520,6 +520,8 @@ def evaluate(
         summary, drops, reg_samples = _regression(
             reg_rows, ref_answers[n:], tuned_answers[n:], reg_geometries, max_drop
         )
+        for drop in drops:  # the task's log says it kind by kind
+            print(f"evaluate: regression {drop.describe()}", file=sys.stderr, flush=True)
         passed, reason, failed = gate_with_regression(passed, reason, drops)
     if itself:
         passed, failed = False, ["itself"]
@@ -561,8 +563,11 @@ def regression_metrics(result: EvalResult, max_drop: dict[str, float] | None = N
         (flat: {"base_regression_<kind>_<figure>", "tuned_regression_<kind>_<figure>" per kind,
         "base_regression_score" and "tuned_regression_score" overall, "regression_<kind or
         overall>_drop", "regression_passed"}; metadata: {"regression": the `summarize` shape,
-        "regression_max_drop": the rule in full, "gate_failed": the failed rules}).
+        "regression_max_drop": the rule in full, "gate_failed": the failed rules}); ({}, {})
+        without a regression set.
     """
+    if result.regression is None:
+        return {}, {}
     flat: dict[str, float] = {}
     sides = (("base", "reference"), ("tuned", "tuned"))
     for kind, entry in (result.regression or {}).get("kinds", {}).items():
