@@ -898,7 +898,7 @@ def regression_table(metrics: dict[str, Any]) -> list[str]:
 
     overall = figures[OVERALL]
     heading = f"regression set ({overall['tuned']['n']} rows):"
-    lines = [f"{heading:<24}{ref:>8}   {'tuned':>8}   {'delta':>7}   {'max drop':>8}"]
+    lines = [f"{heading}{ref:>{max(5, 32 - len(heading))}}   {'tuned':>8}   {'delta':>7}   {'max drop':>8}"]
     for kind, entry in figures["kinds"].items():
         spec = KINDS[kind]
         label = f"{kind} {spec.gate_metric}" + ("" if spec.higher_is_better else " (lower better)")
