@@ -133,12 +133,16 @@ def _summary(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def render_curves(log_history: list[dict[str, Any]], title: str = "train-lora") -> str:
+def render_curves(
+    log_history: list[dict[str, Any]], title: str = "train-lora", speedups: list[dict[str, Any]] | None = None
+) -> str:
     """Returns the training-curve page (see the module docstring).
 
     Args:
         log_history: The trainer's log entries, in order.
         title: Page title. Default "train-lora".
+        speedups: The speed-ups' start-up table rows (number, name, applied, outcome), drawn as a table under the
+            curves. Default None (no table).
 
     Returns:
         One self-contained HTML page; "No loss was logged." when nothing is drawable.
@@ -167,4 +171,5 @@ def render_curves(log_history: list[dict[str, Any]], title: str = "train-lora") 
         summary=_summary(log_history),
         last_epoch=epochs[-1][1] if epochs else None,
         progress=max_steps,
+        speedups=speedups or [],
     )

@@ -38,7 +38,7 @@ from components.train_lora import _checkpoints, _input_checks, _launch, _plan
 from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
-from components.train_lora.speedups import swiglu
+from components.train_lora.speedups import registry, swiglu
 
 # Set by the task from its inputs; a config that sets them is refused.
 PLUGIN = str(Path(__file__).parent / "speedups" / "swift_plugin.py")
@@ -65,6 +65,8 @@ class TrainResult:
             nothing (adapter_dir and checkpoint are "").
         resumed_from: The durable checkpoint training resumed from ("" = from scratch).
         strategy: The parallelism used (single, ddp, zero2, zero3, user).
+        speedups: The plugin's start-up table, one row per speed-up item (number, name, applied, outcome): what
+            `loss_curve_html(..., speedups=)` shows. Empty where the table was not written (no trainer built).
     """
 
     adapter_dir: str
@@ -74,6 +76,7 @@ class TrainResult:
     is_chief: bool = True
     resumed_from: str = ""
     strategy: str = ""
+    speedups: list[dict[str, Any]] = field(default_factory=list)
 
 
 def swift_arg_names() -> set[str]:
@@ -118,7 +121,9 @@ def tensorboard_args(swift_args: dict[str, Any], environ: dict[str, str] | Any) 
     return {"report_to": "tensorboard", "logging_dir": f"{log_dir.rstrip('/')}/{job}" if job else log_dir}
 
 
-def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora") -> str:
+def loss_curve_html(
+    log_history: list[dict[str, Any]], title: str = "train-lora", speedups: list[dict[str, Any]] | None = None
+) -> str:
     """Renders the training curves as a self-contained HTML page (matplotlib SVG; `_report.render_curves`).
 
     Loss per optimizer step on a log scale (train loss a line, eval loss points, even a single
@@ -128,13 +133,15 @@ def loss_curve_html(log_history: list[dict[str, Any]], title: str = "train-lora"
         log_history: Log entries as ms-swift writes them (`loss`, `eval_loss`, `learning_rate`,
             `grad_norm`, `token_acc`, `eval_token_acc`, `epoch`, with `global_step/max_steps` or `step`).
         title: Page title. Default "train-lora".
+        speedups: The speed-ups' start-up table (`TrainResult.speedups`), shown under the curves. Default None
+            (none shown).
 
     Returns:
         The HTML text (renders in the Vertex console's HTML artifact view).
     """
     from components.train_lora._report import render_curves
 
-    return render_curves(log_history, title)
+    return render_curves(log_history, title, speedups=speedups)
 
 
 def build_sft_command(
@@ -539,6 +546,7 @@ def train_lora(
     if result.is_chief:
         result.metrics.update(checked)
         result.metrics.update(run.metrics())
+        result.speedups = run.speedups.rows() if run.speedups is not None else []
         gpus = launch.gpu_count * launch.plan.nnodes  # wall time x GPUs: what the job held, start-up included
         result.metrics["gpu_hours"] = round((time.time() - started) / 3600 * gpus, 4)
     lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
@@ -596,17 +604,20 @@ def _log_expected_time(
 
 @dataclass
 class _Run:
-    """How the training ran: wall time, where it resumed from, the micro-batch plan, out-of-memory re-plans."""
+    """How the training ran: wall time, where it resumed from, the micro-batch plan, out-of-memory re-plans, and the
+    speed-ups' start-up table the plugin wrote (None: no trainer was built, or not on this node)."""
 
     wall: float
     resume: Path | None
     plan: _plan.Plan | None
     replans: int = 0
+    speedups: registry.Table | None = None
 
     def metrics(self) -> dict[str, Any]:
-        if self.plan is None:
-            return {}
-        return {**self.plan.metrics(), "oom_replans": self.replans}
+        out = {} if self.plan is None else {**self.plan.metrics(), "oom_replans": self.replans}
+        if self.speedups is not None:
+            out.update(self.speedups.metrics())
+        return out
 
 
 def _job_setting(job_env: dict[str, str], name: str) -> str:
@@ -717,9 +728,12 @@ def _train_until_it_fits(
         )  # fmt: skip
         cmd[0] = swift_executable()
         print("train-lora:", " ".join(cmd), flush=True)
+        table_path = inputs.work / "speedups.json"  # the plugin's start-up table (rank 0 writes it)
+        table_path.unlink(missing_ok=True)
         try:
-            run_env = {**job_env, **(plan.job_env() if plan else {})}
-            return _Run(_run_swift(cmd, inputs, launch.plan, durable, run_env), resume, plan, replans)
+            run_env = {**job_env, **(plan.job_env() if plan else {}), registry.TABLE_ENV: str(table_path)}
+            wall = _run_swift(cmd, inputs, launch.plan, durable, run_env)
+            return _Run(wall, resume, plan, replans, _read_speedups(table_path, launch.plan.is_chief))
         except SwiftFailed as exc:
             nxt = _plan.replan_after_oom(plan, per_gpu) if plan and _plan.is_out_of_memory(exc.log_tail) else None
             if nxt is None or launch.plan.nnodes > 1 or replans >= _plan.MAX_OOM_REPLANS:
@@ -729,6 +743,27 @@ def _train_until_it_fits(
                 f"train-lora: out of memory; re-plan {replans}/{_plan.MAX_OOM_REPLANS}: {nxt.reasons[-1]}", flush=True
             )
             plan = nxt
+
+
+def _read_speedups(path: Path, is_chief: bool) -> registry.Table | None:
+    """The start-up table the plugin wrote (rank 0, on the chief), with one summary line; None where there is none."""
+    table = registry.read_table(path)
+    if table is None:
+        if is_chief:
+            print(f"train-lora: speed-ups: no start-up table at {path} (no trainer was built)", flush=True)
+        return None
+    got, missed = table.counts()
+    skipped = [
+        f"{it.number} {it.name} ({table.outcomes[it.number].kind})"
+        for it in registry.ITEMS
+        if it.number in table.outcomes and table.outcomes[it.number].skipped
+    ]
+    print(
+        f"train-lora: speed-ups: {got} of {len(registry.ITEMS)} applied"
+        + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
+        flush=True,
+    )
+    return table
 
 
 def durable_checkpoint_dir(checkpoint_root: str, *inputs: Any) -> str:

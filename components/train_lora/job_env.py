@@ -19,63 +19,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.train_lora._errors import TrainError
+from components.train_lora.speedups.registry import SWITCHES, TABLE_ENV
 
 
 class JobEnvError(TrainError):
     """A job environment variable is not allowed (unknown name, reserved, or a secret); the message names the fix."""
 
 
-# The train-lora plugin's switches: the values each takes (read in components/train_lora/speedups/swift_plugin.py).
-_PLUGIN_SWITCHES = {
-    "VLM_LORA_FUSED_LORA": "0 (peft's own LoRA forward) or 1 (the fused branch, the default)",
-    "VLM_LORA_COMPILE_LAYERS": "1 (compile each decoder layer) or 0 (the default)",
-    "VLM_LORA_COMPILE_VISION": "1 (compile each vision block) or 0 (the default)",
-    "VLM_LORA_PEFT_INPUT_CAST": "1 (peft's float32 input casts) or 0 (the default)",
-    "VLM_LORA_LABEL_ROWS_LOSS": "0 (Liger's loss over every position) or 1 (labelled positions only, the default)",
-    "VLM_LORA_RIGHT_PAD_CAUSAL": "0 (transformers' padding mask) or 1 (causal flag for right padding, the default)",
-    "VLM_LORA_HOST_VISION_SEQLENS": "0 (the vision tower's grid work on the GPU: boundaries, indices, position ids) "
-    "or 1 (on the host, the default)",
-    "VLM_LORA_HOST_VISION_GRID": "0 (only the vision boundaries on the host) or 1 (the interpolation indices and "
-    "position ids too, cached per image size on the GPU, the default)",
-    "VLM_LORA_FORWARD_FACTS": "0 (the forward reads its token counts, padding and deepstack positions from the GPU "
-    "where it needs them) or 1 (copied to the host once at its start, the default)",
-    "VLM_LORA_BATCH_FACTS": "0 (each batch's copy to the GPU waits, and logits_to_keep and the forward's facts are "
-    "read from the GPU) or 1 (read from the batch's host copies, the copies queued without waiting, the default)",
-    "VLM_LORA_GRAD_NAN_ON_GPU": "0 (ms-swift reads the gradient norm on the host at every optimizer step) or 1 (a NaN "
-    "norm skips the fused optimizer's step on the GPU, the default)",
-    "VLM_LORA_LOSS_NO_WAIT": "0 (the loss reads the GPU: the labelled rows, Liger's count of them and its gradient "
-    "check) or 1 (from the labels' host copy, without waiting, the default)",
-    "VLM_LORA_LIGER_SWIGLU": "0 (PyTorch's SiLU and multiply) or 1 (Liger's fused kernel with Liger on, the default)",
-    "VLM_LORA_LEAN_LORA": "0 (the LoRA function without dropout too) or 1 (autograd's own nodes there, the default)",
-    "VLM_LORA_TORCH_RMS_NORM": "1 (torch's fused RMSNorm in place of Liger's, on CUDA) or 0 (Liger's); unset: "
-    "torch's with more than one process",
-    "VLM_LORA_ASYNC_TOKENS": "0 (each micro-step's token count read at once) or 1 (read without waiting, the default)",
-    "VLM_LORA_INDEX_DEEPSTACK": "0 (deepstack additions by boolean mask) or 1 (by position, the default)",
-    "VLM_LORA_GROUP_LORA": "0 (one rank-r matmul per LoRA layer) or 1 (one per group that reads one input, the default)",
-    "VLM_LORA_INPLACE_ADD": "0 (LoRA's product added out of place where the layer runs outside the LoRA function) "
-    "or 1 (into the layer's output in place, the default)",
-    "VLM_LORA_FUSED_BASE": "0 (the frozen layer before the LoRA function) or 1 (inside it, one input gradient, the default)",
-    "VLM_LORA_TRITON_LORA": "0 (PyTorch's kernels for LoRA's backward with dropout) or 1 (Triton's, on a GPU, the default)",
-    "VLM_LORA_SEEDED_DROPOUT": "1 (LoRA's dropout masks computed from seeds in the Triton kernels on a GPU, none kept) "
-    "or 0 (PyTorch's dropout kernel, a mask kept per adapted layer); unset: the planner decides with auto, else 0",
-    "VLM_LORA_CAST_CACHE": "0 (the adapters cast to the compute dtype in every forward) or 1 (their copies kept "
-    "and refreshed together after each optimizer step, the default)",
-    "VLM_LORA_FOLD_SCALING": "0 (LoRA's scaling as kernels of its own in the backward) or 1 (in the kernels that "
-    "already scale, B's float32 gradient from one matmul, on a GPU, the default)",
-    "VLM_LORA_SILU_MUL_DOWN": "0 (the MLP's SiLU-multiply output kept for the down projection's LoRA backward) "
-    "or 1 (computed again there from gate and up, the default)",
-    "VLM_LORA_FAST_VISION": "0 (the vision tower's own Conv3d patch embedding, float32 rotary and norms) "
-    "or 1 (one matmul, one Triton rotary kernel, 16-bit norms: the same values, the default)",
-    "VLM_LORA_ADAPTER_ONLY_SAVE": "0 (ZeRO-1/2 saves copy the whole model to host memory) "
-    "or 1 (only what the adapter save keeps, the default)",
-    "VLM_LORA_DDP_COMM": "0 (transformers' DDP defaults: 25 MB gradient buckets, buffers broadcast every forward, "
-    "each gradient copied into its bucket and back) or 1 (one bucket for the trainable gradients, no broadcast of "
-    "non-persistent buffers, the gradients views of the bucket, the default)",
-    "VLM_LORA_DDP_BUCKET_VIEW": "0 (DDP copies each gradient into its bucket and back) "
-    "or 1 (the gradients are views of the bucket, the default)",
-    "VLM_LORA_ALIGNED_GC": "0 (Python's automatic garbage collection) or 1 (collections at step ends only, also "
-    "with one process); unset: at step ends with more than one process",
-}
+# The train-lora plugin's switches and the values each takes: declared with the speed-up items
+# (components/train_lora/speedups/registry.py), the memory cap apart (a size, checked below).
+_PLUGIN_SWITCHES = {name: switch.values for name, switch in SWITCHES.items() if switch.flag}
 
 
 # Variables the training job may get from the config: NCCL / torch.distributed / CUDA
@@ -96,7 +49,7 @@ JOB_ENV_NAMES = frozenset(
         "OMP_NUM_THREADS",
         "TOKENIZERS_PARALLELISM",
         "LOGLEVEL",
-        # the train-lora plugin's memory cap (components/train_lora/speedups/swift_plugin.py)
+        # the train-lora plugin's memory cap (item 11, components/train_lora/speedups/memory_cap.py)
         "VLM_LORA_GPU_MEMORY_GIB",
         # MLflow tracking (components/common/tracking.py): the server, the experiment, and whether an
         # unreachable server stops the training (0 = train on without MLflow); no credentials
@@ -134,6 +87,7 @@ _RESERVED = {
         for name in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "RANK", "WORLD_SIZE")
     },
     "LOCAL_RANK": "torchrun sets it",
+    TABLE_ENV: "train-lora sets it, for the plugin's start-up table",
 }
 _SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_\-+/=.]{24,}")

@@ -754,6 +754,15 @@ class Table:
                 os.unlink(tmp)
             raise
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per item for a report: number, name, applied (bool), and the outcome's words."""
+        return [
+            {"number": it.number, "name": it.name, "applied": self.outcomes[it.number].applied,
+             "outcome": self.outcomes[it.number].line()}
+            for it in ITEMS
+            if it.number in self.outcomes
+        ]  # fmt: skip
+
     def metrics(self) -> dict[str, int]:
         """`speedups_applied`, `speedups_skipped` and one 0 / 1 per item (`speedup_<number>_<name>`)."""
         got, missed = self.counts()
