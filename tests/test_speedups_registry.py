@@ -313,3 +313,36 @@ def test_train_lora_reads_the_start_up_table_into_its_metrics(tmp_path, capsys):
     assert re.search(r"train-lora: speed-ups: \d+ of 18 applied; skipped: 4 compile_layers \(switch off\)", out)
     page = loss_curve_html(result.log_history, speedups=result.speedups)
     assert "speed-ups at start-up" in page and "fused_lora" in page
+
+
+def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, tmp_path, capsys):
+    """train-lora's planner reads the registry's view (switch, versions, targets, run), not the environment: item 6
+    outside its range means a padding mask in the memory model, whatever the switch says; a memory-relevant item the
+    run's table has otherwise is named after the run."""
+    from components.train_lora import _launch, _plan, core
+    from pipelines.demo.tiny_model import ensure_tiny_model
+
+    model = str(ensure_tiny_model())
+    launch = core._Launch(_launch.LaunchPlan(), 1, 80 * 1024**3)
+    seen = {}
+
+    def plan_for_run(args, **kwargs):
+        seen.update(kwargs)
+        return _plan.Plan(1, 16, False, 0, 0)
+
+    monkeypatch.setattr(_plan, "plan_for_run", plan_for_run)
+    args = {"per_device_train_batch_size": "auto"}
+    core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
+    assert seen["padding_mask"] is False
+    real = registry.installed_version
+    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    expected = core._planned_speedups(args, model, launch, {})
+    core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {}, expected)
+    assert seen["padding_mask"] is True and expected.outcomes[6].kind == registry.VERSION
+    ran = Table({it.number: expected.outcomes[it.number] for it in ITEMS})
+    ran.outcomes[6] = registry.applied()
+    assert len(core._unplanned(expected, ran)) == 1
+    assert (
+        "train-lora: speed-ups: item 6 (right_padding, planner flag padding_mask): the plan assumed it does not "
+        in (capsys.readouterr().out)
+    )

@@ -91,8 +91,14 @@ def test_wanted_only_with_liger_on_and_the_layers_not_compiled(monkeypatch):
     assert not wants_liger_swiglu(liger, compile_language=False)
 
 
-def test_the_task_plans_for_it_only_where_the_plugin_applies_it():
-    from components.train_lora.core import _fused_silu_mul
+def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
+    from components.train_lora.speedups import registry
+
+    real = registry.installed_version  # Liger as the training image has it (this CPU install has none)
+    monkeypatch.setattr(registry, "installed_version", lambda d: "0.8.5" if d == "liger-kernel" else real(d))
+
+    def _fused_silu_mul(args, env, config):  # item 8 applied or not, as the planner sees it
+        return registry.planned(env, 1, args, config, gpu=False).memory_flags()["fused_silu_mul"]
 
     qwen3_vl = {"model_type": "qwen3_vl", "text_config": {"model_type": "qwen3_vl_text"}}
     liger = {"use_liger_kernel": True}
@@ -101,6 +107,8 @@ def test_the_task_plans_for_it_only_where_the_plugin_applies_it():
     assert not _fused_silu_mul(liger, {}, {"model_type": "qwen3_vl_moe"})  # experts, not this MLP
     assert not _fused_silu_mul(liger, {"VLM_LORA_LIGER_SWIGLU": "0"}, qwen3_vl)
     assert not _fused_silu_mul(liger, {"VLM_LORA_COMPILE_LAYERS": "1"}, qwen3_vl)
+    monkeypatch.setattr(registry, "installed_version", lambda d: "0.9.0" if d == "liger-kernel" else real(d))
+    assert not _fused_silu_mul(liger, {}, qwen3_vl)  # a Liger outside the verified range: the item is skipped
 
 
 def test_plan_sizes_without_the_silu_output():
@@ -278,7 +286,10 @@ def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
 
 def test_plan_sizes_without_the_product_where_the_down_projection_recomputes_it():
     from components.train_lora._plan import GIB, plan_for_run
-    from components.train_lora.core import _silu_mul_down
+    from components.train_lora.speedups.registry import planned
+
+    def _silu_mul_down(args, env):
+        return planned(env, 1, args, {}, gpu=False).silu_mul_down
 
     assert _silu_mul_down({}, {})  # ms-swift's default targets: all-linear
     assert _silu_mul_down({"target_modules": ["q_proj", "down_proj"]}, {})

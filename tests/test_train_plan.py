@@ -120,7 +120,10 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
 
 def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():
     from components.train_lora._plan import dropout_mask_bytes, plan_for_run
-    from components.train_lora.core import _seeded_dropout
+    from components.train_lora.speedups.registry import planned
+
+    def _seeded_dropout(args, env):  # what the task asks the planner for (the registry's reading of the switches)
+        return planned(env, 1, args, {}, gpu=False).seeded_dropout
 
     assert dropout_mask_bytes(QWEN3_VL_4B_CONFIG) == pytest.approx((5 * 2560 + 4096 + 9728) / 2560)  # 10.4
     assert dropout_mask_bytes({"hidden_size": 2560}) == 0.0
@@ -352,7 +355,10 @@ def test_a_multi_node_run_does_not_replan_alone(tmp_path, monkeypatch):
 
 
 def test_the_task_knows_when_attention_gets_a_padding_mask():
-    from components.train_lora.core import _padding_mask_attention
+    from components.train_lora.speedups.registry import planned
+
+    def _padding_mask_attention(args, env):  # item 6 applied or not, as the planner sees it
+        return planned(env, 1, args, {}, gpu=False).memory_flags()["padding_mask"]
 
     assert not _padding_mask_attention({}, {})  # sdpa (the default) with the plugin's causal flag
     assert _padding_mask_attention({}, {"VLM_LORA_RIGHT_PAD_CAUSAL": "0"})

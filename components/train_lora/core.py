@@ -38,7 +38,7 @@ from components.train_lora import _checkpoints, _input_checks, _launch, _plan
 from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
-from components.train_lora.speedups import registry, swiglu
+from components.train_lora.speedups import registry
 
 # Set by the task from its inputs; a config that sets them is refused.
 PLUGIN = str(Path(__file__).parent / "speedups" / "swift_plugin.py")
@@ -526,12 +526,13 @@ def train_lora(
     except tracking.TrackingError as exc:
         raise TrainError(str(exc)) from None
     extra_env.update(tracking_env)
-    batch_plan = _micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env)
+    expected = _planned_speedups(args, model_dir, launch, extra_env)
+    batch_plan = _micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env, expected)
     if launch.plan.is_chief:
         _log_expected_time(args, batch_plan, train_dir, launch, (base_model_ref or {}).get("source", ""), model_dir)
     run = _train_until_it_fits(
         args, batch_plan, model_dir=model_dir, model_type=model_type, inputs=inputs, launch=launch, durable=durable,
-        job_env=extra_env, checkpoint_dir=checkpoint_dir,
+        job_env=extra_env, checkpoint_dir=checkpoint_dir, expected=expected,
     )  # fmt: skip
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
     result = _collect_outputs(
@@ -612,11 +613,14 @@ class _Run:
     plan: _plan.Plan | None
     replans: int = 0
     speedups: registry.Table | None = None
+    unplanned: int = 0  # memory-relevant speed-ups the plan expected otherwise than the run's table says
 
     def metrics(self) -> dict[str, Any]:
         out = {} if self.plan is None else {**self.plan.metrics(), "oom_replans": self.replans}
         if self.speedups is not None:
             out.update(self.speedups.metrics())
+            if self.plan is not None:
+                out["speedups_unplanned"] = self.unplanned
         return out
 
 
@@ -625,10 +629,31 @@ def _job_setting(job_env: dict[str, str], name: str) -> str:
     return str(job_env.get(name) or os.environ.get(name, ""))
 
 
+def _planned_speedups(
+    args: dict[str, Any], model_dir: str, launch: _Launch, job_env: dict[str, str]
+) -> registry.Planned:
+    """Which speed-up items the training job will apply (`registry.planned`: switches as the job will see them, the
+    packages' versions, the targets importable, what the run's arguments and model config allow)."""
+    return registry.planned(
+        {**os.environ, **job_env},
+        launch.plan.world_size,
+        args,
+        _input_checks.load_model_config(model_dir),
+        gpu=bool(launch.gpu_count),
+    )
+
+
 def _micro_batch_plan(
-    args: dict[str, Any], model_dir: str, train_dir: str, launch: _Launch, strategy: str, job_env: dict[str, str]
+    args: dict[str, Any],
+    model_dir: str,
+    train_dir: str,
+    launch: _Launch,
+    strategy: str,
+    job_env: dict[str, str],
+    expected: registry.Planned | None = None,
 ) -> _plan.Plan | None:
-    """Resolves `auto` micro-batch / checkpointing (`_plan`); None when the config fixes both."""
+    """Resolves `auto` micro-batch / checkpointing (`_plan`); None when the config fixes both. The memory flags
+    come from the speed-up items expected to apply (`expected`, else `_planned_speedups`)."""
     if not _plan.wants_plan(args):
         return None
     world = launch.plan.world_size
@@ -641,6 +666,7 @@ def _micro_batch_plan(
     else:
         cap = _job_setting(job_env, "VLM_LORA_GPU_MEMORY_GIB")
         model_config = _input_checks.load_model_config(model_dir)
+        expected = expected or _planned_speedups(args, model_dir, launch, job_env)
         gpu_bytes = min(launch.gpu_memory, int(float(cap) * _plan.GIB)) if cap else launch.gpu_memory
         plan = _plan.plan_for_run(
             args,
@@ -651,53 +677,11 @@ def _micro_batch_plan(
             world_size=world,
             zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
             wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
-            fused_lora=_job_setting(job_env, "VLM_LORA_FUSED_LORA") != "0",
-            padding_mask=_padding_mask_attention(args, job_env),
-            fused_silu_mul=_fused_silu_mul(args, job_env, model_config),
-            silu_mul_down=_silu_mul_down(args, job_env),
-            seeded_dropout=_seeded_dropout(args, job_env),
+            **expected.memory_flags(),
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
     return plan
-
-
-def _padding_mask_attention(args: dict[str, Any], job_env: dict[str, str]) -> bool:
-    """Whether attention gets a padding mask (the plugin's right-padding causal flag off with sdpa, or eager)."""
-    attn = str(args.get("attn_impl") or "sdpa")
-    return attn == "eager" or (attn == "sdpa" and _job_setting(job_env, "VLM_LORA_RIGHT_PAD_CAUSAL") == "0")
-
-
-def _fused_silu_mul(args: dict[str, Any], job_env: dict[str, str], model_config: dict[str, Any]) -> bool:
-    """Whether the plugin will give the MLPs Liger's fused SiLU-multiply (swift_plugin.py, swiglu.py)."""
-    return (
-        bool(args.get("use_liger_kernel"))
-        and swiglu.covers(model_config)
-        and _job_setting(job_env, "VLM_LORA_LIGER_SWIGLU") != "0"
-        and _job_setting(job_env, "VLM_LORA_COMPILE_LAYERS") != "1"
-    )
-
-
-def _lora_targets(args: dict[str, Any]) -> list[str]:
-    targets = args.get("target_modules") or "all-linear"  # ms-swift's default
-    return [targets] if isinstance(targets, str) else [str(t) for t in targets]
-
-
-def _silu_mul_down(args: dict[str, Any], job_env: dict[str, str]) -> bool:
-    """Whether the down projections get LoRA and the plugin keeps no SiLU-multiply product for it (fused_lora.py)."""
-    return _job_setting(job_env, "VLM_LORA_SILU_MUL_DOWN") != "0" and any(
-        t == "all-linear" or t.endswith("down_proj") for t in _lora_targets(args)
-    )
-
-
-def _seeded_dropout(args: dict[str, Any], job_env: dict[str, str]) -> str:
-    """Whether the plugin may compute LoRA's dropout masks from seeds on the GPU (fused_lora.py, lora_triton.py)
-    instead of keeping them: "auto" (the planner decides), "on" (VLM_LORA_SEEDED_DROPOUT=1 set), or "off" (set to
-    0, PyTorch's kernels, or LoRA not on every linear layer: the planner's mask figure assumes all-linear)."""
-    switch = _job_setting(job_env, "VLM_LORA_SEEDED_DROPOUT")
-    if switch == "0" or _job_setting(job_env, "VLM_LORA_TRITON_LORA") == "0" or "all-linear" not in _lora_targets(args):
-        return "off"
-    return "on" if switch == "1" else "auto"
 
 
 def _train_until_it_fits(
@@ -711,6 +695,7 @@ def _train_until_it_fits(
     durable: _Durability,
     job_env: dict[str, str],
     checkpoint_dir: str | None,
+    expected: registry.Planned | None = None,
 ) -> _Run:
     """Runs `swift sft`; with a planned micro-batch, an out-of-memory re-plans (smaller micro-batch, then
     checkpointing) and starts again from the last durable checkpoint, at most `_plan.MAX_OOM_REPLANS` times.
@@ -733,7 +718,9 @@ def _train_until_it_fits(
         try:
             run_env = {**job_env, **(plan.job_env() if plan else {}), registry.TABLE_ENV: str(table_path)}
             wall = _run_swift(cmd, inputs, launch.plan, durable, run_env)
-            return _Run(wall, resume, plan, replans, _read_speedups(table_path, launch.plan.is_chief))
+            table = _read_speedups(table_path, launch.plan.is_chief)
+            unplanned = _unplanned(expected, table) if plan is not None else []
+            return _Run(wall, resume, plan, replans, table, len(unplanned))
         except SwiftFailed as exc:
             nxt = _plan.replan_after_oom(plan, per_gpu) if plan and _plan.is_out_of_memory(exc.log_tail) else None
             if nxt is None or launch.plan.nnodes > 1 or replans >= _plan.MAX_OOM_REPLANS:
@@ -764,6 +751,16 @@ def _read_speedups(path: Path, is_chief: bool) -> registry.Table | None:
         flush=True,
     )
     return table
+
+
+def _unplanned(expected: registry.Planned | None, table: registry.Table | None) -> list[str]:
+    """One line per memory-relevant item the planner expected otherwise than the run's table says (logged)."""
+    if expected is None or table is None:
+        return []
+    lines = registry.disagreements(expected, table)
+    for line in lines:
+        print(f"train-lora: speed-ups: {line}", flush=True)
+    return lines
 
 
 def durable_checkpoint_dir(checkpoint_root: str, *inputs: Any) -> str:
