@@ -411,7 +411,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
         "evaluate",
         plan,
     )
-    _register_task(plan, merge, evaluation, champion, data.outputs["eval_dataset"])
+    _register_task(plan, merge, evaluation, champion, data.outputs["eval_dataset"], p)
     return evaluation.outputs["passed"]
 
 
@@ -518,7 +518,9 @@ def _tracking_args(cfg: Config) -> dict[str, Any]:
     return {"tracking": param} if param else {}
 
 
-def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval_dataset: Any) -> None:
+def _register_task(
+    plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval_dataset: Any, p: dict[str, Any]
+) -> None:
     """Adds register behind the gate (Vertex with `register.serving_image` set; else nothing).
 
     Without `deploy.endpoint`: register uploads the version and moves the alias. With it:
@@ -536,6 +538,11 @@ def _register_task(plan: _Plan, merge: Any, evaluation: Any, champion: Any, eval
             plan.register_op(
                 merged_model=merge.outputs["merged_model"],
                 eval_metrics=evaluation.outputs["metrics"],
+                eval_report=evaluation.outputs["report"],  # linked from the imported Model Registry evaluation
+                gate_reason=evaluation.outputs["reason"],
+                gate_metric=p["eval_metric"],
+                gate_min_value=p["eval_min_value"],
+                gate_min_margin=p["eval_min_margin"],
                 model_id=reg.model_id or cfg.pipeline.name,
                 display_name=reg.display_name or cfg.pipeline.name,
                 serving_image=plan.images["train"] if reg.serving_image == TRAIN_SERVING else reg.serving_image,

@@ -395,3 +395,19 @@ def test_control_characters_and_tags_in_chromium(tmp_path):
     img = screenshot(page, tmp_path / "evaluate_readable.png", (1250, 1600))
     assert pixels_near(img, (0xFE, 0xF7, 0xE0), 3) > 300  # the escapes' amber background
     assert_not_blank(img)
+
+
+def test_label_metrics_give_register_both_models_per_label(tmp_path):
+    """evaluate's Metrics metadata "labels": what register imports as one Model Registry slice per label."""
+    from components.evaluate.core import EvalResult, label_metrics
+    from components.register.evaluation import build_evaluation
+
+    samples = _labelled_samples(tmp_path)
+    result = EvalResult(reference={}, tuned={}, passed=True, reason="", predictions="", samples=samples)
+    labels = label_metrics(result, "detection", 0.5, None)
+    assert list(labels) == ["hole", "title_block"]
+    assert labels["hole"]["tuned"]["tp"] == 1 and labels["hole"]["reference"]["tp"] == 0
+    assert labels["title_block"]["tuned"]["fn"] == 2 and labels["title_block"]["reference"]["n_gold"] == 3
+    assert label_metrics(result, "vqa_only", 0.5, None) == {}  # a task without labels
+    built = build_evaluation({"tuned_f1": 0.5, "labels": labels}, "run-1", "gs://s/schema.yaml")
+    assert [s["slice_"]["value"] for s in built.slices] == ["hole", "title_block"]

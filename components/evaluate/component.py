@@ -85,7 +85,7 @@ def evaluate(
     from components.common.boxes import ResizeRule, resolve_convention
     from components.common.tracking import TrackingError, record
     from components.evaluate._report import write_report
-    from components.evaluate.core import EvalError, regression_metrics, resolve_reference
+    from components.evaluate.core import EvalError, label_metrics, regression_metrics, resolve_reference
     from components.evaluate.core import evaluate as run_eval
 
     family = (base_model.metadata.get("architecture", ""), base_model.metadata.get("model_type", ""))
@@ -134,6 +134,7 @@ def evaluate(
     for key, value in reference.metrics().items():
         metrics.log_metric(key, value)
     metrics.metadata["reference"] = reference.label
+    metrics.metadata["labels"] = label_metrics(result, task or "detection", iou_threshold, resize_rule)
     flat, meta = regression_metrics(result, regression_max_drop)  # nothing without a regression set
     for key, value in flat.items():
         metrics.log_metric(key, value)

@@ -580,3 +580,25 @@ def regression_metrics(result: EvalResult, max_drop: dict[str, float] | None = N
     meta = {"regression": result.regression, "regression_max_drop": reg.max_drops(max_drop),
             "gate_failed": list(result.failed_rules)}  # fmt: skip
     return flat, meta
+
+
+def label_metrics(
+    result: EvalResult, task: str, iou_threshold: float, rule: ResizeRule | None
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per-label figures of both models on the held-out rows, as evaluate's Metrics metadata records them.
+
+    Args:
+        result: The EvalResult (its per-sample records).
+        task: The task ("detection", "key_value"; others have no labels: {}).
+        iou_threshold: The IoU at which a box counts as a hit.
+        rule: The resize rule the boxes were scored under.
+
+    Returns:
+        {label: {"reference": {tp, fp, fn, n_gold, precision, recall, f1}, "tuned": {...}}}, labels sorted; what
+        register imports as one Model Registry evaluation slice per label.
+    """
+    from components.evaluate._labels import per_label
+
+    ref = per_label(result.samples, "reference", task, iou_threshold, rule)
+    new = per_label(result.samples, "tuned", task, iou_threshold, rule)
+    return {k: {"reference": ref.get(k, {}), "tuned": new.get(k, {})} for k in sorted(set(ref) | set(new))}
