@@ -66,6 +66,7 @@ from components.common.model_fit import (
     check_fits,
     known_model_bytes,
 )
+from components.common.quantization import QUANTIZATIONS, known_quantized_bytes, swift_conflict, swift_quant_args
 from components.common.reference import CHAMPION, reference_problem
 from components.common.regression import max_drop_problem, max_drops
 from components.common.swift import pinned_sft_args, swift_arg_problem
@@ -136,6 +137,9 @@ class ModelSection:
             name `projects/P/secrets/S[/versions/V]`; never the token itself. Default "".
         allow: Only stage files matching these globs. Default [] (all).
         ignore: Skip files matching these globs (e.g. `*.bin`, `original/*`). Default [].
+        quantization: Train LoRA on a bitsandbytes-quantised base (QLoRA): `none`, `nf4` or
+            `int8`; train-lora gets ms-swift's quant arguments, merge-export still merges into
+            the staged bf16 base (docs/training.md). Default `none`.
     """
 
     source: str
@@ -144,6 +148,7 @@ class ModelSection:
     token_from: str = ""
     allow: list[str] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
+    quantization: str = "none"
 
 
 @dataclass(frozen=True)
@@ -1052,6 +1057,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     _scan_values(raw, "", where)
     _check_ranges(cfg, where)
     _check_swift(cfg.swift, where)
+    cfg = _check_quantization(cfg, where)
     _check_parameter_targets(cfg.swift, where)
     _check_packing(cfg.swift, where)
     cfg = _check_tracking(cfg, where)
@@ -1063,6 +1069,31 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 _BOX_CONVENTIONS = (AUTO_CONVENTION, *CONVENTIONS)
+
+
+def _check_quantization(cfg: Config, where: typing.Callable[[str], str]) -> Config:
+    """Checks `model.quantization` and adds its ms-swift arguments to the `swift` section.
+
+    A `swift.quant_*` / `swift.bnb_*` argument that contradicts the setting (or any such
+    argument without one) is refused with one line naming both keys.
+    """
+    q = cfg.model.quantization
+    if q not in QUANTIZATIONS:
+        raise ConfigError(
+            f"{where('model.quantization')}: 'model.quantization' must be one of {', '.join(QUANTIZATIONS)}, got {q!r}"
+        )
+    clash = swift_conflict(cfg.swift, q)
+    if clash:
+        name, value, need = clash
+        fix = f"set swift.{name}: {need} or drop it" if need is not None else f"drop swift.{name}"
+        raise ConfigError(
+            f"{where('swift.' + name)}: 'swift.{name}: {value}' contradicts 'model.quantization: {q}' "
+            f"({where('model.quantization')}); the setting passes ms-swift's quant arguments itself: {fix}, "
+            "or choose another model.quantization (none, nf4, int8)"
+        )
+    if q == "none":
+        return cfg
+    return dataclasses.replace(cfg, swift={**cfg.swift, **swift_quant_args(q)})
 
 
 def _check_tracking(cfg: Config, where: typing.Callable[[str], str]) -> Config:
@@ -1251,16 +1282,21 @@ def _check_model_fits(cfg: Config, where: typing.Callable[[str], str]) -> None:
     sources are checked by train-lora once staged, before `swift sft`.
     """
     r = cfg.resources
-    size = known_model_bytes(cfg.model.source)
+    q = cfg.model.quantization
+    size = known_quantized_bytes(known_model_bytes(cfg.model.source), q, moe=bool(_MOE_NAME.search(cfg.model.source)))
     gib = GPU_MEMORY_GIB.get(r.accelerator_type)
     if not size or not gib or r.accelerator_count < 1 or "deepspeed" in cfg.swift:
         return  # a DeepSpeed setting of the user's own (e.g. ZeRO-3 with CPU offload) is theirs to size
     what = f"{cfg.model.source} on {r.replica_count} x {r.accelerator_count} x {r.accelerator_type}"
+    what += f" (model.quantization: {q})" if q != "none" else ""
     try:
         check_fits(size, int(gib * 1024**3), r.accelerator_count, r.replica_count, what)
     except ModelTooLarge as exc:
         raise ConfigError(f"{where('resources.machine_type')}: {exc}") from None
 
+
+# A mixture-of-experts name (Qwen3-VL-30B-A3B): its fused 3-D experts stay bf16 under bitsandbytes.
+_MOE_NAME = re.compile(r"-a\d+(\.\d+)?b", re.IGNORECASE)
 
 _FLASH_ATTN = ("flash_attn", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 

@@ -1,0 +1,185 @@
+"""QLoRA: LoRA on a bitsandbytes-quantised base (`model.quantization: none | nf4 | int8`).
+
+One place for what the config, train-lora, the planner, the cost estimate and merge-export
+need to agree on:
+
+* `swift_quant_args`: the `swift sft` arguments a setting stands for (ms-swift's names);
+  `swift_conflict` names a user-given `quant_*` / `bnb_*` argument that contradicts it.
+* `quantized_weight_bytes`: the frozen base's size in memory once quantised. Assumptions (not
+  measured on a GPU): bitsandbytes, through transformers' `BitsAndBytesConfig`, replaces
+  every `nn.Linear` but the output head; seen on the tiny Qwen3-VL (bitsandbytes 0.50.2,
+  transformers 5.19): the vision tower's linear layers are quantised too, the embeddings,
+  norms, the vision patch embedding (a Conv3d) and `lm_head` stay in bf16. So a 2-D
+  `*.weight` outside the embeddings and the head counts as quantised; 3-D tensors (the fused
+  experts of a transformers-5 MoE) stay bf16. nf4 stores 0.5 byte a parameter plus one
+  absmax per 64 weights (fp32, or 8-bit plus an fp32 per 256 blocks with double
+  quantisation); int8 stores 1 byte plus an fp32 scale per row (left out: < 0.1 %).
+* `STEP_COST_FACTOR`: how much slower a step is (dequantising each weight before its
+  matmul). An assumption to be measured on a GPU, not a measurement.
+* `check_runnable`: bitsandbytes quantises and runs one layer on this machine, else a named
+  error before training.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+QUANTIZATIONS = ("none", "nf4", "int8")
+
+# Bytes a quantised parameter takes (weights + quantisation constants), by setting.
+_NF4_BLOCK = 64
+BYTES_PER_PARAM = {
+    "nf4": 0.5 + 1 / _NF4_BLOCK + 4 / (_NF4_BLOCK * 256),  # double quantisation (the swift args below turn it on)
+    "int8": 1.0,
+}
+# Step time relative to bf16 LoRA (ASSUMED, not measured here: QLoRA reports and peers put nf4 at
+# roughly 1.2-1.5x; bitsandbytes' int8 matmul with outlier handling is slower still).
+STEP_COST_FACTOR = {"none": 1.0, "nf4": 1.4, "int8": 1.8}
+
+# Tensors bitsandbytes leaves in the training dtype: embeddings and the output head.
+_KEPT = re.compile(r"(embed|lm_head|wte|wpe)", re.IGNORECASE)
+
+
+class QuantizationUnavailable(RuntimeError):
+    """bitsandbytes is missing or cannot quantise / run a layer on this machine."""
+
+
+def swift_quant_args(quantization: str) -> dict[str, Any]:
+    """The `swift sft` arguments of a `model.quantization` setting ({} for none).
+
+    Args:
+        quantization: One of QUANTIZATIONS.
+
+    Returns:
+        ms-swift's quant_method / quant_bits / bnb_4bit_* arguments.
+    """
+    if quantization == "nf4":
+        return {
+            "quant_method": "bnb",
+            "quant_bits": 4,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_compute_dtype": "bfloat16",
+            "bnb_4bit_use_double_quant": True,
+        }
+    if quantization == "int8":
+        return {"quant_method": "bnb", "quant_bits": 8}
+    return {}
+
+
+def _is_quant_key(name: str) -> bool:
+    return name.startswith(("quant_", "bnb_", "hqq_"))
+
+
+def swift_conflict(swift: Mapping[str, Any], quantization: str) -> tuple[str, Any, Any] | None:
+    """A swift `quant_*` / `bnb_*` argument that contradicts `quantization`, else None.
+
+    Returns:
+        (argument name, the user's value, what the setting needs: a value, or None when the
+        setting wants no such argument).
+    """
+    wanted = swift_quant_args(quantization)
+    for name, value in swift.items():
+        if not _is_quant_key(str(name)) or value in (None, "", "none"):
+            continue
+        need = wanted.get(name)
+        if name not in wanted or str(value).lower() != str(need).lower():
+            return name, value, need
+    return None
+
+
+def quantization_of(args: Mapping[str, Any]) -> str:
+    """The setting the swift arguments stand for: nf4, int8 or none (another method counts as none)."""
+    if str(args.get("quant_method") or "").lower() != "bnb":
+        return "none"
+    bits = str(args.get("quant_bits") or "")
+    if bits == "8":
+        return "int8"
+    return "nf4" if bits == "4" else "none"
+
+
+def is_quantized_tensor(name: str, ndim: int) -> bool:
+    """Whether bitsandbytes quantises this stored tensor (a linear layer's weight; see module docstring)."""
+    return ndim == 2 and name.endswith(".weight") and not _KEPT.search(name)
+
+
+def quantized_weight_bytes(tensors: Mapping[str, tuple[int, int]], quantization: str, dtype_bytes: int = 2) -> int:
+    """Bytes of the frozen base in memory once quantised.
+
+    Args:
+        tensors: {name: (number of elements, ndim)} of the stored weights.
+        quantization: One of QUANTIZATIONS ("none": every tensor in the training dtype).
+        dtype_bytes: Bytes a kept parameter takes (bf16: 2). Default 2.
+
+    Returns:
+        The estimate, bytes.
+    """
+    rate = BYTES_PER_PARAM.get(quantization)
+    total = 0.0
+    for name, (numel, ndim) in tensors.items():
+        total += numel * (rate if rate and is_quantized_tensor(name, ndim) else dtype_bytes)
+    return int(total)
+
+
+def known_quantized_bytes(bf16_bytes: int, quantization: str, kept_fraction: float = 0.15, moe: bool = False) -> int:
+    """A released model's quantised size from its bf16 size alone (the config check, before staging).
+
+    `kept_fraction` of the parameters (embeddings, head, norms: 0.14 for Qwen3-VL-8B, 0.09 for
+    4B) stays bf16; the rest takes BYTES_PER_PARAM. A mixture of experts (`moe`) counts whole
+    in bf16: its experts are fused 3-D parameters, not `nn.Linear` (not measured whether
+    bitsandbytes quantises them). train-lora recomputes it from the staged tensors
+    (`quantized_weight_bytes`).
+    """
+    rate = BYTES_PER_PARAM.get(quantization)
+    if not rate or moe:
+        return bf16_bytes
+    params = bf16_bytes / 2
+    return int(params * kept_fraction * 2 + params * (1 - kept_fraction) * rate)
+
+
+def check_runnable(quantization: str) -> str:
+    """Quantises one small linear layer with bitsandbytes on this machine and runs it.
+
+    Args:
+        quantization: nf4 or int8 ("none" checks nothing).
+
+    Returns:
+        The device it ran on ("cuda", "cpu", or "" for none).
+
+    Raises:
+        QuantizationUnavailable: bitsandbytes is not installed, or it cannot quantise or run the
+            layer here (e.g. a build without this machine's backend); the message names the fix.
+    """
+    if quantization == "none":
+        return ""
+    try:
+        import bitsandbytes as bnb
+        import torch
+    except ImportError as exc:
+        raise QuantizationUnavailable(
+            f"model.quantization: {quantization} needs bitsandbytes ({exc}); install the train extra "
+            "(requirements.lock pins bitsandbytes) or set model.quantization: none"
+        ) from None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        with torch.no_grad():
+            weight = torch.randn(64, 64, dtype=torch.bfloat16)
+            if quantization == "nf4":
+                layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+                layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+            else:
+                layer = bnb.nn.Linear8bitLt(64, 64, bias=False, has_fp16_weights=False)
+                layer.weight = bnb.nn.Int8Params(weight.half(), requires_grad=False, has_fp16_weights=False)
+            layer = layer.to(device)
+            out = layer(torch.randn(2, 64, dtype=torch.bfloat16 if quantization == "nf4" else torch.float16).to(device))
+        if not bool(torch.isfinite(out).all()):
+            raise RuntimeError("the quantised layer's output is not finite")
+    except Exception as exc:  # noqa: BLE001 - any failure of the library here is the named error
+        gpu = "this machine's CUDA GPU" if device == "cuda" else "this machine (no CUDA GPU)"
+        raise QuantizationUnavailable(
+            f"model.quantization: {quantization}: bitsandbytes {getattr(bnb, '__version__', '?')} cannot quantise "
+            f"and run a layer on {gpu} ({type(exc).__name__}: {str(exc)[:200]}); run on a CUDA GPU machine "
+            "(resources.accelerator_type) or set model.quantization: none"
+        ) from None
+    return device

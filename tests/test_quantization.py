@@ -1,0 +1,157 @@
+"""QLoRA (model.quantization): config checks, the quantised sizes and the fit rule, bitsandbytes' probe."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from components.common import quantization as q
+from components.common.model_fit import GIB, known_model_bytes
+from pipelines.config import ConfigError, load_config
+
+BASE = """\
+pipeline:
+  name: qlora-run
+model:
+  source: {source}
+  cache: /cache/models
+  quantization: {quant}
+data:
+  train: data/train.jsonl
+"""
+
+
+def write(tmp_path: Path, quant: str = "nf4", source: str = "/models/qwen3-vl-4b", extra: str = "") -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(BASE.format(source=source, quant=quant) + textwrap.dedent(extra), encoding="utf-8")
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return str(info.value)
+
+
+def test_nf4_passes_mss_swift_quant_arguments(tmp_path):
+    cfg = load_config(write(tmp_path, "nf4"))
+    assert cfg.model.quantization == "nf4"
+    assert cfg.swift == {
+        "quant_method": "bnb",
+        "quant_bits": 4,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "bnb_4bit_use_double_quant": True,
+    }
+    assert load_config(write(tmp_path, "int8")).swift == {"quant_method": "bnb", "quant_bits": 8}
+    assert load_config(write(tmp_path, "none")).swift == {}
+
+
+def test_default_is_none_and_adds_nothing(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(BASE.replace("  quantization: {quant}\n", "").format(source="/m", quant=""), encoding="utf-8")
+    cfg = load_config(path)
+    assert cfg.model.quantization == "none" and cfg.swift == {}
+
+
+def test_unknown_setting_is_refused_with_the_key(tmp_path):
+    message = error_of(write(tmp_path, "fp4"))
+    assert "'model.quantization' must be one of none, nf4, int8, got 'fp4'" in message
+    assert "cfg.yaml:6" in message
+
+
+def test_contradicting_swift_argument_names_both_keys(tmp_path):
+    message = error_of(write(tmp_path, "nf4", extra="swift:\n  quant_bits: 8\n"))
+    assert "'swift.quant_bits: 8' contradicts 'model.quantization: nf4'" in message
+    assert "cfg.yaml:10" in message and "cfg.yaml:6" in message
+    assert "\n" not in message
+    message = error_of(write(tmp_path, "none", extra="swift:\n  bnb_4bit_quant_type: fp4\n"))
+    assert "'swift.bnb_4bit_quant_type: fp4' contradicts 'model.quantization: none'" in message
+    assert "drop swift.bnb_4bit_quant_type" in message
+    message = error_of(write(tmp_path, "int8", extra="swift:\n  bnb_4bit_use_double_quant: true\n"))
+    assert "contradicts 'model.quantization: int8'" in message
+
+
+def test_agreeing_swift_argument_is_accepted(tmp_path):
+    cfg = load_config(write(tmp_path, "nf4", extra="swift:\n  quant_bits: 4\n  bnb_4bit_quant_type: nf4\n"))
+    assert cfg.swift["quant_bits"] == 4 and cfg.swift["quant_method"] == "bnb"
+
+
+def test_fit_rule_takes_the_quantised_size(tmp_path):
+    a100 = """\
+    resources:
+      machine_type: a2-highgpu-1g
+      accelerator_type: NVIDIA_TESLA_A100
+      accelerator_count: 1
+    """
+    src = "hf://Qwen/Qwen3-VL-32B-Instruct"
+    message = error_of(write(tmp_path, "none", source=src, extra=a100))
+    assert "ModelTooLarge" not in message and "the frozen base is 62.2 GiB" in message
+    cfg = load_config(write(tmp_path, "nf4", source=src, extra=a100))  # ~23 GiB in nf4: fits 70 % of 39.4 GiB
+    assert cfg.resources.accelerator_type == "NVIDIA_TESLA_A100"
+
+
+def test_moe_counts_bf16_and_names_size_and_smallest_profile(tmp_path):
+    a100 = "resources:\n  machine_type: a2-highgpu-1g\n  accelerator_type: NVIDIA_TESLA_A100\n  accelerator_count: 1\n"
+    message = error_of(write(tmp_path, "nf4", source="hf://Qwen/Qwen3-VL-30B-A3B-Instruct", extra=a100))
+    assert "(model.quantization: nf4)" in message
+    assert "the frozen base is 57.9 GiB" in message
+    assert "smallest profile that fits: a2-ultragpu-2g" in message
+
+
+def test_quantised_bytes_count_linear_weights_only():
+    tensors = {
+        "model.language_model.embed_tokens.weight": (1000, 2),
+        "model.language_model.layers.0.self_attn.q_proj.weight": (6400, 2),
+        "model.language_model.layers.0.input_layernorm.weight": (64, 1),
+        "model.visual.patch_embed.proj.weight": (3000, 5),
+        "model.visual.blocks.0.attn.qkv.weight": (640, 2),
+        "model.language_model.layers.0.mlp.experts.gate_up_proj": (12800, 3),
+        "lm_head.weight": (1000, 2),
+    }
+    kept = 1000 + 64 + 3000 + 12800 + 1000
+    assert q.quantized_weight_bytes(tensors, "none") == 2 * (kept + 6400 + 640)
+    nf4 = q.quantized_weight_bytes(tensors, "nf4")
+    assert nf4 == int(2 * kept + 7040 * q.BYTES_PER_PARAM["nf4"])
+    assert 0.51 < q.BYTES_PER_PARAM["nf4"] < 0.52
+    assert q.quantized_weight_bytes(tensors, "int8") == 2 * kept + 7040
+
+
+def test_known_sizes():
+    b8 = known_model_bytes("hf://Qwen/Qwen3-VL-8B-Instruct")
+    assert 5.5 < q.known_quantized_bytes(b8, "nf4") / GIB < 6.5
+    assert q.known_quantized_bytes(b8, "none") == b8
+    assert q.known_quantized_bytes(b8, "nf4", moe=True) == b8
+
+
+def test_swift_args_round_trip():
+    for setting in q.QUANTIZATIONS:
+        assert q.quantization_of(q.swift_quant_args(setting)) == setting
+    assert q.quantization_of({"quant_method": "awq", "quant_bits": 4}) == "none"
+
+
+def test_bitsandbytes_runs_nf4_on_this_machine():
+    pytest.importorskip("bitsandbytes")
+    assert q.check_runnable("nf4") in ("cpu", "cuda")
+    assert q.check_runnable("none") == ""
+
+
+def test_missing_bitsandbytes_is_a_named_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    with pytest.raises(q.QuantizationUnavailable, match="model.quantization: nf4 needs bitsandbytes"):
+        q.check_runnable("nf4")
+
+
+def test_a_layer_that_fails_to_run_is_a_named_error(monkeypatch):
+    bnb = pytest.importorskip("bitsandbytes")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this device")
+
+    monkeypatch.setattr(bnb.nn, "Linear8bitLt", broken)
+    with pytest.raises(q.QuantizationUnavailable) as info:
+        q.check_runnable("int8")
+    assert "no kernel for this device" in str(info.value) and "set model.quantization: none" in str(info.value)
