@@ -34,6 +34,7 @@ from components.common.cost import (
 )
 from components.common.dataset import TOKEN_STATS_FILE
 from components.common.model_fit import GIB, GPU_MEMORY_GIB, fit, known_model_bytes
+from components.common.quantization import known_quantized_bytes
 from pipelines.config import Config
 
 SAMPLE_ROWS = 200  # rows whose tokens are approximated when no token_stats.json is there
@@ -162,6 +163,7 @@ def config_estimate(cfg: Config, figures: tuple[int, float, str] | None = None) 
     size = model_size_b(cfg.model.source)
     deepspeed = str(swift.get("deepspeed", ""))
     total = known_model_bytes(cfg.model.source) or int(2e9 * (size or 4.0))  # every expert is resident
+    total = known_quantized_bytes(total, cfg.model.quantization, moe=is_moe_name(cfg.model.source))
     replicated = fit(total, int(gpu_gib * GIB), gpus).one_gpu  # train-lora's rule
     zero3 = "zero3" in deepspeed or (gpus > 1 and not replicated and deepspeed != "none")
     accum = swift.get("gradient_accumulation_steps")
@@ -183,6 +185,7 @@ def config_estimate(cfg: Config, figures: tuple[int, float, str] | None = None) 
         model_b=size,
         moe=is_moe_name(cfg.model.source),
         tokens_from=source,
+        quantization=cfg.model.quantization,
     )
     profile = Profile(
         machine_type=r.machine_type,

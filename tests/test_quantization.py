@@ -155,3 +155,21 @@ def test_a_layer_that_fails_to_run_is_a_named_error(monkeypatch):
     with pytest.raises(q.QuantizationUnavailable) as info:
         q.check_runnable("int8")
     assert "no kernel for this device" in str(info.value) and "set model.quantization: none" in str(info.value)
+
+
+def test_cost_estimate_counts_the_slower_step():
+    from components.common.cost import Profile, Workload, estimate, training_log_line
+
+    work = Workload(rows=1000, mean_tokens=1000, epochs=1, samples_per_step=16, micro_batch=4, checkpointing=False)
+    profile = Profile("a2-highgpu-1g", "NVIDIA_TESLA_A100", 1)
+    plain = estimate(profile, work)
+    nf4 = estimate(profile, Workload(**{**work.__dict__, "quantization": "nf4"}))
+    assert nf4.hours == pytest.approx(plain.hours * q.STEP_COST_FACTOR["nf4"])
+    assert any("nf4 base (QLoRA)" in line and "ASSUMED" in line for line in nf4.assumptions)
+    assert not any("QLoRA" in line for line in plain.assumptions)
+    stats = {"rows": 1000, "mean_tokens": 1000}
+    args = {"num_train_epochs": 1, **q.swift_quant_args("int8")}
+    kw = dict(micro_batch=4, checkpointing=False, gpus=1, nodes=1, gpu_name="NVIDIA H100 80GB HBM3")
+    slow, fast = training_log_line(args, stats, **kw), training_log_line({"num_train_epochs": 1}, stats, **kw)
+    rate = [float(line.split("at ~")[1].split(" ")[0].replace(",", "")) for line in (slow, fast)]
+    assert rate[0] == pytest.approx(rate[1] / q.STEP_COST_FACTOR["int8"], rel=1e-3)

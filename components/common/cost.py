@@ -22,6 +22,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from components.common.quantization import STEP_COST_FACTOR, quantization_of
+
 # --- prices ----------------------------------------------------------------------------------
 
 PRICE_TABLE_DATE = "2026-11-24"
@@ -188,6 +190,8 @@ class Workload:
             For a mixture of experts: the active ones (`moe`).
         moe: A mixture-of-experts model (`MOE_FACTOR` applies). Default False.
         tokens_from: Where rows and tokens came from, for the printout. Default "".
+        quantization: `model.quantization` (none, nf4, int8): a quantised base's step is slower
+            by `STEP_COST_FACTOR` (assumed, not measured). Default "none".
     """
 
     rows: int
@@ -202,6 +206,7 @@ class Workload:
     model_b: float = 0.0
     moe: bool = False
     tokens_from: str = ""
+    quantization: str = "none"
 
 
 @dataclass(frozen=True)
@@ -340,6 +345,13 @@ def gpu_tokens_per_s(workload: Workload, accelerator_type: str) -> tuple[float, 
     if workload.moe:
         per_gpu *= MOE_FACTOR
         notes.append(f"mixture of experts: x{MOE_FACTOR} per active parameter (measured, 30B-A3B on 2 x H200)")
+    slower = STEP_COST_FACTOR.get(workload.quantization, 1.0)
+    if slower != 1.0:
+        per_gpu /= slower
+        notes.append(
+            f"{workload.quantization} base (QLoRA): x{1 / slower:.2f} (steps {slower}x slower: each weight is "
+            "dequantised before its matmul; ASSUMED, not measured on a GPU)"
+        )
     return per_gpu, notes
 
 
@@ -473,6 +485,7 @@ def training_log_line(
         model_b=model_size_b(model_source) or model_b,
         moe=moe or is_moe_name(model_source),
         tokens_from="token_stats.json",
+        quantization=quantization_of(swift_args),
     )
     est = estimate(Profile("", accelerator, gpus, nodes), workload)
     if est.hours is None:
