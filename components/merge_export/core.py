@@ -149,6 +149,68 @@ def build_export_command(
     return ["swift", "export", *to_cli(args)]
 
 
+class QuantizedMergeError(MergeError):
+    """The merge would go into quantised weights or over them (merge-export merges into the original bf16 base)."""
+
+
+def _quant_keys(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in args.items() if k.startswith(("quant_", "bnb_", "hqq_")) and v not in (None, "")}
+
+
+def check_bf16_target(base_model_dir: str | Path, merged_out: str | Path) -> None:
+    """Refuses a base folder that holds quantised weights, and an output that writes over the base.
+
+    Raises:
+        QuantizedMergeError: The base's config.json has a quantization_config (merge into the
+            staged bf16 model instead), or merged_out is the base folder or inside it.
+    """
+    base = Path(base_model_dir).resolve()
+    config = _read_json(base / "config.json")
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise QuantizedMergeError(
+            f"{base}/config.json has a quantization_config ({method}): merge-export merges the adapter into the "
+            "original bf16 base, never into quantised weights; give it stage-model's model (model.quantization only "
+            "changes how train-lora loads it)"
+        )
+    out = Path(merged_out).resolve()
+    if out == base or base in out.parents:
+        raise QuantizedMergeError(
+            f"merged output {out} is the base model folder or inside it: merge-export never writes over the base "
+            "weights; give the merged model a folder of its own"
+        )
+
+
+def bf16_adapter_view(adapter_dir: Path, work_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The adapter as `swift export` must see it to merge into the bf16 base.
+
+    ms-swift's export reloads quant_method / quant_bits / bnb_4bit_* from the adapter's args.json
+    (`load_args_from_ckpt`), which would load the base in 4 or 8 bits and merge into dequantised
+    weights. For an adapter trained on a quantised base this returns a folder in `work_dir` whose
+    files link to the adapter's and whose args.json lacks those keys.
+
+    Returns:
+        (the folder to give `swift export`, the quant arguments training used; {} = a bf16 base,
+        and the adapter folder itself is returned).
+    """
+    args = _read_json(adapter_dir / "args.json")
+    # ms-swift records bnb_4bit_* defaults for every run: only a quant_method makes the base a quantised one
+    quant = _quant_keys(args) if isinstance(args, dict) and args.get("quant_method") else {}
+    if not quant:
+        return adapter_dir, {}
+    view = work_dir / "adapter-bf16"
+    if view.exists():
+        shutil.rmtree(view)
+    view.mkdir(parents=True)
+    for path in adapter_dir.iterdir():
+        if path.name != "args.json":
+            (view / path.name).symlink_to(path.resolve())
+    kept = {k: v for k, v in args.items() if k not in quant}
+    (view / "args.json").write_text(json.dumps(kept, indent=2), encoding="utf-8")
+    return view, quant
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -858,6 +920,18 @@ def model_card(lineage: dict[str, Any], metrics: dict[str, Any] | None = None) -
         ]
     for key, value in sorted((lineage.get("versions") or {}).items()):
         lines.append(f"| {key} | {_fmt(value)} |")
+    trained = lineage.get("trained_on") or {}
+    if trained:
+        lines += [
+            "",
+            "## Quantised training base (QLoRA)",
+            "",
+            f"The adapter was trained on a {trained.get('quantization')} (bitsandbytes) base: "
+            + ", ".join(f"`--{k} {v}`" for k, v in sorted((trained.get("swift_args") or {}).items()))
+            + ". It was merged into the original bf16 base model (stage-model's), not into dequantised "
+            "4-bit weights, and checked against base + update; the merged model therefore differs slightly "
+            "from the quantised model the adapter saw in training.",
+        ]
     check = lineage.get("verification") or {}
     if check:
         lines += ["", "## Merge verification", "", "| | |", "|---|---|"]
@@ -900,14 +974,18 @@ def merge_export(
     """
     adapter = Path(adapter_dir)
     staged = check_adapter_base(adapter, base_model_dir)
+    check_bf16_target(base_model_dir, merged_out)
     tmp_out = Path(work_dir) / "merged"
     if tmp_out.exists():
         shutil.rmtree(tmp_out)
+    export_adapter, quant = bf16_adapter_view(adapter, Path(work_dir))
+    if quant:
+        print(f"merge-export: adapter trained on a {_quant_label(quant)} base; merging into the bf16 base", flush=True)
     recorded = _read_json(adapter / BASE_MODEL_REF)
     # ms-swift's model_type (recorded by train-lora; args.json has it too): without it
     # swift cannot tell qwen3_vl from qwen3_vl_emb / qwen3_vl_reranker for an adapter without args.json.
     extra = {"model_type": recorded["model_type"]} if recorded.get("model_type") else None
-    cmd = build_export_command(str(adapter), base_model_dir, str(tmp_out), extra)
+    cmd = build_export_command(str(export_adapter), base_model_dir, str(tmp_out), extra)
     cmd[0] = swift_executable()
     print("merge-export:", " ".join(cmd), flush=True)
     start = time.time()
@@ -963,6 +1041,8 @@ def merge_export(
         "verification": check,
         "training": training_summary(adapter),
     }
+    if quant:
+        lineage["trained_on"] = {"quantization": _quant_label(quant), "swift_args": quant, "merged_into": "bf16 base"}
     (out / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True), encoding="utf-8")
     (out / "README.md").write_text(model_card(lineage, metrics), encoding="utf-8")
     metadata = {
@@ -971,12 +1051,22 @@ def merge_export(
         **facts,
         **{k: v for k, v in check.items() if isinstance(v, (int, float, str))},
         "base_revision": base_ref.get("revision", ""),
+        "trained_on_quantization": _quant_label(quant) if quant else "none",
     }
     if run_id:
         metadata["run_id"] = run_id
     if data:
         metadata.update({"data_snapshot": data["snapshot"], "training_key": data["training_key"]})
     return MergeResult(str(out), metadata)
+
+
+def _quant_label(quant: dict[str, Any]) -> str:
+    """nf4 / int8 / the method and bits, from ms-swift's quant arguments."""
+    if str(quant.get("quant_method")) == "bnb" and str(quant.get("quant_bits")) == "4":
+        return str(quant.get("bnb_4bit_quant_type") or "nf4")
+    if str(quant.get("quant_method")) == "bnb" and str(quant.get("quant_bits")) == "8":
+        return "int8"
+    return f"{quant.get('quant_method', '?')} {quant.get('quant_bits', '?')}-bit"
 
 
 def _data_lineage(adapter: Path, out: Path) -> dict[str, Any]:

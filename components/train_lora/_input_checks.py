@@ -14,12 +14,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from components.common import quantization
 from components.common.model_fit import LIGER_WITH_PARAMETERS
 from components.train_lora._errors import TrainError
 
 
 class InputCheckError(TrainError):
     """An input makes training fail later; the message names the setting."""
+
+
+class QuantizationUnavailableError(InputCheckError):
+    """model.quantization asks for bitsandbytes where it is missing or cannot run (no CUDA GPU for its kernels)."""
 
 
 def load_model_config(model_dir: str | Path) -> dict[str, Any]:
@@ -121,6 +126,35 @@ def wrapped_parameter_bytes(swift_args: Mapping[str, Any], model_dir: str | Path
             count *= int(dim)
         total += count * (width or _DTYPE_BYTES.get(str(info.get("dtype")), 2))
     return total
+
+
+def quantized_weight_bytes(model_dir: str | Path, setting: str) -> int:
+    """Bytes of the frozen base once bitsandbytes quantises it (`components.common.quantization`), from the headers."""
+    tensors = {}
+    for name, info in _headers(model_dir).items():
+        shape = [int(d) for d in info.get("shape", [])]
+        count = 1
+        for dim in shape:
+            count *= dim
+        tensors[name] = (count, len(shape))
+    return quantization.quantized_weight_bytes(tensors, setting)
+
+
+def check_quantization(swift_args: Mapping[str, Any]) -> str:
+    """bitsandbytes quantises and runs a layer here when the swift args ask for a bnb base.
+
+    Returns:
+        The setting (none, nf4, int8).
+
+    Raises:
+        QuantizationUnavailableError: It cannot (the message names the fix).
+    """
+    setting = quantization.quantization_of(swift_args)
+    try:
+        quantization.check_runnable(setting)
+    except quantization.QuantizationUnavailable as exc:
+        raise QuantizationUnavailableError(str(exc)) from None
+    return setting
 
 
 def module_names(model_dir: str | Path) -> set[str]:
@@ -240,3 +274,4 @@ def check_inputs(
         check_writable(folder, what)
     check_max_length(swift_args, load_model_config(model_dir))
     check_target_modules(swift_args, model_dir)
+    check_quantization(swift_args)

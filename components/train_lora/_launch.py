@@ -44,7 +44,7 @@ from typing import Any
 
 from components.common.model_fit import FIT_FRACTION, ModelTooLarge, check_fits
 from components.train_lora._errors import TrainError
-from components.train_lora._input_checks import expert_count
+from components.train_lora._input_checks import expert_count, quantized_weight_bytes
 
 # NCCL / torch.distributed timeout (seconds) set for distributed runs when the config does
 # not set swift.ddp_timeout (ms-swift's own default is 18,000,000 s: a hung peer would keep
@@ -272,16 +272,20 @@ class Strategy:
     reason: str
 
 
-def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None) -> int:
+def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None, quantization: str = "none") -> int:
     """Bytes of the model's weights once loaded in `torch_dtype` (from the safetensors sizes).
 
     Args:
         model_dir: Model folder (config.json + *.safetensors).
         torch_dtype: The dtype training loads it in (swift.torch_dtype); None = as stored.
+        quantization: nf4 / int8: the linear layers as bitsandbytes stores them, the rest in bf16
+            (`components.common.quantization`). Default "none".
 
     Returns:
         Estimated bytes (0 when the folder has no safetensors).
     """
+    if quantization != "none":
+        return quantized_weight_bytes(model_dir, quantization)
     folder = Path(model_dir)
     stored = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     if not torch_dtype or not stored:

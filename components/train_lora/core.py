@@ -25,6 +25,7 @@ from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY
 from components.common.dataset import checked_rows_file, read_token_stats
 from components.common.manifest import ManifestError
 from components.common.provenance import strip_origin
+from components.common.quantization import quantization_of
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import (
     RESERVED_ARGS,
@@ -671,7 +672,7 @@ def _micro_batch_plan(
         plan = _plan.plan_for_run(
             args,
             model_config=model_config,
-            weight_bytes=_launch.model_weight_bytes(model_dir, args.get("torch_dtype")),
+            weight_bytes=_launch.model_weight_bytes(model_dir, args.get("torch_dtype"), quantization_of(args)),
             token_stats=read_token_stats(train_dir),
             gpu_bytes=gpu_bytes,
             world_size=world,
@@ -923,7 +924,7 @@ def _final_swift_args(
     args = dict(swift_args)
     plan = launch.plan
     strategy = _launch.choose_strategy(
-        _launch.model_weight_bytes(model_dir, args.get("torch_dtype")),
+        _launch.model_weight_bytes(model_dir, args.get("torch_dtype"), quantization_of(args)),
         plan.nproc_per_node if launch.gpu_count else 0,
         launch.gpu_memory,
         args,
