@@ -173,3 +173,44 @@ def test_cost_estimate_counts_the_slower_step():
     slow, fast = training_log_line(args, stats, **kw), training_log_line({"num_train_epochs": 1}, stats, **kw)
     rate = [float(line.split("at ~")[1].split(" ")[0].replace(",", "")) for line in (slow, fast)]
     assert rate[0] == pytest.approx(rate[1] / q.STEP_COST_FACTOR["int8"], rel=1e-3)
+
+
+def _model_folder(tmp_path: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file(
+        {
+            "model.language_model.embed_tokens.weight": torch.zeros(1000, 64, dtype=torch.bfloat16),
+            "model.language_model.layers.0.mlp.up_proj.weight": torch.zeros(4096, 64, dtype=torch.bfloat16),
+            "model.language_model.layers.0.input_layernorm.weight": torch.zeros(64, dtype=torch.bfloat16),
+        },
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    return folder
+
+
+def test_train_lora_sizes_and_fits_the_quantised_base(tmp_path):
+    from components.train_lora import _launch
+
+    folder = _model_folder(tmp_path)
+    bf16 = _launch.model_weight_bytes(folder, "bfloat16")
+    nf4 = _launch.model_weight_bytes(folder, "bfloat16", "nf4")
+    assert bf16 == pytest.approx(2 * (64000 + 262144 + 64), rel=0.01)  # file size: the header too
+    assert nf4 == int(2 * (64000 + 64) + 262144 * q.BYTES_PER_PARAM["nf4"])
+    gpu = int(bf16 / 0.7) - 1000  # the bf16 base just misses 70 % of this GPU, the nf4 one fits
+    with pytest.raises(_launch.ModelTooLargeError, match=r"the frozen base is .* smallest profile that fits"):
+        _launch.choose_strategy(bf16, 1, gpu, {})
+    assert _launch.choose_strategy(nf4, 1, gpu, {}).name == "single"
+
+
+def test_train_lora_checks_bitsandbytes_before_training(monkeypatch):
+    from components.train_lora import _input_checks
+
+    assert _input_checks.check_quantization({"lora_rank": 8}) == "none"
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    with pytest.raises(_input_checks.QuantizationUnavailableError, match="needs bitsandbytes"):
+        _input_checks.check_quantization(q.swift_quant_args("int8"))
