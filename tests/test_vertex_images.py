@@ -98,7 +98,9 @@ def test_every_package_is_pinned_and_the_project_installs_from_the_lock(path):
     if path.name == "Dockerfile.train-deps":  # exactly the lock, nothing resolved on top
         assert any("pip install --no-deps -r requirements.lock" in run for run in runs)
     else:
-        project = r'pip install (--no-index --no-build-isolation )?-c requirements\.lock "?\.\[train(,gpu)?(,tracking)?\]"?'
+        project = (
+            r'pip install (--no-index --no-build-isolation )?-c requirements\.lock "?\.\[train(,gpu)?(,tracking)?\]"?'
+        )
         assert any(re.search(project, run) for run in runs), "the project must install with -c requirements.lock"
     lock = dict(
         line.split("==", 1)
