@@ -122,7 +122,12 @@ def test_logits_to_keep_from_the_host_copy_equals_ms_swift_on_the_labels():
     assert torch.equal(copies.host_of(device["labels"]), want["labels"])
 
 
-def test_logits_to_keep_without_a_host_copy_or_for_one_row_is_ms_swift_s():
+def test_logits_to_keep_without_a_host_copy_or_for_one_row_is_ms_swift_s(monkeypatch):
+    from swift.trainers import mixin
+
+    # one process per GPU, as train-lora runs: with several GPUs visible to one process ms-swift takes the model to be
+    # split over them (`is_mp`) and computes an int for one row too (this failed on a 2-GPU machine, either order)
+    monkeypatch.setattr(mixin, "is_mp", lambda: False)
     prepare = batch_facts.logits_to_keep_from_host(_ms_swift_prepare, batch_facts.HostCopies())
     host = _batch()
     inputs = {"labels": host["labels"].clone()}

@@ -192,11 +192,13 @@ def test_the_table_is_written_whole_and_read_back(tmp_path):
     assert registry.read_table(tmp_path / "other.json") is None
 
 
-def test_rank_0_writes_the_table_where_the_task_says(tmp_path, monkeypatch):
+def test_rank_0_writes_the_table_where_the_task_says(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(registry.TABLE_ENV, str(tmp_path / "speedups.json"))
     monkeypatch.setenv("RANK", "1")
     plugin.check_model(torch.nn.Linear(2, 2))
     assert not (tmp_path / "speedups.json").exists()  # not rank 0
+    out = capsys.readouterr().out
+    assert "train-lora plugin: rank 1, speed-ups: " in out and "token_count" not in out  # the header only
     monkeypatch.setenv("RANK", "0")
     plugin.check_model(torch.nn.Linear(2, 2))
     table = registry.read_table(tmp_path / "speedups.json")

@@ -183,7 +183,7 @@ def build_sft_command(
         "check_model": False,
         "tuner_type": "lora",
         # transformers then logs num_input_tokens_seen and train_tokens_per_second (the
-        # task's tokens/s); swift_plugin.py makes the count exclude padding.
+        # task's tokens/s); the plugin's item 1 (speedups/token_count.py) makes the count exclude padding.
         "include_num_input_tokens_seen": True,
         # transformers' filter of the logged loss tests every micro-step's loss with `torch.isnan(loss)` in a Python
         # `if`: the host waits for the whole backward before it prepares the next step, and the GPU waits for that

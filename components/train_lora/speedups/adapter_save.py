@@ -1,6 +1,6 @@
 """A LoRA checkpoint under DeepSpeed ZeRO-1/2 without a host copy of the frozen base.
 
-Loaded by the train-lora plugin (`swift_plugin.py`, item 12), next to this file. transformers'
+Item 12 of the train-lora plugin (registry.py). transformers'
 `Trainer.save_model` under DeepSpeed below ZeRO-3 takes accelerate's `Accelerator.get_state_dict`,
 which clones every tensor of the model to host memory (`clone_tensors_for_torch_save`), the frozen
 base included, and then saves a PEFT model's adapter only. On 2 x H200 with the Qwen3-VL-30B-A3B

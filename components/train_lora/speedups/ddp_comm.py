@@ -1,4 +1,4 @@
-"""How DDP moves LoRA's gradients: one bucket, no broadcast of derived buffers (item 14 of swift_plugin.py).
+"""How DDP moves LoRA's gradients: one bucket, no broadcast of derived buffers (item 14 of registry.py).
 
 transformers hands DDP `bucket_cap_mb` 25 by default, so the 66 MB of float32 LoRA gradients of the 4B
 travel in three all-reduces that start during the backward. Their bytes take about 0.3 ms at the 232-298 GB/s

@@ -1,5 +1,5 @@
 """Python's garbage collection during training: counted, and under several processes run at step ends (item 15 of
-swift_plugin.py).
+registry.py).
 
 CPython collects whenever enough objects have been allocated, so each training process pauses at moments of
 its own, in the middle of a forward whose kernels the host launches one by one. With DDP the other process

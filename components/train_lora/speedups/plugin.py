@@ -125,7 +125,8 @@ def prepare(ctx: Context, training_args: Any) -> None:
 
 
 def trainer_built(ctx: Context, trainer: Any) -> Table:
-    """Each item's `check` on a built trainer, then the start-up table: logged, and written by rank 0."""
+    """Each item's `check` on a built trainer, then the start-up table: logged and written by rank 0 (the other ranks
+    log how many applied on them)."""
     ctx.outcomes = {}
     for item in ITEMS:
         before = ctx.loaded.get(item.number)
@@ -141,10 +142,15 @@ def trainer_built(ctx: Context, trainer: Any) -> Table:
         ctx.outcomes[item.number] = outcome
     _add_census(ctx, trainer)
     table = Table(dict(ctx.outcomes), registry.versions_in_use())
-    for line in table.lines():
-        say(line)
+    rank = str(ctx.environ.get("RANK", "0") or "0")
+    lines = table.lines()
+    if rank == "0":  # the table once per job; every other rank its header, which names how many applied there
+        for line in lines:
+            say(line)
+    else:
+        say(f"rank {rank}, {lines[0]}")
     path = ctx.environ.get(registry.TABLE_ENV, "")
-    if path and str(ctx.environ.get("RANK", "0") or "0") == "0":
+    if path and rank == "0":
         table.write(path)
     ctx.tables.append(table)
     trainer.__dict__["_vlm_lora_speedups"] = table

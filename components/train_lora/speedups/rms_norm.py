@@ -15,7 +15,7 @@ modules Liger patched with offset 0 and "llama" casting (Qwen3-VL's), only on CU
 is the fused kernel, never where Liger is off. On the H100 it cut a layer's host time by 18 % but not the
 training step of one GPU at 8 x 2 (the layer is GPU-bound there), so with one process it is opt-in
 (VLM_LORA_TORCH_RMS_NORM=1); with more than one, where each GPU's micro-step holds half the rows and the
-host falls behind its GPU, it is on unless VLM_LORA_TORCH_RMS_NORM=0 (`swift_plugin.multi_process_switch`; two H200s, benchmarks/README.md).
+host falls behind its GPU, it is on unless VLM_LORA_TORCH_RMS_NORM=0 (its switch's multi-process default, registry.py; two H200s, benchmarks/README.md).
 """
 
 from __future__ import annotations
