@@ -114,12 +114,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_nobcast": auto_liger(ddp_broadcast_buffers=False),
     "auto_liger_onebucket": auto_liger(ddp_broadcast_buffers=False, ddp_bucket_cap_mb=256),
     "auto_liger_ddpdefault": auto_liger(env={"VLM_LORA_DDP_COMM": "0"}),
-    # Python's garbage collection (session 17): automatic on every rank (VLM_LORA_ALIGNED_GC=0), against the plugin's
-    # collections at step ends under several processes (item 15); and the loss logged every 5th step as the configs
-    # do (the benchmark logs every step by default, a host wait for the GPU at each step's end)
-    "auto_liger_autogc": auto_liger(env={"VLM_LORA_ALIGNED_GC": "0"}),
+    # the loss logged every 5th step as the configs do (the benchmark logs every step by default, a host wait for the
+    # GPU at each step's end). The garbage-collection profiles (autogc) went with item 15, deleted 2026-11-28
     "auto_liger_log5": auto_liger(logging_steps=5),
-    "auto_liger_autogc_log5": auto_liger(logging_steps=5, env={"VLM_LORA_ALIGNED_GC": "0"}),
     "auto_liger_compile_log5": auto_liger(logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     "auto_liger_cc_log5": auto_liger(
         logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}
@@ -166,7 +163,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_log5_nolabelrows": auto_liger(logging_steps=5, env={"VLM_LORA_LABEL_ROWS_LOSS": "0"}),
     # the plugin items whose gain the records put inside the spread, all off together (issue 42, 2026-11-28): the LM
     # head on labelled rows and the loss without waits (items 5, 18), the vision grid and the forward's facts on the
-    # host (item 7's second part), torch's RMSNorm and aligned collection (items 9, 15: on with several processes),
+    # host (item 7's second part), torch's RMSNorm (item 9: on with several processes; item 15 was deleted),
     # the cast cache and the folded scaling (item 3's launches): what the layer is without them
     "auto_liger_log5_lean": auto_liger(
         logging_steps=5,
@@ -176,7 +173,6 @@ PROFILES: dict[str, dict[str, Any]] = {
             "VLM_LORA_HOST_VISION_GRID": "0",
             "VLM_LORA_FORWARD_FACTS": "0",
             "VLM_LORA_TORCH_RMS_NORM": "0",
-            "VLM_LORA_ALIGNED_GC": "0",
             "VLM_LORA_CAST_CACHE": "0",
             "VLM_LORA_FOLD_SCALING": "0",
         },

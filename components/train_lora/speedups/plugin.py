@@ -167,15 +167,11 @@ def check_model(model: Any, training_args: Any = None) -> dict[int, Outcome]:
 
 
 def _add_census(ctx: Context, trainer: Any) -> None:
-    """The garbage-collection census every rank logs at the end of training (item 15 runs the collections at step
-    ends where it applied; item 16's lookups are logged with it)."""
-    try:
-        from components.train_lora.speedups.gc_align import gc_callback
-    except ImportError:  # item 15's module deleted: no census
-        return
-    aligned = ctx.outcomes.get(15, Outcome("skipped")).applied
+    """The garbage-collection census every rank logs at the end of training (item 16's lookups with it)."""
+    from components.train_lora.speedups.gc_census import gc_callback
+
     if hasattr(trainer, "add_callback"):
-        trainer.add_callback(gc_callback(ctx.environ, aligned=aligned, batch_facts=ctx.on(16)))
+        trainer.add_callback(gc_callback(ctx.environ, batch_facts=ctx.on(16)))
 
 
 def _wrap_trainer_init(ctx: Context) -> None:

@@ -69,7 +69,7 @@ class Switch:
         values: What each value does (the job-environment check's message and the docs).
         default: The value when unset. Default "1".
         off: The value that turns the item (or option) off. Default "0".
-        multi_process_default: The value when unset with more than one process (items 9 and 15). Default None
+        multi_process_default: The value when unset with more than one process (item 9). Default None
             (`default` either way).
         flag: A 0 / 1 switch (True), or a value such as a size (False: on when set). Default True.
     """
@@ -500,15 +500,6 @@ ITEMS: tuple[Item, ...] = (
         ),
         requires=("ddp",),
         module="ddp_comm", install="install", check="check",
-    ),
-    Item(
-        15, "aligned_gc", "Python's garbage collection at step ends on every rank",
-        patches=(),  # a TrainerCallback: gc.disable / gc.collect / gc.freeze
-        verified={"transformers": TRANSFORMERS},
-        switches=(Switch("VLM_LORA_ALIGNED_GC", "0 (Python's automatic garbage collection) or 1 (collections at step "
-                         "ends only, also with one process); unset: at step ends with more than one process",
-                         default="0", multi_process_default="1"),),
-        module="gc_align", check="check",
     ),
     Item(
         16, "batch_facts", "batch copies queued without waiting; logits_to_keep and the forward's facts from host "
