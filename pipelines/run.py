@@ -897,7 +897,7 @@ def regression_table(metrics: dict[str, Any]) -> list[str]:
         return f"{cells}   {d.allowed:8.3f}  {'held' if d.ok else 'FAILED'}"
 
     overall = figures[OVERALL]
-    heading = f"regression set ({overall['tuned']['n']} rows):"
+    heading = f"regression set ({int(overall['tuned']['n'])} rows):"
     lines = [f"{heading}{ref:>{max(5, 32 - len(heading))}}   {'tuned':>8}   {'delta':>7}   {'max drop':>8}"]
     for kind, entry in figures["kinds"].items():
         spec = KINDS[kind]

@@ -91,7 +91,7 @@ def train_lora(
     for key, value in result.metrics.items():
         metrics.log_metric(key, value)
     with open(loss_curve.path, "w", encoding="utf-8") as f:
-        f.write(loss_curve_html(result.log_history))
+        f.write(loss_curve_html(result.log_history, speedups=result.speedups))
     adapter.metadata.update(
         {
             "base_model": base_model.uri,
