@@ -12,26 +12,10 @@ from components.common.quantization import swift_quant_args
 
 pytest.importorskip("bitsandbytes")
 
+from tests.cpu_training import cpu_swift_args
+
 STEPS = 2
-SWIFT_ARGS = {
-    "lora_rank": 8,
-    "lora_alpha": 16,
-    "target_modules": "all-linear",
-    "freeze_vit": True,
-    "learning_rate": 1e-3,
-    "max_steps": STEPS,
-    "per_device_train_batch_size": 1,
-    "max_length": 512,
-    "torch_dtype": "float32",  # transformers refuses bf16 training on a CPU; the nf4 layers compute in bf16
-    "save_steps": STEPS,
-    "eval_steps": 1000,
-    "save_only_model": True,
-    "logging_steps": 1,
-    "dataloader_num_workers": 0,
-    "report_to": "none",
-    "seed": 42,
-    **swift_quant_args("nf4"),
-}
+SWIFT_ARGS = cpu_swift_args(STEPS, **swift_quant_args("nf4"))  # the nf4 layers compute in bf16
 
 
 @pytest.fixture(scope="module")

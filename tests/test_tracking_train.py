@@ -11,27 +11,11 @@ from pathlib import Path
 import pytest
 
 from components.common import tracking
+from tests.cpu_training import cpu_swift_args
 from tests.test_tracking import _merged_model, _no_telemetry, mlflow_server  # noqa: F401 - fixtures
 
 STEPS = 3
-SWIFT_ARGS = {
-    "lora_rank": 8,
-    "lora_alpha": 16,
-    "target_modules": "all-linear",
-    "freeze_vit": True,
-    "learning_rate": 1e-3,
-    "max_steps": STEPS,
-    "per_device_train_batch_size": 1,
-    "max_length": 512,
-    "torch_dtype": "float32",
-    "save_steps": STEPS,
-    "eval_steps": 1000,
-    "save_only_model": True,
-    "logging_steps": 1,
-    "dataloader_num_workers": 0,
-    "report_to": "none",  # as tiny_cpu.yaml: with a tracking server, only MLflow
-    "seed": 42,
-}
+SWIFT_ARGS = cpu_swift_args(STEPS)  # report_to none as tiny_cpu.yaml: with a tracking server, only MLflow
 
 
 def test_training_curves_reach_mlflow_and_evaluate_adds_to_the_same_run(mlflow_server, tmp_path):
