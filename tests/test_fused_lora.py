@@ -285,48 +285,6 @@ def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch
         assert _rel_err(g_f[name], g_p[name]) < 0.02 < _rel_err(g_o[name], g_p[name]), name
 
 
-def test_layer_compile_picks_the_language_models_decoder_layers_only():
-    from components.train_lora.speedups.compile_layers import compile_decoder_layers
-
-    class TextDecoderLayer(torch.nn.Linear):
-        pass
-
-    class VisionDecoderLayer(torch.nn.Linear):
-        pass
-
-    model = torch.nn.Sequential(TextDecoderLayer(4, 4), TextDecoderLayer(4, 4), VisionDecoderLayer(4, 4))
-    assert compile_decoder_layers(model) == 2
-    assert model[0]._compiled_call_impl is not None and model[1]._compiled_call_impl is not None
-    assert model[2]._compiled_call_impl is None  # the frozen vision tower is left as it is
-
-    class VisionBlock(torch.nn.Linear):
-        pass
-
-    towers = torch.nn.Sequential(TextDecoderLayer(4, 4), VisionBlock(4, 4))
-    assert compile_decoder_layers(towers, language=False, vision=True) == 1
-    assert towers[0]._compiled_call_impl is None and towers[1]._compiled_call_impl is not None
-
-
-def test_layer_compile_keeps_liger_to_its_fused_loss():
-    from transformers import TrainingArguments
-
-    from components.train_lora.speedups.compile_layers import keep_liger_out_of_layers
-
-    args = TrainingArguments(output_dir="/tmp/unused", report_to="none")
-    keep_liger_out_of_layers(args)  # Liger off: nothing to do
-    assert not args.liger_kernel_config
-    args.use_liger_kernel = True
-    args.liger_kernel_config = {"fused_linear_cross_entropy": True}
-    keep_liger_out_of_layers(args)
-    assert args.liger_kernel_config == {
-        "fused_linear_cross_entropy": True,
-        "rope": False,
-        "rms_norm": False,
-        "swiglu": False,
-    }
-    keep_liger_out_of_layers(None)  # a trainer built without args
-
-
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
     """The aten operators a forward runs, by name."""
 

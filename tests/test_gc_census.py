@@ -97,5 +97,9 @@ def test_item_15_is_gone_and_its_switch_is_refused():
     from components.train_lora.job_env import JobEnvError, check_job_env
 
     assert 15 not in {it.number for it in ITEMS} and "aligned_gc" not in {it.name for it in ITEMS}
-    with pytest.raises(JobEnvError, match="VLM_LORA_ALIGNED_GC"):
+    with pytest.raises(
+        JobEnvError,
+        match=r"'VLM_LORA_ALIGNED_GC': the train-lora plugin's item 15 .* was deleted on "
+        r"2026-11-28: .*; remove it from the environment section",
+    ):
         check_job_env({"VLM_LORA_ALIGNED_GC": "0"})

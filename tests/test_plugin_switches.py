@@ -84,7 +84,7 @@ print(
     on(7) and seqlens > 0,
     flag(before.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
     flag(after.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
-    on(3), ctx.state.get("compile", (False, False))[0], flag(Trainer.__init__, "_vlm_lora_init"),
+    on(3), flag(Trainer.__init__, "_vlm_lora_init"),
     "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
     fused_lora.LEAN, fused_lora.GROUP, fused_lora.INPLACE, fused_lora.FUSED_BASE,
     token_count.ASYNC_TOKENS, on(9), flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
@@ -113,7 +113,6 @@ SWITCHES_OFF = {
     "VLM_LORA_FUSED_BASE": "0",
     "VLM_LORA_TORCH_RMS_NORM": "1",  # opt-in: on here
     "VLM_LORA_ASYNC_TOKENS": "0",
-    "VLM_LORA_COMPILE_LAYERS": "1",  # opt-in: on here
     "VLM_LORA_TRITON_LORA": "0",
     "VLM_LORA_ADAPTER_ONLY_SAVE": "0",
     "VLM_LORA_SILU_MUL_DOWN": "0",
@@ -131,13 +130,13 @@ SWITCHES_OFF = {
     [
         (
             False,
-            "True 3 True True True True True True True False True True True True True True True False False True "
+            "True 3 True True True True True True True True True True True True True True False False True "
             "True True True False True True True True True True True True True True True True",
         ),
         (
             True,
-            "False 16 True False False False False False False True True True False False False False False True True "
-            "False False False False True False False False True False False False False False False False False",
+            "False 16 True False False False False False False True True False False False False False True True False "
+            "False False False True False False False True False False False False False False False False",
         ),
     ],
 )

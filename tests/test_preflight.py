@@ -208,19 +208,19 @@ def test_cluster_hosts_in_node_rank_order():
 
 def test_job_env_accepts_the_train_lora_plugins_own_switches():
     """README: VLM_LORA_GPU_MEMORY_GIB (a memory cap) goes in the environment section; so do the LoRA-branch switches."""
-    env = {"VLM_LORA_GPU_MEMORY_GIB": 39.4, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_COMPILE_LAYERS": "1"}
+    env = {"VLM_LORA_GPU_MEMORY_GIB": 39.4, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_TORCH_RMS_NORM": "1"}
     check_job_env(env)  # no error
     assert job_env_strings(env) == {
         "VLM_LORA_GPU_MEMORY_GIB": "39.4",
         "VLM_LORA_FUSED_LORA": "0",
-        "VLM_LORA_COMPILE_LAYERS": "1",
+        "VLM_LORA_TORCH_RMS_NORM": "1",
     }
 
 
 @pytest.mark.parametrize(
     ("env", "match"),
     [
-        ({"VLM_LORA_COMPILE_LAYERS": "yes"}, r"job_env\.VLM_LORA_COMPILE_LAYERS: 'yes' is not a value it takes: use 1"),
+        ({"VLM_LORA_TORCH_RMS_NORM": "yes"}, r"job_env\.VLM_LORA_TORCH_RMS_NORM: 'yes' is not a value it takes: use 1"),
         ({"VLM_LORA_FUSED_LORA": 2}, r"VLM_LORA_FUSED_LORA: 2 is not a value it takes"),
         ({"VLM_LORA_GPU_MEMORY_GIB": "40GB"}, r"VLM_LORA_GPU_MEMORY_GIB: '40GB' is not a memory size"),
         ({"VLM_LORA_GPU_MEMORY_GIB": 0}, r"is not a memory size: use GiB per GPU"),
@@ -228,7 +228,7 @@ def test_job_env_accepts_the_train_lora_plugins_own_switches():
         ({"VLM_LORA_LIGER_SWIGLU": 3}, r"VLM_LORA_LIGER_SWIGLU: 3 is not a value it takes"),
         ({"VLM_LORA_LABEL_ROWS_LOSS": "no"}, r"VLM_LORA_LABEL_ROWS_LOSS: 'no' is not a value it takes"),
         ({"VLM_LORA_HOST_VISION_SEQLENS": "2"}, r"VLM_LORA_HOST_VISION_SEQLENS: '2' is not a value it takes"),
-        ({"VLM_LORA_COMPILE_VISION": "y"}, r"VLM_LORA_COMPILE_VISION: 'y' is not a value it takes"),
+        ({"VLM_LORA_FAST_VISION": "y"}, r"VLM_LORA_FAST_VISION: 'y' is not a value it takes"),
         ({"VLM_LORA_LEAN_LORA": "lean"}, r"VLM_LORA_LEAN_LORA: 'lean' is not a value it takes"),
         ({"VLM_LORA_TORCH_RMS_NORM": "torch"}, r"VLM_LORA_TORCH_RMS_NORM: 'torch' is not a value it takes"),
         ({"VLM_LORA_ASYNC_TOKENS": "no"}, r"VLM_LORA_ASYNC_TOKENS: 'no' is not a value it takes"),
@@ -238,14 +238,14 @@ def test_job_env_accepts_the_train_lora_plugins_own_switches():
 def test_job_env_refuses_values_the_plugin_does_not_take(env, match):
     with pytest.raises(JobEnvError, match=match):
         check_job_env(env)
-    check_job_env({"VLM_LORA_COMPILE_LAYERS": True, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_GPU_MEMORY_GIB": 22})
+    check_job_env({"VLM_LORA_TORCH_RMS_NORM": True, "VLM_LORA_FUSED_LORA": 0.0, "VLM_LORA_GPU_MEMORY_GIB": 22})
     check_job_env(
         {
             "VLM_LORA_RIGHT_PAD_CAUSAL": "0",
             "VLM_LORA_LIGER_SWIGLU": 0,
             "VLM_LORA_LABEL_ROWS_LOSS": "1",
             "VLM_LORA_HOST_VISION_SEQLENS": 0,
-            "VLM_LORA_COMPILE_VISION": "1",
+            "VLM_LORA_FAST_VISION": "1",
             "VLM_LORA_LEAN_LORA": "0",
         }
     )

@@ -22,11 +22,11 @@ PLANNER_FLAGS = {"fused_lora", "padding_mask", "fused_silu_mul"}  # _plan.plan_f
 
 
 def test_every_item_is_declared_once_with_its_code_beside_it():
-    assert [it.number for it in ITEMS] == [n for n in range(1, 19) if n != 15]  # 15 deleted (2026-11-28)
+    assert [it.number for it in ITEMS] == [n for n in range(1, 19) if n not in (4, 15)]  # 4, 15 deleted (2026-11-28)
     assert len({it.name for it in ITEMS}) == len(ITEMS)
     for it in ITEMS:
         module = importlib.import_module(f"{registry.PACKAGE}.{it.module}")
-        for which in ("install", "check", "prepare"):
+        for which in ("install", "check"):
             name = getattr(it, which)
             assert name is None or callable(getattr(module, name)), (it.number, which)
         assert it.memory is None or it.memory in PLANNER_FLAGS
@@ -36,8 +36,8 @@ def test_every_item_is_declared_once_with_its_code_beside_it():
             assert re.fullmatch(r"(>=|==)[\d.]+(,<[\d.]+)?", spec), spec
     switches = [s.name for it in ITEMS for s in (*it.switches, *it.options)]
     assert (
-        len(switches) == len(set(switches)) == 30
-    )  # every switch of the plugin, each under one item (31 before item 15 went)
+        len(switches) == len(set(switches)) == 28
+    )  # every switch of the plugin, each under one item (31 before items 15 and 4 went)
 
 
 def test_a_switch_reads_its_default_and_the_multi_process_default():
@@ -152,7 +152,8 @@ def test_the_walk_on_the_tiny_qwen3_vl_model_applies_the_model_items(capsys):
         assert outcomes[number].applied, (number, outcomes[number].line())
     assert re.fullmatch(r"\d+ LoRA layers, \d+ groups of one input", outcomes[3].detail)
     assert outcomes[10].detail == "1 text model(s)"
-    assert outcomes[4].kind == registry.SWITCH_OFF and outcomes[11].kind == registry.SWITCH_OFF
+    assert outcomes[9].kind == registry.SWITCH_OFF and outcomes[11].kind == registry.SWITCH_OFF  # opt-in, one process
+    assert 4 not in outcomes and 15 not in outcomes  # deleted: no gain beyond the spread (docs/speedups.md)
     swift_loaded = "swift.trainers.mixin" in sys.modules  # where another test of this process imported them
     for number in (16, 17):  # ms-swift's readers and NaN check: only where its trainers are loaded
         assert outcomes[number].applied == swift_loaded, outcomes[number].line()
@@ -312,9 +313,9 @@ def test_train_lora_reads_the_start_up_table_into_its_metrics(tmp_path, capsys):
     assert result.metrics["speedups_applied"] + result.metrics["speedups_skipped"] == len(ITEMS)
     for number in (1, 3, 6, 7, 10, 13, 16, 17):  # ms-swift's own trainer on the tiny Qwen3-VL
         assert table.outcomes[number].applied, (number, table.outcomes[number].line())
-    assert result.metrics["speedup_03_fused_lora"] == 1 and result.metrics["speedup_04_compile_layers"] == 0
+    assert result.metrics["speedup_03_fused_lora"] == 1 and result.metrics["speedup_09_torch_rms_norm"] == 0
     out = capsys.readouterr().out
-    assert re.search(r"train-lora: speed-ups: \d+ of 17 applied; skipped: 4 compile_layers \(switch off\)", out)
+    assert re.search(r"train-lora: speed-ups: \d+ of 16 applied; skipped: .*9 torch_rms_norm \(switch off\)", out)
     page = loss_curve_html(result.log_history, speedups=result.speedups)
     assert "speed-ups at start-up" in page and "fused_lora" in page
 
@@ -350,3 +351,18 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
         "train-lora: speed-ups: item 6 (right_padding, planner flag padding_mask): the plan assumed it does not "
         in (capsys.readouterr().out)
     )
+
+
+@pytest.mark.parametrize("name", ["VLM_LORA_COMPILE_LAYERS", "VLM_LORA_COMPILE_VISION"])
+def test_item_4_is_gone_and_its_switches_are_refused_with_why(name):
+    """Regional compilation gained nothing beyond the spread with the other items on (benchmarks/README.md,
+    "Garbage collection at step ends, the loss logged every 5th step, compiled layers under DDP"): deleted."""
+    from components.train_lora.job_env import JobEnvError, check_job_env
+
+    assert 4 not in {it.number for it in registry.ITEMS} and name not in registry.SWITCHES
+    with pytest.raises(
+        JobEnvError,
+        match=rf"job_env\.{name}: '{name}': the train-lora plugin's item 4 \(regional "
+        r"torch.compile of the layers\) was deleted on 2026-11-28: .*; remove it from the environment",
+    ):
+        check_job_env({name: "1"})

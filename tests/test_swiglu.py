@@ -77,18 +77,17 @@ def test_silu_mul_bytes_for_the_planner():
     assert silu_mul_bytes({"hidden_size": 2560}) == 0.0
 
 
-def test_wanted_only_with_liger_on_and_the_layers_not_compiled(monkeypatch):
+def test_wanted_only_with_liger_on_and_its_swiglu_not_turned_off(monkeypatch):
     from components.train_lora.speedups.swiglu import wants_liger_swiglu
 
     liger = SimpleNamespace(use_liger_kernel=True, liger_kernel_config=None)
-    assert wants_liger_swiglu(liger, compile_language=False)
-    assert not wants_liger_swiglu(liger, compile_language=True)
-    assert not wants_liger_swiglu(SimpleNamespace(use_liger_kernel=False), compile_language=False)
-    assert not wants_liger_swiglu(None, compile_language=False)
+    assert wants_liger_swiglu(liger)
+    assert not wants_liger_swiglu(SimpleNamespace(use_liger_kernel=False))
+    assert not wants_liger_swiglu(None)
     off = SimpleNamespace(use_liger_kernel=True, liger_kernel_config={"swiglu": False})
-    assert not wants_liger_swiglu(off, compile_language=False)
+    assert not wants_liger_swiglu(off)
     monkeypatch.setenv("VLM_LORA_LIGER_SWIGLU", "0")
-    assert not wants_liger_swiglu(liger, compile_language=False)
+    assert not wants_liger_swiglu(liger)
 
 
 def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
@@ -106,7 +105,6 @@ def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
     assert not _fused_silu_mul({}, {}, qwen3_vl)  # no Liger
     assert not _fused_silu_mul(liger, {}, {"model_type": "qwen3_vl_moe"})  # experts, not this MLP
     assert not _fused_silu_mul(liger, {"VLM_LORA_LIGER_SWIGLU": "0"}, qwen3_vl)
-    assert not _fused_silu_mul(liger, {"VLM_LORA_COMPILE_LAYERS": "1"}, qwen3_vl)
     monkeypatch.setattr(registry, "installed_version", lambda d: "0.9.0" if d == "liger-kernel" else real(d))
     assert not _fused_silu_mul(liger, {}, qwen3_vl)  # a Liger outside the verified range: the item is skipped
 

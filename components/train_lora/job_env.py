@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.train_lora._errors import TrainError
-from components.train_lora.speedups.registry import SWITCHES, TABLE_ENV
+from components.train_lora.speedups.registry import REMOVED_SWITCHES, SWITCHES, TABLE_ENV
 
 
 class JobEnvError(TrainError):
@@ -111,6 +111,8 @@ def _name_problem(name: str) -> str:
     """Why a job environment variable name is refused ("" when it is allowed)."""
     if name in _RESERVED:
         return f"{name!r} is reserved ({_RESERVED[name]}); remove it"
+    if name in REMOVED_SWITCHES:
+        return f"{name!r}: the train-lora plugin's {REMOVED_SWITCHES[name]}"
     words = set(name.upper().split("_"))
     if words & _SECRET_WORDS:
         return (

@@ -32,7 +32,7 @@ def say(line: str) -> None:
 @dataclass
 class Context:
     """What the items see: the environment, whether a GPU is there, the outcomes so far, and what items hand on to
-    each other (`state`: e.g. whether the layers are compiled)."""
+    each other (`state`: e.g. what item 7 wrapped)."""
 
     environ: Mapping[str, str]
     gpu: bool
@@ -112,18 +112,6 @@ def context() -> Context | None:
     return _CONTEXT
 
 
-def prepare(ctx: Context, training_args: Any) -> None:
-    """What items change on the training arguments before the trainer is built (item 4: Liger kept out of compiled
-    layers)."""
-    for item in ITEMS:
-        if item.prepare is None or (item.number in ctx.loaded and ctx.loaded[item.number].skipped):
-            continue
-        try:
-            item.function("prepare")(ctx, training_args)
-        except Exception as exc:  # noqa: BLE001 - an item never stops training
-            ctx.loaded[item.number] = registry.error(exc)
-
-
 def trainer_built(ctx: Context, trainer: Any) -> Table:
     """Each item's `check` on a built trainer, then the start-up table: logged and written by rank 0 (the other ranks
     log how many applied on them)."""
@@ -175,7 +163,7 @@ def _add_census(ctx: Context, trainer: Any) -> None:
 
 
 def _wrap_trainer_init(ctx: Context) -> None:
-    """Wraps `Trainer.__init__`: the items' preparation before it, their checks and the table after it."""
+    """Wraps `Trainer.__init__`: the items' checks and the start-up table after it."""
     try:
         from transformers import Trainer
     except ImportError:
@@ -187,8 +175,6 @@ def _wrap_trainer_init(ctx: Context) -> None:
 
     @functools.wraps(original)  # ms-swift reads the signature (tokenizer vs processing_class)
     def __init__(self, *args, **kwargs):
-        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
-        prepare(ctx, training_args)
         original(self, *args, **kwargs)
         trainer_built(ctx, self)
 

@@ -141,8 +141,6 @@ class Item:
         install: The function of `module` run when the plugin loads: `install(ctx) -> Outcome`; None = none.
         check: The function of `module` run once a trainer is built: `check(ctx, trainer) -> Outcome`.
         needs: Items that must have applied for this one to apply.
-        prepare: The function of `module` run on the training arguments before a trainer is built:
-            `prepare(ctx, training_args)`; None = none.
         requires: What it needs of the run, by name (`REQUIREMENTS`: Liger on, sdpa, a GPU, DDP, ...): the
             planner's view; the item's own code checks the same where it runs.
     """
@@ -161,7 +159,6 @@ class Item:
     memory: str | None = None
     needs: tuple[int, ...] = ()
     requires: tuple[str, ...] = ()
-    prepare: str | None = None
 
     @property
     def key(self) -> str:
@@ -357,17 +354,6 @@ ITEMS: tuple[Item, ...] = (
         module="fused_lora", install="install", check="check",
     ),
     Item(
-        4, "compile_layers", "regional torch.compile of the decoder layers (and vision blocks), opt-in",
-        patches=(),  # calls torch.compile on the model's own layers; Liger's in-layer kernels kept out (its config)
-        verified={"transformers": TRANSFORMERS},
-        gpu_verified={"torch": TORCH},
-        switches=(
-            Switch("VLM_LORA_COMPILE_LAYERS", "1 (compile each decoder layer) or 0 (the default)", default="0"),
-            Switch("VLM_LORA_COMPILE_VISION", "1 (compile each vision block) or 0 (the default)", default="0"),
-        ),
-        module="compile_layers", install="install", check="check", prepare="prepare",
-    ),
-    Item(
         5, "label_rows", "Liger's fused loss on the labelled rows only",
         patches=(Target("liger_kernel.transformers.model.loss_utils", "fixed_fused_linear_cross_entropy"),),
         verified={"liger-kernel": LIGER},
@@ -424,7 +410,7 @@ ITEMS: tuple[Item, ...] = (
                    "backward) or 1 (computed again there from gate and up, the default)"),
         ),
         memory="fused_silu_mul",
-        requires=("liger", "layers_not_compiled", "qwen3_vl_mlp"),
+        requires=("liger", "qwen3_vl_mlp"),
         module="swiglu", check="check",
     ),
     Item(
@@ -544,6 +530,22 @@ ITEMS: tuple[Item, ...] = (
 
 BY_NUMBER: dict[int, Item] = {item.number: item for item in ITEMS}
 SWITCHES: dict[str, Switch] = {s.name: s for item in ITEMS for s in (*item.switches, *item.options)}
+# Switches of deleted items: refused by name with why (a config written for an older release says what to remove).
+REMOVED_SWITCHES: dict[str, str] = {
+    name: f"item {why}; remove it from the environment section"
+    for why, names in (
+        (
+            "15 (garbage collection at step ends) was deleted on 2026-11-28: no gain beyond the spread on two GPUs",
+            ("VLM_LORA_ALIGNED_GC",),
+        ),
+        (
+            "4 (regional torch.compile of the layers) was deleted on 2026-11-28: with the other items on it gained "
+            "nothing beyond the spread on two GPUs and ran 3 % slower on one H200",
+            ("VLM_LORA_COMPILE_LAYERS", "VLM_LORA_COMPILE_VISION"),
+        ),
+    )
+    for name in names
+}
 
 
 def item(number: int) -> Item:
@@ -579,10 +581,6 @@ REQUIREMENTS: dict[str, tuple[str, Callable[..., bool]]] = {
     "sdpa": ("attention is not sdpa", lambda run: run.attn == "sdpa"),
     "gpu": ("no GPU", lambda run: run.gpu),
     "ddp": ("one process, or DeepSpeed moves the gradients", lambda run: run.world > 1 and not run.deepspeed),
-    "layers_not_compiled": (
-        "compiled layers (VLM_LORA_COMPILE_LAYERS=1)",
-        lambda run: not option_on("VLM_LORA_COMPILE_LAYERS", run.environ),
-    ),
     "qwen3_vl_mlp": ("no MLP of the classes it knows in this model type", lambda run: run.swiglu_model),
 }
 

@@ -103,11 +103,11 @@ def liger_silu_mul():
     return (lambda gate, up: LigerSiLUMulFunction.apply(gate, up)), _LigerSiluMul(ops)
 
 
-def wants_liger_swiglu(training_args, compile_language: bool) -> bool:
-    """Liger on, its SwiGLU not turned off in `liger_kernel_config`, the layers not compiled, the switch not 0."""
+def wants_liger_swiglu(training_args) -> bool:
+    """Liger on, its SwiGLU not turned off in `liger_kernel_config`, the switch not 0."""
     import os
 
-    if training_args is None or not getattr(training_args, "use_liger_kernel", False) or compile_language:
+    if training_args is None or not getattr(training_args, "use_liger_kernel", False):
         return False
     if os.environ.get("VLM_LORA_LIGER_SWIGLU") == "0":
         return False
@@ -122,12 +122,9 @@ def check(ctx, trainer):
     from components.train_lora.speedups import fused_lora, registry
 
     training_args = getattr(trainer, "args", None)
-    compiled = ctx.state.get("compile", (False, False))[0]
     if not getattr(training_args, "use_liger_kernel", False):
         return registry.not_applicable("use_liger_kernel off")
-    if compiled:
-        return registry.not_applicable("compiled layers (inductor fuses them)")
-    if not wants_liger_swiglu(training_args, compiled):
+    if not wants_liger_swiglu(training_args):
         return registry.not_applicable("liger_kernel_config swiglu false")
     liger = liger_silu_mul()
     if liger is None:
