@@ -115,12 +115,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     "auto_liger_onebucket": auto_liger(ddp_broadcast_buffers=False, ddp_bucket_cap_mb=256),
     "auto_liger_ddpdefault": auto_liger(env={"VLM_LORA_DDP_COMM": "0"}),
     # the loss logged every 5th step as the configs do (the benchmark logs every step by default, a host wait for the
-    # GPU at each step's end). The garbage-collection profiles (autogc) went with item 15, deleted 2026-11-28
+    # GPU at each step's end). The garbage-collection profiles (autogc) went with item 15, the compiled-layer ones
+    # (compile, cc, cvis) with item 4, both deleted 2026-11-28
     "auto_liger_log5": auto_liger(logging_steps=5),
-    "auto_liger_compile_log5": auto_liger(logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
-    "auto_liger_cc_log5": auto_liger(
-        logging_steps=5, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}
-    ),
     # where an 8-row micro-step's host falls behind its GPU (session 18): PyTorch's fused RMSNorm instead of Liger's
     # (item 9: one dispatcher call, 18 % less host time per layer) and ms-swift's `logits_to_keep` off (its `.item()`
     # at each micro-step's start makes the host wait for the token count's all-gather, that is for the other rank)
@@ -183,8 +180,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # waits at each step's start for the GPU to finish the step before
     "b8_nogc_liger_nonblock": nogc_liger(8, accelerator_config={"dispatch_batches": False, "non_blocking": True}),
     "auto_liger_nonblock": auto_liger(accelerator_config={"dispatch_batches": False, "non_blocking": True}),
-    # regional torch.compile of the decoder layers (opt-in) under the planner
-    "auto_liger_compile": auto_liger(env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     "auto_liger_nanfilter": auto_liger(logging_nan_inf_filter=True),
     "auto_liger_nodrop_nanfilter": auto_liger(lora_dropout=0.0, logging_nan_inf_filter=True),
     # attention kernels (issue 14: no config set attn_impl; flash-attn is not on the GPU machine):
@@ -245,17 +240,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # peft's own LoRA forward (the train-lora plugin's fused LoRA branch turned off)
     "b8_nogc_liger_peftfwd": nogc_liger(8, env={"VLM_LORA_FUSED_LORA": "0"}),
     "auto_liger_peftfwd": auto_liger(env={"VLM_LORA_FUSED_LORA": "0"}),
-    # regional torch.compile of the decoder layers (train-lora plugin, VLM_LORA_COMPILE_LAYERS=1); the
-    # plugin keeps Liger to its fused loss (its in-layer kernels cannot be traced); fused LoRA branch on / off
-    "b8_nogc_compile": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
-    # the vision tower's blocks compiled (VLM_LORA_COMPILE_VISION=1), the language model as it is (Liger's kernels)
-    "b8_nogc_liger_cvis": nogc_liger(8, env={"VLM_LORA_COMPILE_VISION": "1"}),
-    "b8_nogc_compile_cvis": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}),
-    "b8_nogc_compile_cvis_nodrop": nogc_liger(
-        8, lora_dropout=0.0, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_COMPILE_VISION": "1"}
-    ),
-    "b8_nogc_compile_peftfwd": nogc_liger(8, env={"VLM_LORA_COMPILE_LAYERS": "1", "VLM_LORA_FUSED_LORA": "0"}),
-    "b8_nogc_compile_nodrop": nogc_liger(8, lora_dropout=0.0, env={"VLM_LORA_COMPILE_LAYERS": "1"}),
     # peft's float32 input casts restored (the train-lora plugin skips them under autocast); on peft's
     # own forward, since the fused LoRA branch never makes those casts
     "b8_nogc_liger_peftcast": nogc_liger(8, env={"VLM_LORA_PEFT_INPUT_CAST": "1", "VLM_LORA_FUSED_LORA": "0"}),

@@ -691,9 +691,8 @@ def check(ctx, trainer):
         return registry.target_missing(
             *(f"peft.tuners.lora.layer.Linear.{name}" for name in missing), version_of="peft"
         )
-    compiled = ctx.state.get("compile", (False, False))[0]
     detail = f"{len(layers)} LoRA layers"
-    if GROUP and LEAN and not compiled:  # compiled layers: no Python state in them
+    if GROUP and LEAN:
         groups = group_shared_inputs(trainer.model)
         if groups:
             detail += f", {groups} groups of one input"
@@ -701,7 +700,7 @@ def check(ctx, trainer):
                 f"one rank-r matmul for each of {groups} groups of LoRA layers that read one input (q/k/v, gate/up; "
                 "without dropout)"
             )
-    if TRITON and SEEDED and not compiled and torch.cuda.is_available():
+    if TRITON and SEEDED and torch.cuda.is_available():
         detail += ", dropout masks from seeds"
         ctx.say(
             "LoRA's dropout masks from seeds in the Triton kernels, none kept for the backward "
