@@ -5,15 +5,19 @@ need to agree on:
 
 * `swift_quant_args`: the `swift sft` arguments a setting stands for (ms-swift's names);
   `swift_conflict` names a user-given `quant_*` / `bnb_*` argument that contradicts it.
-* `quantized_weight_bytes`: the frozen base's size in memory once quantised. Assumptions (not
-  measured on a GPU): bitsandbytes, through transformers' `BitsAndBytesConfig`, replaces
-  every `nn.Linear` but the output head; seen on the tiny Qwen3-VL (bitsandbytes 0.50.2,
-  transformers 5.19): the vision tower's linear layers are quantised too, the embeddings,
-  norms, the vision patch embedding (a Conv3d) and `lm_head` stay in bf16. So a 2-D
-  `*.weight` outside the embeddings and the head counts as quantised; 3-D tensors (the fused
-  experts of a transformers-5 MoE) stay bf16. nf4 stores 0.5 byte a parameter plus one
-  absmax per 64 weights (fp32, or 8-bit plus an fp32 per 256 blocks with double
-  quantisation); int8 stores 1 byte plus an fp32 scale per row (left out: < 0.1 %).
+* `quantized_weight_bytes`: the frozen base's size in memory once quantised, by `is_quantized_tensor`:
+  a stored 2-D `*.weight` counts as quantised unless it is an embedding, the head, in the vision
+  tower (`model.visual.*`) or a MoE router (`mlp.gate`); 1-D and 3-D+ tensors stay bf16. Measured on the
+  tiny MoE on a CPU (bitsandbytes 0.50.2, transformers 5.19, ms-swift 4.6, 2026-11-28;
+  tests/test_quantization_moe.py, benchmarks/README.md "What nf4 reaches in the Qwen3-VL MoE"): with
+  the `BitsAndBytesConfig` ms-swift builds from `swift_quant_args`, only the language model's
+  `nn.Linear` layers become `Linear4bit` (attention q/k/v/o; the dense tiny Qwen3-VL's MLP too). The fused 3-D
+  experts of transformers-5's Qwen3-VL-MoE (`mlp.experts.gate_up_proj` / `down_proj`) are plain
+  parameters and stay bf16; so does the router (not an `nn.Linear`), and the vision tower and mergers,
+  which ms-swift puts in `llm_int8_skip_modules` (a bare `BitsAndBytesConfig` would quantise their
+  linear layers). nf4 stores 0.5 byte a parameter plus one absmax per 64 weights (8-bit with double
+  quantisation, plus an fp32 per 256 blocks); left out: about 1.1 KB of code tables per tensor. int8
+  stores 1 byte plus an fp32 scale per row (left out: < 0.1 %).
 * `STEP_COST_FACTOR`: how much slower a step is (dequantising each weight before its
   matmul). An assumption to be measured on a GPU, not a measurement.
 * `check_runnable`: bitsandbytes quantises and runs one layer on this machine, else a named
@@ -38,8 +42,17 @@ BYTES_PER_PARAM = {
 # roughly 1.2-1.5x; bitsandbytes' int8 matmul with outlier handling is slower still).
 STEP_COST_FACTOR = {"none": 1.0, "nf4": 1.4, "int8": 1.8}
 
-# Tensors bitsandbytes leaves in the training dtype: embeddings and the output head.
-_KEPT = re.compile(r"(embed|lm_head|wte|wpe)", re.IGNORECASE)
+# 2-D weights left in the training dtype under `swift sft` (measured, module docstring): embeddings and the
+# head; the vision tower and its mergers (`model.visual.*`, in ms-swift's llm_int8_skip_modules for Qwen3-VL);
+# a MoE's router `mlp.gate` (a top-k router module, not an nn.Linear).
+_KEPT = re.compile(r"(embed|lm_head|wte|wpe|(^|\.)visual\.|\.mlp\.gate\.weight$)", re.IGNORECASE)
+
+# Shares of the parameters `is_quantized_tensor` leaves in bf16, over the published architectures'
+# stored tensors (python -m benchmarks.quantized_sizes, 2026-11-28): Qwen3-VL-4B 0.181, 8B 0.208
+# (embeddings, head and vision tower); 30B-A3B 0.971 (its 3-D experts are 93.3 % of the parameters;
+# only attention, 2.9 %, is quantised). Dense: the larger of 4B and 8B, so the check does not under-size them.
+DENSE_KEPT_FRACTION = 0.21
+MOE_KEPT_FRACTION = 0.971
 
 
 class QuantizationUnavailable(RuntimeError):
@@ -122,18 +135,26 @@ def quantized_weight_bytes(tensors: Mapping[str, tuple[int, int]], quantization:
     return int(total)
 
 
-def known_quantized_bytes(bf16_bytes: int, quantization: str, kept_fraction: float = 0.15, moe: bool = False) -> int:
+def known_quantized_bytes(
+    bf16_bytes: int, quantization: str, kept_fraction: float | None = None, moe: bool = False
+) -> int:
     """A released model's quantised size from its bf16 size alone (the config check, before staging).
 
-    `kept_fraction` of the parameters (embeddings, head, norms: 0.14 for Qwen3-VL-8B, 0.09 for
-    4B) stays bf16; the rest takes BYTES_PER_PARAM. A mixture of experts (`moe`) counts whole
-    in bf16: its experts are fused 3-D parameters, not `nn.Linear` (not measured whether
-    bitsandbytes quantises them). train-lora recomputes it from the staged tensors
-    (`quantized_weight_bytes`).
+    Args:
+        bf16_bytes: The model's size in bf16, bytes.
+        quantization: One of QUANTIZATIONS.
+        kept_fraction: Share of the parameters left in bf16; the rest takes BYTES_PER_PARAM. Default
+            None: MOE_KEPT_FRACTION for a mixture of experts (`moe`), else DENSE_KEPT_FRACTION.
+        moe: The model is a mixture of experts. Default False.
+
+    Returns:
+        The estimate, bytes. train-lora recomputes it from the staged tensors (`quantized_weight_bytes`).
     """
     rate = BYTES_PER_PARAM.get(quantization)
-    if not rate or moe:
+    if not rate:
         return bf16_bytes
+    if kept_fraction is None:
+        kept_fraction = MOE_KEPT_FRACTION if moe else DENSE_KEPT_FRACTION
     params = bf16_bytes / 2
     return int(params * kept_fraction * 2 + params * (1 - kept_fraction) * rate)
 
