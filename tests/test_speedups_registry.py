@@ -366,3 +366,13 @@ def test_item_4_is_gone_and_its_switches_are_refused_with_why(name):
         r"torch.compile of the layers\) was deleted on 2026-11-28: .*; remove it from the environment",
     ):
         check_job_env({name: "1"})
+
+
+@pytest.mark.parametrize(("deepspeed", "applies"), [(None, False), ("zero2", True), ("zero1", True), ("zero3", False)])
+def test_the_planner_expects_item_12_only_under_zero_1_or_2(deepspeed, applies):
+    """The job skips item 12 without DeepSpeed ZeRO-1/2 (adapter_save.check); the planner's view says the same."""
+    args = {"deepspeed": deepspeed} if deepspeed else {}
+    outcome = registry.planned({}, 2, args, {"model_type": "qwen3_vl"}, gpu=False).outcomes[12]
+    assert outcome.applied is applies, outcome.line()
+    if not applies:
+        assert outcome.line() == "skipped: not applicable (no DeepSpeed ZeRO-1/2)"

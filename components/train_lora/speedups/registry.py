@@ -453,6 +453,7 @@ ITEMS: tuple[Item, ...] = (
         verified={"transformers": TRANSFORMERS, "accelerate": ACCELERATE, "peft": PEFT},
         switches=(Switch("VLM_LORA_ADAPTER_ONLY_SAVE", "0 (ZeRO-1/2 saves copy the whole model to host memory) or 1 "
                          "(only what the adapter save keeps, the default)"),),
+        requires=("zero12",),
         module="adapter_save", install="install", check="check",
     ),
     Item(
@@ -582,6 +583,10 @@ REQUIREMENTS: dict[str, tuple[str, Callable[..., bool]]] = {
     "gpu": ("no GPU", lambda run: run.gpu),
     "ddp": ("one process, or DeepSpeed moves the gradients", lambda run: run.world > 1 and not run.deepspeed),
     "qwen3_vl_mlp": ("no MLP of the classes it knows in this model type", lambda run: run.swiglu_model),
+    "zero12": (
+        "no DeepSpeed ZeRO-1/2",
+        lambda run: run.deepspeed and "zero3" not in str(run.swift_args.get("deepspeed")).lower(),
+    ),
 }
 
 
