@@ -105,12 +105,14 @@ PROFILES: dict[str, dict[str, Any]] = {
     # (`.item()`) before it prepares the next step
     "auto_liger_log2": auto_liger(logging_steps=2),
     "auto_liger_nodrop_log2": auto_liger(lora_dropout=0.0, logging_steps=2),
-    # transformers' NaN / Inf filter of the logged loss, which train-lora turns off since 2026-11-26 (session 15):
-    # it makes the host wait for each micro-step's backward (`torch.isnan(loss)` in a Python `if`)
-    # DDP's communication (session 16): without the per-forward broadcast of buffers (Qwen-VL's only buffers are
-    # rotary tables that training never changes), and with one bucket for all LoRA gradients (one all-reduce after
-    # the backward, no NCCL kernel waiting on the other rank beside the backward's). Measured as profiles before the
-    # train-lora plugin made both its default (ddp_comm.py); `_ddpdefault` is transformers' defaults since then
+    # transformers' NaN / Inf filter of the logged loss, which train-lora turns off since 2026-11-26 (benchmarks/
+    # README.md, "Seeded dropout on its own tiles, no wait for every backward"): it makes the host wait for each
+    # micro-step's backward (`torch.isnan(loss)` in a Python `if`)
+    # DDP's communication (2026-11-26, "Where two GPUs lose their time, and DDP's gradients in one bucket"): without
+    # the per-forward broadcast of buffers (Qwen-VL's only buffers are rotary tables that training never changes),
+    # and with one bucket for all LoRA gradients (one all-reduce after the backward, no NCCL kernel waiting on the
+    # other rank beside the backward's). Measured as profiles before the train-lora plugin made both its default
+    # (ddp_comm.py); `_ddpdefault` is transformers' defaults since then
     "auto_liger_nobcast": auto_liger(ddp_broadcast_buffers=False),
     "auto_liger_onebucket": auto_liger(ddp_broadcast_buffers=False, ddp_bucket_cap_mb=256),
     "auto_liger_ddpdefault": auto_liger(env={"VLM_LORA_DDP_COMM": "0"}),
@@ -118,43 +120,48 @@ PROFILES: dict[str, dict[str, Any]] = {
     # GPU at each step's end). The garbage-collection profiles (autogc) went with item 15, the compiled-layer ones
     # (compile, cc, cvis) with item 4, both deleted 2026-11-28
     "auto_liger_log5": auto_liger(logging_steps=5),
-    # where an 8-row micro-step's host falls behind its GPU (session 18): PyTorch's fused RMSNorm instead of Liger's
-    # (item 9: one dispatcher call, 18 % less host time per layer) and ms-swift's `logits_to_keep` off (its `.item()`
-    # at each micro-step's start makes the host wait for the token count's all-gather, that is for the other rank)
+    # where an 8-row micro-step's host falls behind its GPU (2026-11-26, "The host behind an 8-row micro-step"):
+    # PyTorch's fused RMSNorm instead of Liger's (item 9: one dispatcher call, 18 % less host time per layer) and
+    # ms-swift's `logits_to_keep` off (its `.item()` at each micro-step's start makes the host wait for the token
+    # count's all-gather, that is for the other rank)
     "auto_liger_log5_torchnorm": auto_liger(logging_steps=5, env={"VLM_LORA_TORCH_RMS_NORM": "1"}),
     "auto_liger_log5_nokeep": auto_liger(logging_steps=5, use_logits_to_keep=False),
     "auto_liger_log5_nokeep_torchnorm": auto_liger(
         logging_steps=5, use_logits_to_keep=False, env={"VLM_LORA_TORCH_RMS_NORM": "1"}
     ),
-    # Liger's RMSNorm under several processes (the plugin uses torch's there since session 18) / the vision tower's
-    # index work on the GPU from the device grid (before the plugin computed it from the host copy, session 18)
+    # Liger's RMSNorm under several processes (the plugin uses torch's there since 2026-11-26, "The host behind an
+    # 8-row micro-step") / the vision tower's index work on the GPU from the device grid (before the plugin computed
+    # it from the host copy, same section)
     "auto_liger_log5_ligernorm": auto_liger(logging_steps=5, env={"VLM_LORA_TORCH_RMS_NORM": "0"}),
     "auto_liger_log5_nogrid": auto_liger(logging_steps=5, env={"VLM_LORA_HOST_VISION_GRID": "0"}),
     # the LoRA functions casting the adapters in every forward and scaling in kernels of their own in the backward
-    # (before the plugin kept the casts between forwards and folded the scaling, session 19)
+    # (before the plugin kept the casts between forwards and folded the scaling, 2026-11-26, "Fewer launches per LoRA
+    # layer")
     "auto_liger_log5_nocast": auto_liger(
         logging_steps=5, env={"VLM_LORA_CAST_CACHE": "0", "VLM_LORA_FOLD_SCALING": "0"}
     ),
     # the model's forward reading its token counts, padding and deepstack positions from the GPU where it needs
-    # them (before the plugin copied them to the host once at the forward's start, session 19)
+    # them (before the plugin copied them to the host once at the forward's start, 2026-11-26, same section)
     "auto_liger_log5_nofacts": auto_liger(logging_steps=5, env={"VLM_LORA_FORWARD_FACTS": "0"}),
-    # all three of session 19's changes off: session 18's final two-GPU configuration
+    # all three changes of "Fewer launches per LoRA layer" (2026-11-26) off: the final two-GPU configuration of
+    # "The host behind an 8-row micro-step"
     "auto_liger_log5_before19": auto_liger(
         logging_steps=5,
         env={"VLM_LORA_CAST_CACHE": "0", "VLM_LORA_FOLD_SCALING": "0", "VLM_LORA_FORWARD_FACTS": "0"},
     ),
     # each step's batch copied to the GPU with a wait, and ms-swift's logits_to_keep and the forward's facts read from
     # the GPU (before the plugin read them from the batch's host copies and queued the copy without waiting,
-    # session 20)
+    # 2026-11-26, "The step boundary: ms-swift's waits for the GPU between steps")
     "auto_liger_log5_nobatchfacts": auto_liger(logging_steps=5, env={"VLM_LORA_BATCH_FACTS": "0"}),
     # ms-swift's NaN check of the gradient norm read on the host at every optimizer step (before the plugin decided
-    # it on the GPU, session 20), and both of session 20's changes off
+    # it on the GPU, same section), and both of that section's changes off
     "auto_liger_log5_nangrad": auto_liger(logging_steps=5, env={"VLM_LORA_GRAD_NAN_ON_GPU": "0"}),
     "auto_liger_log5_before20": auto_liger(
         logging_steps=5, env={"VLM_LORA_GRAD_NAN_ON_GPU": "0", "VLM_LORA_BATCH_FACTS": "0"}
     ),
     # the loss reading the GPU three times per micro-step: the labelled rows, Liger's count of them and its check of
-    # the loss's gradient (before the plugin took them from the labels' host copy, session 21)
+    # the loss's gradient (before the plugin took them from the labels' host copy, 2026-11-27, "The step boundary and
+    # the loss without waits")
     "auto_liger_log5_losswait": auto_liger(logging_steps=5, env={"VLM_LORA_LOSS_NO_WAIT": "0"}),
     # Liger's loss over every position (item 5 off, and with it item 18, which hands item 5 its rows): issue 42
     "auto_liger_log5_nolabelrows": auto_liger(logging_steps=5, env={"VLM_LORA_LABEL_ROWS_LOSS": "0"}),
@@ -665,7 +672,8 @@ def main() -> None:
     parser.add_argument(
         "--warmup-steps", type=int, default=0,
         help="first run the first profile for this many steps, unreported (a fresh GPU machine's first minutes "
-        "run host-bound profiles slower: benchmarks/README.md, session 18); 0 = none",
+        "run host-bound profiles slower: benchmarks/README.md, \"The host behind an 8-row micro-step\", 2026-11-26); "
+        "0 = none",
     )  # fmt: skip
     parser.add_argument("--n-train", type=int, default=0, help="training samples (default: enough for the steps)")
     parser.add_argument("--model", default="", help="an existing model folder (default: build the 4B one in --out)")

@@ -236,10 +236,11 @@ def ddp_unused_args(args: Mapping[str, Any], strategy: str, config: Mapping[str,
     """`{"ddp_find_unused_parameters": False}` where DDP needs no search for unused parameters, else {}.
 
     transformers asks DDP for the search whenever the model is not a bare PreTrainedModel (peft's wrapper is not):
-    a walk of the autograd graph after every forward, 5.6 % of a step on two H200s (benchmarks/README.md, session
-    15). Left on where a trainable parameter may miss a step's forward: a config that sets it, a mixture of
-    experts (an expert no token reached on a rank), a vision tower or aligner that trains (a batch without
-    images skips them). Otherwise every trainable parameter of LoRA gets a gradient every step.
+    a walk of the autograd graph after every forward, 5.6 % of a step on two H200s (benchmarks/README.md, "Seeded
+    dropout on its own tiles, no wait for every backward", 2026-11-26). Left on where a trainable parameter may
+    miss a step's forward: a config that sets it, a mixture of experts (an expert no token reached on a rank), a
+    vision tower or aligner that trains (a batch without images skips them). Otherwise every trainable parameter
+    of LoRA gets a gradient every step.
 
     Args:
         args: The run's swift arguments.

@@ -76,8 +76,9 @@ MICRO_STEP_COST = 6.0  # per-micro-step host cost, in units of one reference sam
 MAX_OOM_REPLANS = 3
 # time per step with dropout masks from seeds / kept, at the same plan: the Philox draws in the backward's A-gradient
 # kernel (one H100, 2026-11-26: 8 x 2 medians 1.177 vs 1.156 s and 1.204 vs 1.165 s in two runs); with the seeded
-# kernels on their own tiles (session 15, 2 x H200, same run): 16 x 1 on one GPU 0.896 vs 0.921 s (seeds ahead), 8 x 1
-# per GPU on two 0.549 vs 0.531 s (behind; that machine's two-GPU runs spread 4.5 %): mixed, so left as it was
+# kernels on their own tiles (2 x H200, same run, 2026-11-26; benchmarks/README.md, "Seeded dropout on its own
+# tiles"): 16 x 1 on one GPU 0.896 vs 0.921 s (seeds ahead), 8 x 1 per GPU on two 0.549 vs 0.531 s (behind; that
+# machine's two-GPU runs spread 4.5 %): mixed, so left as it was
 SEEDED_COST = 0.025
 # Bytes held per byte of a parameter LoRA wraps directly (ParamWrapper: its update, materialised
 # every forward, kept for backward). Fitted on one H200 with the Qwen3-VL-30B-A3B architecture,

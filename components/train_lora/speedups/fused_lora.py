@@ -73,8 +73,9 @@ TRITON = os.environ.get("VLM_LORA_TRITON_LORA", "1") != "0"
 SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
 # with dropout on a GPU, VLM_LORA_SEEDED_DROPOUT=1: the masks given by a seed and computed in the Triton kernels
 # wherever needed (`lora_triton`: `Seeded`) instead of a boolean mask per adapted layer kept until the backward
-# (less memory, −2.7 to +3.4 % time per step at the same plan in session 15's runs: the train-lora planner sets it
-# where it lets a faster plan fit); unset or 0: PyTorch's dropout kernel and its masks
+# (less memory, −2.7 to +3.4 % time per step at the same plan in the runs of 2026-11-26, benchmarks/README.md,
+# "Seeded dropout on its own tiles": the train-lora planner sets it where it lets a faster plan fit); unset or 0:
+# PyTorch's dropout kernel and its masks
 SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "0") == "1"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))

@@ -44,8 +44,9 @@ import triton
 import triton.language as tl
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-# tiles measured on an H100 with benchmarks/lora_kernels.py (bf16, K = 2,560 / 4,096 / 9,728, M = 9,656; session 10
-# in benchmarks/README.md): the best of five tile shapes for each kernel at every width
+# tiles measured on an H100 with benchmarks/lora_kernels.py (bf16, K = 2,560 / 4,096 / 9,728, M = 9,656;
+# benchmarks/README.md, "LoRA's backward with dropout in two Triton kernels", 2026-11-25): the best of five tile
+# shapes for each kernel at every width
 _DX_BLOCK_M, _DX_BLOCK_K = 64, 64
 _DA_BLOCK_M, _DA_BLOCK_K = 64, 128
 # programs wanted for the weight gradient's reduction (264, 528, 1,056 measured: 264 = two per multiprocessor)
@@ -54,7 +55,8 @@ _DA_PROGRAMS = 264
 
 # with a seed the kernels compute the mask (Philox: integer work) instead of reading it, and want other tiles:
 # measured on an H100 with benchmarks/lora_kernels.py at 19,312 rows (16 × 1,207 tokens: the planner's 16 × 1;
-# session 15 in benchmarks/README.md), the best summed over a decoder layer's widths (5 × 2,560, 4,096, 9,728)
+# benchmarks/README.md, "Seeded dropout on its own tiles", 2026-11-26), the best summed over a decoder layer's
+# widths (5 × 2,560, 4,096, 9,728)
 # - the forward's `dropped_rank_product` (one program per BLOCK_M rows, a loop over the input's width)
 _H_BLOCK_M, _H_BLOCK_K = 32, 128
 # - the input gradient and A's gradient (its programs: more than with a stored mask, to hide Philox's latency)
