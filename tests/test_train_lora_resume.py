@@ -14,28 +14,11 @@ from pathlib import Path
 import pytest
 
 from components.train_lora import _checkpoints as ck
+from tests.cpu_training import cpu_swift_args
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8
-SWIFT_ARGS = {
-    "lora_rank": 8,
-    "lora_alpha": 16,
-    "target_modules": "all-linear",
-    "freeze_vit": True,
-    "learning_rate": 1e-3,
-    "max_steps": MAX_STEPS,
-    "per_device_train_batch_size": 1,
-    "max_length": 512,
-    "torch_dtype": "float32",
-    "save_steps": 2,
-    "eval_steps": 1000,
-    "save_only_model": True,
-    "logging_steps": 1,
-    "dataloader_num_workers": 0,
-    "report_to": "none",
-    "seed": 42,
-    "save_total_limit": 10,
-}
+SWIFT_ARGS = cpu_swift_args(MAX_STEPS, save_steps=2, save_total_limit=10)  # a checkpoint every 2nd step
 
 
 def _step(entry):
