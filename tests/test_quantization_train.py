@@ -70,6 +70,11 @@ def test_merge_export_merges_into_the_stored_base_not_the_4bit_weights(nf4_adapt
     assert "trained on a nf4 (bitsandbytes) base" in card and "original bf16 base model" in card
     lineage = json.loads((out / "lineage.json").read_text())
     assert lineage["trained_on"]["swift_args"]["quant_bits"] == 4
+    # the disk check's premise: the merged safetensors are as large as the base's (+2 % of headers)
+    stored = sum(p.stat().st_size for p in ensure_tiny_model().glob("*.safetensors"))
+    merged = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    assert merged <= 1.02 * stored and meta["disk_need_bytes"] >= merged
+    assert meta["disk_free_before_bytes"] > 0 and meta["disk_peak_extra_bytes"] >= 0
 
 
 def test_merge_refuses_a_quantised_base_and_writing_over_the_base(nf4_adapter, tmp_path):

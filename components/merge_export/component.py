@@ -26,12 +26,12 @@ def merge_export(
     """
     import tempfile
 
-    from components.merge_export.core import MergeError
+    from components.merge_export.core import MergeDiskError, MergeError
     from components.merge_export.core import merge_export as merge
 
     try:
         result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"))
-    except MergeError as exc:  # AdapterBaseMismatch and MergeVerificationError included
+    except (MergeError, MergeDiskError) as exc:  # AdapterBaseMismatch and MergeVerificationError included
         raise SystemExit(f"merge-export: {type(exc).__name__}: {exc}") from None
     merged_model.metadata.update(
         {

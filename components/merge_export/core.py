@@ -46,6 +46,8 @@ from typing import Any
 from components.common.adapter import BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import run_command, swift_executable, to_cli
+from components.merge_export._disk import DiskPeak, plan_disk
+from components.merge_export._disk import MergeDiskError as MergeDiskError  # raised by merge_export
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 
@@ -109,7 +111,9 @@ class MergeResult:
         merged_dir: The merged model folder.
         metadata: merge_seconds, total_bytes, num_files, library versions
             (transformers, peft, ms_swift, torch), logit check figures (logits_max_abs_diff,
-            logits_tolerance, adapter_effect_max_abs, probe_inputs), base model revision.
+            logits_tolerance, adapter_effect_max_abs, probe_inputs), base model revision, and the
+            disk: disk_need_bytes and disk_free_before_bytes (the check before the export),
+            disk_peak_extra_bytes (the most the work folder's file system held above the start).
     """
 
     merged_dir: str
@@ -971,14 +975,61 @@ def merge_export(
         MergeError: The adapter is not one, `swift export` failed, or the result does not verify.
         AdapterBaseMismatch: The adapter was trained on another base model.
         MergeVerificationError: The merged logits differ from base + adapter.
+        MergeDiskError: The work folder (or the output's file system) has less free space than the
+            merged model needs (`_disk.plan_disk`), checked before `swift export` starts.
     """
     adapter = Path(adapter_dir)
     staged = check_adapter_base(adapter, base_model_dir)
     check_bf16_target(base_model_dir, merged_out)
+    disk = plan_disk(base_model_dir, work_dir, merged_out)
+    print(
+        f"merge-export: disk: needs {disk.need_work_bytes / 1e9:.2f} GB in {work_dir} "
+        f"(merged model ~{disk.weights_bytes / 1e9:.2f} GB), {disk.free_work_bytes / 1e9:.2f} GB free",
+        flush=True,
+    )
     tmp_out = Path(work_dir) / "merged"
     if tmp_out.exists():
         shutil.rmtree(tmp_out)
-    export_adapter, quant = bf16_adapter_view(adapter, Path(work_dir))
+    with DiskPeak(work_dir) as peak:
+        seconds, quant = _export(adapter, base_model_dir, tmp_out, Path(work_dir))
+        facts = verify_merged(tmp_out)
+        check = _check(base_model_dir, adapter, tmp_out, verify_logits)
+        out = _move(tmp_out, Path(merged_out))
+    print(
+        f"merge-export: disk: peak {peak.peak_bytes / 1e9:.2f} GB above the start in {work_dir} "
+        f"(sampled every 0.5 s; the merged model {facts.get('total_bytes', 0) / 1e9:.2f} GB)",
+        flush=True,
+    )
+    lineage = _lineage(adapter, base_model_dir, staged, out, run_id, check, quant)
+    (out / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True), encoding="utf-8")
+    (out / "README.md").write_text(model_card(lineage, metrics), encoding="utf-8")
+    metadata = {
+        "merge_seconds": round(seconds, 2),
+        **lineage["versions"],
+        **facts,
+        **{k: v for k, v in check.items() if isinstance(v, (int, float, str))},
+        **disk.metadata(),
+        "disk_peak_extra_bytes": peak.peak_bytes,
+        "base_revision": lineage["base_model"].get("revision", ""),
+        "trained_on_quantization": _quant_label(quant) if quant else "none",
+    }
+    if run_id:
+        metadata["run_id"] = run_id
+    if lineage["data"]:
+        metadata.update({"data_snapshot": lineage["data"]["snapshot"], "training_key": lineage["data"]["training_key"]})
+    return MergeResult(str(out), metadata)
+
+
+def _export(adapter: Path, base_model_dir: str, tmp_out: Path, work_dir: Path) -> tuple[float, dict[str, Any]]:
+    """Runs `swift export --merge_lora true` into tmp_out.
+
+    Returns:
+        (seconds it took, the adapter's quant arguments: {} when trained on a bf16 base).
+
+    Raises:
+        MergeError: swift export exited non-zero (its last line in the message).
+    """
+    export_adapter, quant = bf16_adapter_view(adapter, work_dir)
     if quant:
         print(f"merge-export: adapter trained on a {_quant_label(quant)} base; merging into the bf16 base", flush=True)
     recorded = _read_json(adapter / BASE_MODEL_REF)
@@ -990,12 +1041,15 @@ def merge_export(
     print("merge-export:", " ".join(cmd), flush=True)
     start = time.time()
     code, tail = run_command(cmd)
-    seconds = time.time() - start
     if code != 0:
         last = [line for line in tail.splitlines() if line.strip()][-1:] or ["(no output)"]
         raise MergeError(f"swift export exited with code {code}; last line: {last[0]}")
-    facts = verify_merged(tmp_out)
-    check: dict[str, Any] = compare_weights(base_model_dir, adapter, tmp_out)
+    return time.time() - start, quant
+
+
+def _check(base_model_dir: str, adapter: Path, merged: Path, verify_logits: bool) -> dict[str, Any]:
+    """The weight check, then (verify_logits) the logits check; their figures, logged."""
+    check: dict[str, Any] = compare_weights(base_model_dir, adapter, merged)
     print(
         f"merge-export: {check['adapted_weights']} adapted weights are base + update (worst "
         f"{check['adapted_within_step_min_fraction']:.4%} within one rounding step), the other "
@@ -1004,7 +1058,7 @@ def merge_export(
     )
     if verify_logits:
         start_check = time.time()
-        check.update(compare_logits(base_model_dir, adapter, tmp_out))
+        check.update(compare_logits(base_model_dir, adapter, merged))
         check["verify_seconds"] = round(time.time() - start_check, 2)
         relation = (
             "<="
@@ -1017,24 +1071,40 @@ def merge_export(
             f"tolerance {check['logits_tolerance']:.3g} (adapter effect {check['adapter_effect_max_abs']:.3g})",
             flush=True,
         )
-    out = Path(merged_out)
+    return check
+
+
+def _move(tmp_out: Path, out: Path) -> Path:
+    """Moves the checked files into the output folder one by one (renamed on the same file system)."""
     out.mkdir(parents=True, exist_ok=True)
     for path in tmp_out.iterdir():  # moved, not copied: a second copy of tens of GB may not fit the disk
         dst = out / path.name
         if dst.is_dir():
             shutil.rmtree(dst)
         shutil.move(str(path), str(dst))
+    return out
+
+
+def _lineage(
+    adapter: Path,
+    base_model_dir: str,
+    staged: dict[str, Any],
+    out: Path,
+    run_id: str,
+    check: dict[str, Any],
+    quant: dict[str, Any],
+) -> dict[str, Any]:
+    """lineage.json's content: base and revision, adapter, data, run, versions, checks, training."""
+    versions = library_versions()
     base_ref = {
         "model_dir": str(base_model_dir),
         **{k: v for k, v in staged.items() if v not in (None, "")},
-        **recorded,
+        **_read_json(adapter / BASE_MODEL_REF),
     }
-    versions = library_versions()
-    data = _data_lineage(adapter, out)
     lineage = {
         "base_model": base_ref,
         "adapter": str(adapter),
-        "data": data,
+        "data": _data_lineage(adapter, out),
         "run_id": run_id,
         "transformers": versions["transformers"],
         "versions": versions,
@@ -1043,21 +1113,7 @@ def merge_export(
     }
     if quant:
         lineage["trained_on"] = {"quantization": _quant_label(quant), "swift_args": quant, "merged_into": "bf16 base"}
-    (out / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True), encoding="utf-8")
-    (out / "README.md").write_text(model_card(lineage, metrics), encoding="utf-8")
-    metadata = {
-        "merge_seconds": round(seconds, 2),
-        **versions,
-        **facts,
-        **{k: v for k, v in check.items() if isinstance(v, (int, float, str))},
-        "base_revision": base_ref.get("revision", ""),
-        "trained_on_quantization": _quant_label(quant) if quant else "none",
-    }
-    if run_id:
-        metadata["run_id"] = run_id
-    if data:
-        metadata.update({"data_snapshot": data["snapshot"], "training_key": data["training_key"]})
-    return MergeResult(str(out), metadata)
+    return lineage
 
 
 def _quant_label(quant: dict[str, Any]) -> str:
