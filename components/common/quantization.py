@@ -21,7 +21,7 @@ need to agree on:
 * `STEP_COST_FACTOR`: how much slower a step is (dequantising each weight before its
   matmul). An assumption to be measured on a GPU, not a measurement.
 * `check_runnable`: bitsandbytes quantises and runs one layer on this machine, else a named
-  error before training.
+  error before training (and before evaluate loads models quantised, `eval.quantization`).
 """
 
 from __future__ import annotations
@@ -159,11 +159,17 @@ def known_quantized_bytes(
     return int(params * kept_fraction * 2 + params * (1 - kept_fraction) * rate)
 
 
-def check_runnable(quantization: str) -> str:
+def check_runnable(
+    quantization: str, setting: str = "model.quantization", gpu_setting: str = "resources.accelerator_type"
+) -> str:
     """Quantises one small linear layer with bitsandbytes on this machine and runs it.
 
     Args:
         quantization: nf4 or int8 ("none" checks nothing).
+        setting: The config key the message names (train-lora's `model.quantization`, evaluate's
+            `eval.quantization`). Default "model.quantization".
+        gpu_setting: The config key that gives the task a CUDA GPU, named in the fix. Default
+            "resources.accelerator_type".
 
     Returns:
         The device it ran on ("cuda", "cpu", or "" for none).
@@ -179,8 +185,8 @@ def check_runnable(quantization: str) -> str:
         import torch
     except ImportError as exc:
         raise QuantizationUnavailable(
-            f"model.quantization: {quantization} needs bitsandbytes ({exc}); install the train extra "
-            "(requirements.lock pins bitsandbytes) or set model.quantization: none"
+            f"{setting}: {quantization} needs bitsandbytes ({exc}); install the train extra "
+            f"(requirements.lock pins bitsandbytes) or set {setting}: none"
         ) from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -199,8 +205,8 @@ def check_runnable(quantization: str) -> str:
     except Exception as exc:  # noqa: BLE001 - any failure of the library here is the named error
         gpu = "this machine's CUDA GPU" if device == "cuda" else "this machine (no CUDA GPU)"
         raise QuantizationUnavailable(
-            f"model.quantization: {quantization}: bitsandbytes {getattr(bnb, '__version__', '?')} cannot quantise "
+            f"{setting}: {quantization}: bitsandbytes {getattr(bnb, '__version__', '?')} cannot quantise "
             f"and run a layer on {gpu} ({type(exc).__name__}: {str(exc)[:200]}); run on a CUDA GPU machine "
-            "(resources.accelerator_type) or set model.quantization: none"
+            f"({gpu_setting}) or set {setting}: none"
         ) from None
     return device

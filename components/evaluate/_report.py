@@ -4,7 +4,9 @@
 figures as inline matplotlib SVG, images as base64 PNG `data:` URIs, no scripts, no external
 requests), which the Vertex AI console shows for an `Output[HTML]` artifact.
 
-- Metrics: reference, tuned and the difference; the gate decision; the IoU threshold.
+- Metrics: reference, tuned and the difference; the gate decision; the IoU threshold. With
+  `eval.quantization` nf4 / int8, a line saying both models were loaded quantised (the scores of a
+  4-bit deployment, not of the bf16 merged model) and each model's bitsandbytes layer count.
 - Per label (detection) or field (key_value): precision / recall / F1 of both models, counted
   as the metric counts (`_labels.per_label`), as a table and a bar chart of F1.
 - The worst samples (invalid JSON first, then lowest tuned F1), each named by the user's
@@ -67,6 +69,7 @@ METRIC_ROWS = (
     ("samples_per_second", "samples/s", "{:.3f}"),
     ("generated_tokens_per_second", "generated tokens/s", "{:.1f}"),
     ("generate_seconds", "generate s", "{:.1f}"),
+    ("quantized_layers", "bitsandbytes layers", "{:.0f}"),  # only when eval.quantization loaded them quantised
 )
 
 
@@ -330,6 +333,7 @@ def render_report(
     regression: dict[str, Any] | None = None,
     regression_samples: Sequence[dict[str, Any]] = (),
     drops: Sequence[reg.Drop] = (),
+    quantization: str = "none",
 ) -> str:
     """Renders the evaluation report (pure apart from reading the sample images).
 
@@ -356,6 +360,8 @@ def render_report(
         regression: The regression figures (EvalResult.regression); None = no section. Default None.
         regression_samples: The regression rows' records (EvalResult.regression_samples). Default ().
         drops: The regression rule's checks (EvalResult.drops). Default ().
+        quantization: How both models were loaded (EvalResult.quantization); "nf4" / "int8" is
+            stated above the metrics. Default "none" (nothing stated).
 
     Returns:
         A self-contained HTML document.
@@ -381,6 +387,7 @@ def render_report(
         conventions=sorted({s.get("box_convention") or "pixel" for s in worst}),
         cards=[_sample_view(s, task, rule) for s in worst],
         regression=_regression_view(regression, regression_samples, drops, rule),
+        quantization=quantization,
     )
 
 

@@ -31,6 +31,7 @@ def evaluate(
     regression_dataset: dsl.Input[dsl.Dataset] = None,
     regression_max_drop: dict = None,
     tracking: dict = None,
+    quantization: str = "none",
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -54,7 +55,9 @@ def evaluate(
             per kind (and base_ / tuned_regression_score overall), regression_<kind>_drop and
             regression_overall_drop, regression_passed; the metadata keys "regression" ({"overall":
             {"reference", "tuned", "delta"}, "kinds": {kind: {"reference", "tuned", "delta"}}}),
-            "regression_max_drop" and "gate_failed" (the rules that failed).
+            "regression_max_drop" and "gate_failed" (the rules that failed). Quantised: base_ /
+            tuned_quantized_layers (the bitsandbytes layers in each loaded model) and the metadata
+            key "quantization" ("nf4" or "int8").
         predictions: Output: per-sample answers and scores (JSONL).
         report: Output: HTML report (metric table, speed, worst samples with boxes drawn).
         reference_uri: Model to compare against instead of the base model: the champion's
@@ -79,10 +82,14 @@ def evaluate(
         tracking: MLflow settings ({"mlflow_uri", "experiment", "required"}; components.common.tracking):
             the metrics, the data snapshot and the lineage go to the adapter's MLflow run. Default
             None (no MLflow).
+        quantization: How both models are loaded for generation (`eval.quantization`): "none"
+            (bf16), "nf4" or "int8" (both quantised by bitsandbytes, as a QLoRA base: what a 4-bit
+            deployment would score). Default "none".
     """
     from collections import namedtuple
 
     from components.common.boxes import ResizeRule, resolve_convention
+    from components.common.quantization import QuantizationUnavailable
     from components.common.tracking import TrackingError, record
     from components.evaluate._report import write_report
     from components.evaluate.core import EvalError, label_metrics, regression_metrics, resolve_reference
@@ -124,8 +131,9 @@ def evaluate(
             regression_dir=regression_dataset.path if regression_dataset is not None else "",
             regression_marker=regression_dataset.metadata.get("manifest_sha256", "") if regression_dataset else "",
             regression_max_drop=dict(regression_max_drop or {}),
+            quantization=quantization,
         )
-    except (EvalError, ValueError) as exc:
+    except (EvalError, ValueError, QuantizationUnavailable) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
     for prefix, values in (("base", result.reference), ("tuned", result.tuned)):
         for key, value in values.items():
@@ -134,6 +142,8 @@ def evaluate(
     for key, value in reference.metrics().items():
         metrics.log_metric(key, value)
     metrics.metadata["reference"] = reference.label
+    if result.quantization != "none":  # both models were loaded quantised: the figures are a 4-bit model's
+        metrics.metadata["quantization"] = result.quantization
     metrics.metadata["labels"] = label_metrics(result, task or "detection", iou_threshold, resize_rule)
     flat, meta = regression_metrics(result, regression_max_drop)  # nothing without a regression set
     for key, value in flat.items():
@@ -154,9 +164,13 @@ def evaluate(
         regression=result.regression,
         regression_samples=result.regression_samples,
         drops=result.drops,
+        quantization=result.quantization,
     )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri
+    tags = {"report": report.uri, "passed": result.passed}
+    if result.quantization != "none":
+        tags["quantization"] = result.quantization
     try:
         record(
             tracking,
@@ -165,7 +179,7 @@ def evaluate(
             model_dir=tuned_model.path,
             model_meta=dict(tuned_model.metadata),
             metrics=dict(metrics.metadata),
-            tags={"report": report.uri, "passed": result.passed},
+            tags=tags,
         )
     except TrackingError as exc:
         raise SystemExit(f"evaluate: {exc}") from None

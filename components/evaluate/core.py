@@ -18,6 +18,14 @@ scored by its kind's metric (`components.common.regression`: vqa, ocr, grounding
 then has a second rule: no kind, and not the overall score, may drop by more than
 `regression_max_drop`; its decision names the rule that failed (the task metric, or the
 regression kind and by how much).
+
+With `quantization` nf4 or int8 (`eval.quantization`), both models are loaded quantised by
+bitsandbytes with the `BitsAndBytesConfig` ms-swift builds from the same arguments as a QLoRA
+base (`components.common.quantization.swift_quant_args`; the vision tower and `lm_head` stay
+unquantised), like with like, so the gate compares fairly: the scores are what a 4-bit deployment
+would get, not the bf16 merged model's. Each model's metrics then carry `quantized_layers`, the
+bitsandbytes layers counted in the loaded model (none is a named error), and the result says
+`quantization`.
 """
 
 from __future__ import annotations
@@ -40,13 +48,15 @@ from components.common.dataset import checked_rows_file
 from components.common.manifest import ManifestError
 from components.common.progress import Progress
 from components.common.provenance import make_origin, origin_of
+from components.common.quantization import QUANTIZATIONS, check_runnable, swift_quant_args
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
 from components.common.storage import to_fuse_path
 from components.common.tasks import PIXEL, Geometry
 from components.evaluate.metrics import aggregate, gate, gate_with_regression, score_sample
 
 # (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens); a generator
-# that also takes `progress_label` logs its own progress (rows done / total, rows/s, ETA) under that label
+# that also takes `progress_label` logs its own progress (rows done / total, rows/s, ETA) under that label;
+# one that loads models quantised takes `quantization` and `timings` (it sets timings["quantized_layers"])
 GenerateFn = Callable[[str, str, list[dict[str, Any]], int, int], tuple[list[str], int]]
 
 
@@ -70,6 +80,8 @@ class EvalResult:
         regression_samples: The regression rows' records (kind, gold, both answers and scores).
         drops: The regression rule's checks, one per kind and overall (`regression.check_drops`).
         failed_rules: The gate rules that failed: "task" and / or "regression:<kind or overall>".
+        quantization: How both models were loaded for generation: "none" (bf16; float32 on a
+            CPU), "nf4" or "int8" (bitsandbytes).
     """
 
     passed: bool
@@ -82,6 +94,7 @@ class EvalResult:
     regression_samples: list[dict[str, Any]] = field(default_factory=list)
     drops: list[reg.Drop] = field(default_factory=list)
     failed_rules: list[str] = field(default_factory=list)
+    quantization: str = "none"
 
 
 def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marker: str = "") -> list[dict[str, Any]]:
@@ -251,16 +264,20 @@ def swift_generate(
     timings: dict[str, float] | None = None,
     max_pixels: int = 0,
     progress_label: str = "",
+    quantization: str = "none",
 ) -> tuple[list[str], int]:
     """Generates greedy answers with ms-swift's TransformersEngine (batched, KV cache).
 
     Args:
-        timings: If given, receives load_s and generate_s (seconds). Default None.
+        timings: If given, receives load_s and generate_s (seconds) and, quantised,
+            quantized_layers (the loaded model's bitsandbytes layers). Default None.
         max_pixels: The training run's `swift.max_pixels`: images are shrunk as in training
             (the template's own rescale); 0 = full size. Default 0.
         progress_label: With a label, logs the load time, then rows done / total, rows/s and
             the ETA after each batch, at most one line per 5 % or 30 s (whichever comes later;
             `components.common.progress`). "" = silent. Default "".
+        quantization: "none" (bf16; float32 on a CPU), or "nf4" / "int8": loaded quantised by
+            bitsandbytes (`swift_quantization_config`). Default "none".
 
     Returns:
         (answers in row order, number of generated tokens).
@@ -270,7 +287,12 @@ def swift_generate(
 
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     start = time.time()
-    engine = TransformersEngine(model_dir, model_type=model_type or None, torch_dtype=dtype, max_batch_size=batch_size)
+    quantized = {}
+    if quantization != "none":
+        quantized["quantization_config"] = swift_quantization_config(model_dir, model_type, dtype, quantization)
+    engine = TransformersEngine(
+        model_dir, model_type=model_type or None, torch_dtype=dtype, max_batch_size=batch_size, **quantized
+    )
     if max_pixels:
         engine.template.max_pixels = int(max_pixels)  # what `swift sft --max_pixels` set on training's template
     loaded = time.time()
@@ -288,15 +310,56 @@ def swift_generate(
     generated = sum(resp.usage.completion_tokens for resp in responses)
     if timings is not None:
         timings.update(load_s=loaded - start, generate_s=time.time() - loaded)
+        if quantization != "none":
+            timings["quantized_layers"] = quantized_layers(engine.model)
     del engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return answers, generated
 
 
-def _takes_progress_label(fn: Callable) -> bool:
+def swift_quantization_config(model_dir: str, model_type: str, dtype: Any, quantization: str) -> Any:
+    """The `BitsAndBytesConfig` ms-swift loads a model with for `--quant_method bnb` (`swift infer` as `swift sft`).
+
+    ms-swift's own argument handling (`BaseArguments.get_quantization_config`, what `swift infer
+    --infer_backend transformers` passes to its TransformersEngine) from `swift_quant_args`: for
+    Qwen3-VL its `llm_int8_skip_modules` keep the vision tower, its mergers and `lm_head` unquantised
+    (a bare `BitsAndBytesConfig` would quantise the vision tower's linear layers too). The folder's
+    own `args.json` (a merged model keeps its training's) is not read: the setting alone decides.
+
+    Args:
+        model_dir: The model folder.
+        model_type: ms-swift model_type ("" = from the folder's config).
+        dtype: The torch dtype the unquantised layers load in.
+        quantization: "nf4" or "int8".
+
+    Returns:
+        The transformers BitsAndBytesConfig.
+    """
+    from swift.arguments import BaseArguments
+
+    dtype_name = str(dtype).removeprefix("torch.")
+    args = BaseArguments(
+        model=model_dir,
+        model_type=model_type or None,
+        torch_dtype=dtype_name,
+        load_args=False,  # a merged model's training args.json would force its own bnb_4bit_* settings
+        **swift_quant_args(quantization),
+    )
+    return args.get_quantization_config()
+
+
+def quantized_layers(model: Any) -> int:
+    """How many bitsandbytes layers (`Linear4bit`, `Linear8bitLt`) a loaded model holds."""
+    import bitsandbytes as bnb
+
+    return sum(isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) for m in model.modules())
+
+
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether a generator takes the keyword `name` (progress_label, quantization, timings)."""
     try:
-        return "progress_label" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
@@ -309,28 +372,54 @@ def _generate(
     batch_size: int,
     max_new_tokens: int,
     generate_fn: GenerateFn,
+    quantization: str = "none",
 ) -> tuple[list[str], dict[str, float]]:
-    """One model's answers to every row (held-out and regression, one call), and its speed figures.
+    """One model's answers to every row (held-out and regression, one call), and its figures.
+
+    Returns:
+        (answers, {samples_per_second, generated_tokens_per_second, generate_seconds}, and
+        quantised also quantized_layers: the loaded model's bitsandbytes layers).
 
     Raises:
-        EvalError: The model returned another number of answers than rows.
+        EvalError: The model returned another number of answers than rows; quantised, a generator
+            that cannot load models quantised, or a model loaded without any bitsandbytes layer.
     """
     label = f"evaluate: {name} model"
+    loaded: dict[str, float] = {}
+    extra: dict[str, Any] = {}
+    if quantization != "none":
+        if not (_takes(generate_fn, "quantization") and _takes(generate_fn, "timings")):
+            raise EvalError(
+                f"eval.quantization {quantization}: the generator {getattr(generate_fn, '__name__', generate_fn)!r} "
+                "cannot load models quantised (it takes no quantization / timings); use swift_generate"
+            )
+        extra = {"quantization": quantization, "timings": loaded}
     start = time.time()
-    if _takes_progress_label(generate_fn):
-        answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens, progress_label=label)
+    if _takes(generate_fn, "progress_label"):
+        answers, generated = generate_fn(
+            model_dir, model_type, rows, batch_size, max_new_tokens, progress_label=label, **extra
+        )
     else:  # a generator that logs nothing itself: a line before, a line after
         with Progress(label, len(rows), "rows") as progress:
-            answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens)
+            answers, generated = generate_fn(model_dir, model_type, rows, batch_size, max_new_tokens, **extra)
             progress.update(len(answers))
     seconds = max(time.time() - start, 1e-9)
     if len(answers) != len(rows):
         raise EvalError(f"{name} model returned {len(answers)} answers for {len(rows)} prompts")
-    return answers, {
+    figures = {
         "samples_per_second": len(rows) / seconds,
         "generated_tokens_per_second": generated / seconds,
         "generate_seconds": seconds,
     }
+    if quantization != "none":
+        layers = int(loaded.get("quantized_layers") or 0)
+        if layers <= 0:
+            raise EvalError(
+                f"eval.quantization {quantization}: the {name} model {model_dir} was loaded without any bitsandbytes "
+                "layer, so its scores would not be those of a quantised model; set eval.quantization: none"
+            )
+        figures["quantized_layers"] = float(layers)
+    return answers, figures
 
 
 def _task_scores(
@@ -436,6 +525,7 @@ def evaluate(
     regression_dir: str = "",
     regression_marker: str = "",
     regression_max_drop: dict[str, float] | None = None,
+    quantization: str = "none",
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows (and the regression set) and applies the gate.
 
@@ -475,6 +565,9 @@ def evaluate(
         regression_marker: The sha256 of its completion marker. Default "".
         regression_max_drop: {"overall" or kind: absolute drop allowed}; names left out take
             `regression.DEFAULT_MAX_DROP`. Default None (all defaults).
+        quantization: How both models are loaded for generation (`eval.quantization`): "none"
+            (bf16; float32 on a CPU), or "nf4" / "int8": both quantised by bitsandbytes, like with
+            like, after a probe that bitsandbytes runs here. Default "none".
 
     Returns:
         The EvalResult.
@@ -488,8 +581,10 @@ def evaluate(
             (with the real generator), a model returned too few answers, an unknown
             box_convention, or (not pixel) a row whose image size cannot be read.
         ValueError: Unknown gate metric, or an invalid regression_max_drop.
+        QuantizationUnavailable: quantised, and bitsandbytes is missing or cannot run here.
     """
     max_drop = reg.max_drops(regression_max_drop)  # an invalid rule fails before any model is loaded
+    _check_quantization(quantization)
     itself = same_model(tuned_dir, reference_dir)
     if generate_fn is swift_generate:  # fakes in tests take names, not folders
         reference_dir = check_model_dir(reference_dir, "reference")
@@ -504,9 +599,18 @@ def evaluate(
     reg_geometries = _regression_geometries(reg_rows, *conventions)
 
     generate = functools.partial(_generate, model_type=model_type, rows=rows + reg_rows, batch_size=batch_size,
-                                 max_new_tokens=max_new_tokens, generate_fn=generate_fn)  # fmt: skip
+                                 max_new_tokens=max_new_tokens, generate_fn=generate_fn,
+                                 quantization=quantization)  # fmt: skip
     ref_answers, ref_speed = generate("reference", reference_dir)
     tuned_answers, tuned_speed = (ref_answers, dict(ref_speed)) if itself else generate("tuned", tuned_dir)
+    if quantization != "none":
+        print(
+            f"evaluate: both models were loaded in {quantization} (bitsandbytes; quantised layers: reference "
+            f"{ref_speed['quantized_layers']:.0f}, tuned {tuned_speed['quantized_layers']:.0f}): the scores are "
+            f"those of an {quantization} deployment, not of the bf16 merged model",
+            file=sys.stderr,
+            flush=True,
+        )
     n = len(rows)
     ref_metrics, ref_scores = _task_scores(ref_answers[:n], rows, geometries, ref_geometries, iou_threshold, task)
     tuned_metrics, tuned_scores = _task_scores(tuned_answers[:n], rows, geometries, geometries, iou_threshold, task)
@@ -549,7 +653,19 @@ def evaluate(
     ]
     _write_predictions(predictions_out, samples + reg_samples)
     return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
-                      drops, failed)  # fmt: skip
+                      drops, failed, quantization)  # fmt: skip
+
+
+def _check_quantization(quantization: str) -> None:
+    """Refuses an unknown setting; quantised, probes that bitsandbytes runs on this machine (before any load).
+
+    Raises:
+        EvalError: Not one of QUANTIZATIONS.
+        QuantizationUnavailable: bitsandbytes is missing or cannot quantise and run a layer here.
+    """
+    if quantization not in QUANTIZATIONS:
+        raise EvalError(f"eval.quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    check_runnable(quantization, "eval.quantization", "resources.eval_accelerator_type")
 
 
 def regression_metrics(result: EvalResult, max_drop: dict[str, float] | None = None) -> tuple[dict, dict]:
