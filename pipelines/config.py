@@ -224,6 +224,10 @@ class EvalSection:
         regression_max_drop: The regression rule of the gate: the absolute drop allowed per
             kind and `overall` (the mean of the kinds' scores); a CER rise counts as a drop.
             Names left out take 0.05; an unknown name is refused. Default 0.05 for each.
+        quantization: How evaluate loads both models (the reference and the tuned one) for
+            generation: `none` (bf16), `nf4` or `int8` (both quantised by bitsandbytes, with the
+            settings of `model.quantization`): the scores a 4-bit deployment would get, not the
+            bf16 merged model's. Default `none`.
     """
 
     max_new_tokens: int = 512
@@ -236,6 +240,7 @@ class EvalSection:
     reference: str = "auto"
     regression: str = ""
     regression_max_drop: dict[str, float] = field(default_factory=max_drops)
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         # the rule is whole wherever it goes (the pipeline's parameter, the run form): left-out names take the default
@@ -1146,6 +1151,7 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("eval.max_samples", e.max_samples >= 0, "0 (all) or a positive integer"),
         ("eval.iou_threshold", 0.0 < e.iou_threshold <= 1.0, "a number in (0, 1]"),
         ("eval.metric", e.metric in _GATE_METRICS, "one of " + ", ".join(_GATE_METRICS)),
+        ("eval.quantization", e.quantization in QUANTIZATIONS, "one of " + ", ".join(QUANTIZATIONS)),
         ("pipeline.name", _valid_name(cfg.pipeline.name), "lowercase letters, digits and '-', starting with a letter"),
         ("model.source", bool(cfg.model.source.strip()), "a model folder or URI"),
         ("model.cache", bool(cfg.model.cache.strip()), "a folder or gs:// URI"),

@@ -124,6 +124,7 @@ RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("eval_min_value", "eval.min_value"),
     ("eval_min_margin", "eval.min_margin"),
     ("eval_regression_max_drop", "eval.regression_max_drop"),
+    ("eval_quantization", "eval.quantization"),
 )
 
 
@@ -255,6 +256,7 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
         eval_min_value: float = a["eval_min_value"],
         eval_min_margin: float = a["eval_min_margin"],
         eval_regression_max_drop: dict = a["eval_regression_max_drop"],
+        eval_quantization: str = a["eval_quantization"],
     ) -> bool:
         """Fine-tunes a vision-language model with LoRA and gates it on held-out data.
 
@@ -288,6 +290,8 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
                 (eval.reference: the base model or the registry's champion).
             eval_regression_max_drop: The regression rule: absolute drop allowed per kind (vqa,
                 ocr, grounding) and overall; used when the pipeline has a regression set.
+            eval_quantization: How evaluate loads both models: "none" (bf16), "nf4" or "int8"
+                (both quantised by bitsandbytes: what a 4-bit deployment would score).
 
         Returns:
             Whether the tuned model passed the gate (False when nothing was trained: the
@@ -404,6 +408,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             swift_args=p["swift_args"],  # max_pixels: the images are shrunk as in training
             box_convention=p["data_box_convention"],
             task=p["data_task"],
+            quantization=p["eval_quantization"],  # both models, like with like
             **reference_args,
             **regression_args,
             **_tracking_args(plan.cfg),
