@@ -146,16 +146,28 @@ def test_two_cached_runs_into_one_root_each_report_their_own_folder(first_run, r
     assert folders[0] != folders[1]
 
 
-def test_a_truncated_cached_eval_set_runs_validate_data_again(first_run, root, capsys):
-    """#41 must-show 3: the first run's cached eval set cut from its rows to 3; the re-run drops the
-    cache entry (one line naming validate-data and the file), validates again and scores every row."""
-    eval_file = Path(first_run["run_dir"]) / "validate-data" / "eval_dataset" / "data.jsonl"
-    rows = eval_file.read_text().splitlines(keepends=True)
-    assert len(rows) > 3
-    eval_file.write_text("".join(rows[:3]))
+def test_a_truncated_cached_eval_set_runs_validate_data_again(root, capsys):
+    """#41 must-show 3: a run's cached eval set cut from its rows to 3; the re-run drops the cache
+    entry (one line naming validate-data and the file), validates again and scores every row.
+
+    Its own runs in a root of their own (the module's first run stays untouched); training quality does
+    not matter here, so they train 4 steps and answer in at most 32 tokens.
+    """
     cfg = load_config(DEFAULT_LOCAL_CONFIG)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, cache=str(root / "model-cache")))
-    again = run_local(cfg, root=str(root / "runs"), enable_caching=True)
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, cache=str(root / "model-cache")),
+        swift={**cfg.swift, "max_steps": 4},
+        eval=dataclasses.replace(cfg.eval, max_new_tokens=32),
+    )
+    runs = str(root / "runs-truncated")
+    first = run_local(cfg, root=runs, enable_caching=True)
+    eval_file = Path(first["run_dir"]) / "validate-data" / "eval_dataset" / "data.jsonl"
+    rows = eval_file.read_text().splitlines(keepends=True)
+    assert len(rows) > 3 and first["metrics"]["tuned_n"] == len(rows)
+    eval_file.write_text("".join(rows[:3]))
+    capsys.readouterr()
+    again = run_local(cfg, root=runs, enable_caching=True)
     out = capsys.readouterr().out
     assert (
         f"cache: validate-data's output eval_dataset changed since validate-data wrote it ({eval_file.parent}/"
