@@ -27,18 +27,10 @@ from pipelines.compile import compile_pipeline
 from pipelines.config import ConfigError, load_config
 from pipelines.pipeline import pipeline_arguments
 from tests.pipeline_spec import source, tasks
+from tests.test_config import MINIMAL
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local" / "tiny_cpu.yaml"
 GOLD = '```json\n[{"label": "hole", "bbox": [10, 10, 30, 30]}]\n```'
-MINIMAL = """\
-pipeline:
-  name: evalq-run
-model:
-  source: /models/qwen3-vl-4b
-  cache: /cache/models
-data:
-  train: data/train.jsonl
-"""
 
 
 def _config(tmp_path: Path, eval_quantization: str | None) -> Path:
