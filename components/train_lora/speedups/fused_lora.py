@@ -50,6 +50,8 @@ import weakref
 
 import torch
 
+from components.train_lora.speedups import quantized_lora
+
 # without dropout under autocast: autograd's own nodes instead of the Python function (`lean_delta`);
 # VLM_LORA_LEAN_LORA=0 keeps `lora_delta` there too
 LEAN = os.environ.get("VLM_LORA_LEAN_LORA", "1") != "0"
@@ -323,6 +325,21 @@ def _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x: bool, need_
     return grad_x, grad_a, grad_b
 
 
+def _saved_weight(ctx, weight, w: torch.Tensor):
+    """The frozen weight for `save_for_backward`: the dense tensor of a plain layer (the parameter itself, or
+    autocast's cast that F.linear keeps too), None for a bitsandbytes weight, which is kept on `ctx` as its
+    `Dequantized` and made dense again in the backward."""
+    ctx.dequantized = weight if isinstance(weight, quantized_lora.Dequantized) else None
+    return None if ctx.dequantized is not None else w
+
+
+def _weight_of(ctx, saved, dtype: torch.dtype, needed: bool):
+    """The frozen weight in the backward: the saved tensor, or a bitsandbytes weight made dense where `needed`."""
+    if ctx.dequantized is None:
+        return saved
+    return ctx.dequantized.dense(dtype) if needed else None
+
+
 class _LoraLinear(torch.autograd.Function):
     """A frozen Linear and its LoRA branch as one node: `x W^T + b + scaling * B(A(dropout_p(x)))`.
 
@@ -335,11 +352,12 @@ class _LoraLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, weight_a, weight_b, scaling: float, p: float, dtype: torch.dtype):
-        w = weight.to(dtype)  # autocast's cast of the frozen weight, which F.linear would keep as well
+        # autocast's cast of the frozen weight, which F.linear would keep as well; a bitsandbytes weight made dense
+        w = quantized_lora.dense(weight, dtype)
         a, b = CASTS.get(weight_a, dtype), CASTS.get(weight_b, dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(dtype)
         out, h, mask = _linear_lora_forward(x2, w, bias, a, b, scaling, p)
-        ctx.save_for_backward(x2, _saved_mask(ctx, mask), h, a, b, w)
+        ctx.save_for_backward(x2, _saved_mask(ctx, mask), h, a, b, _saved_weight(ctx, weight, w))
         ctx.scaling, ctx.p = scaling, p
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
@@ -351,6 +369,7 @@ class _LoraLinear(torch.autograd.Function):
         mask = _mask_of(ctx, mask)
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_x, _, _, need_a, need_b = ctx.needs_input_grad[:5]
+        weight = _weight_of(ctx, weight, h.dtype, need_x)
         grad_x, grad_a, grad_b = _linear_lora_backward(ctx, g, x2, mask, h, a, b, weight, need_x, need_a, need_b)
         if grad_x is not None:
             grad_x = grad_x.view(ctx.x_shape).to(ctx.x_dtype)
@@ -370,14 +389,14 @@ class _SiluMulLoraLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up, weight, bias, weight_a, weight_b, scaling: float, p: float, dtype, silu_mul):
-        w = weight.to(dtype)
+        w = quantized_lora.dense(weight, dtype)
         a, b = CASTS.get(weight_a, dtype), CASTS.get(weight_b, dtype)
         gate2 = gate.reshape(-1, gate.shape[-1]).to(dtype)
         up2 = up.reshape(-1, up.shape[-1]).to(dtype)
         c = silu_mul.forward(gate2, up2)
         out, h, mask = _linear_lora_forward(c, w, bias, a, b, scaling, p)
         del c
-        ctx.save_for_backward(gate2, up2, _saved_mask(ctx, mask), h, a, b, w)
+        ctx.save_for_backward(gate2, up2, _saved_mask(ctx, mask), h, a, b, _saved_weight(ctx, weight, w))
         ctx.scaling, ctx.p, ctx.silu_mul = scaling, p, silu_mul
         ctx.shapes, ctx.dtypes = (gate.shape, up.shape), (gate.dtype, up.dtype)
         ctx.weight_dtypes = (weight_a.dtype, weight_b.dtype)
@@ -390,6 +409,7 @@ class _SiluMulLoraLinear(torch.autograd.Function):
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(h.dtype)
         need_gate, need_up, _, _, need_a, need_b = ctx.needs_input_grad[:6]
         need_c = need_gate or need_up
+        weight = _weight_of(ctx, weight, h.dtype, need_c)
         c = ctx.silu_mul.forward(gate2, up2) if (need_a or need_c) else None
         grad_c, grad_a, grad_b = _linear_lora_backward(ctx, g, c, mask, h, a, b, weight, need_c, need_a, need_b)
         del c
@@ -430,14 +450,21 @@ def silu_mul_lora(layer, gate, up, silu_mul):
     weight_a, weight_b, scaling, p = plain
     dtype = _compute_dtype(gate, weight_a)
     base_layer = layer.base_layer
-    if not _frozen_linear_in(base_layer, dtype, torch.is_autocast_enabled(gate.device.type)):
-        return None
-    if base_layer.weight.shape[1] != gate.shape[-1] or up.dtype != gate.dtype:
+    weight = _frozen_weight(base_layer, dtype, torch.is_autocast_enabled(gate.device.type))
+    if weight is None or weight.shape[1] != gate.shape[-1] or up.dtype != gate.dtype:
         return None
     with torch.autocast(gate.device.type, enabled=False):
         return _SiluMulLoraLinear.apply(
-            gate, up, base_layer.weight, base_layer.bias, weight_a, weight_b, float(scaling), float(p), dtype, silu_mul
+            gate, up, weight, base_layer.bias, weight_a, weight_b, float(scaling), float(p), dtype, silu_mul
         )
+
+
+def _frozen_weight(base_layer, dtype: torch.dtype, autocast: bool):
+    """What `_LoraLinear` / `_SiluMulLoraLinear` take as the frozen weight: a frozen plain Linear's weight, a frozen
+    bitsandbytes layer's `Dequantized` (`quantized_lora.py`), else None (peft's layer runs itself)."""
+    if _frozen_linear_in(base_layer, dtype, autocast):
+        return base_layer.weight
+    return quantized_lora.frozen(base_layer)
 
 
 def _frozen_linear_in(base_layer, dtype: torch.dtype, autocast: bool) -> bool:
@@ -623,11 +650,10 @@ def fused_forward(layer, x, *args, **kwargs):
         h = group.rank_input(layer, x, weight_a) if group is not None else None
         return lean_delta(x, base_layer.weight, base_layer.bias, weight_a, weight_b, scaling, h)
     dtype = _compute_dtype(x, weight_a)
-    if FUSED_BASE and _frozen_linear_in(base_layer, dtype, torch.is_autocast_enabled(x.device.type)):
+    weight = _frozen_weight(base_layer, dtype, torch.is_autocast_enabled(x.device.type)) if FUSED_BASE else None
+    if weight is not None:
         with torch.autocast(x.device.type, enabled=False):
-            return _LoraLinear.apply(
-                x, base_layer.weight, base_layer.bias, weight_a, weight_b, float(scaling), float(p), dtype
-            )
+            return _LoraLinear.apply(x, weight, base_layer.bias, weight_a, weight_b, float(scaling), float(p), dtype)
     base = base_layer(x)
     result_dtype = base.dtype
     with torch.autocast(x.device.type, enabled=False):
@@ -653,24 +679,39 @@ FORWARD_READS = (
 )
 
 
+def _route(cls) -> None:
+    """`cls.forward` through `fused_forward` (its own forward where that returns None), once."""
+    original = cls.forward
+    if getattr(original, "_vlm_lora_fused", False):
+        return
+
+    def forward(self, x, *args, **kwargs):
+        out = fused_forward(self, x, *args, **kwargs)
+        return original(self, x, *args, **kwargs) if out is None else out
+
+    forward._vlm_lora_fused = True
+    forward._vlm_lora_original = original
+    cls.forward = forward
+
+
+def lora_classes() -> list[type]:
+    """peft's LoRA Linear and, where bitsandbytes is installed, its LoRA classes over 4-bit / 8-bit layers."""
+    from peft.tuners.lora.layer import Linear
+
+    return [Linear, *quantized_lora.peft_classes().values()]
+
+
 def install(ctx):
-    """Routes peft's `lora.Linear.forward` through `fused_forward` (peft's own forward where that returns None)."""
+    """Routes peft's `lora.Linear.forward` (and `lora.bnb.Linear4bit` / `Linear8bitLt`'s) through `fused_forward`
+    (peft's own forward where that returns None)."""
     from peft.tuners.lora.layer import Linear
 
     from components.train_lora.speedups import registry
 
-    original = getattr(Linear, "forward", None)
-    if original is None:
+    if getattr(Linear, "forward", None) is None:
         return registry.target_missing("peft.tuners.lora.layer.Linear.forward", version_of="peft")
-    if not getattr(original, "_vlm_lora_fused", False):
-
-        def forward(self, x, *args, **kwargs):
-            out = fused_forward(self, x, *args, **kwargs)
-            return original(self, x, *args, **kwargs) if out is None else out
-
-        forward._vlm_lora_fused = True
-        forward._vlm_lora_original = original
-        Linear.forward = forward
+    for cls in lora_classes():
+        _route(cls)
     return registry.pending()
 
 
@@ -683,8 +724,12 @@ def check(ctx, trainer):
 
     if not patching.ours(Linear.forward):
         return registry.target_missing("peft.tuners.lora.layer.Linear.forward", version_of="peft")
-    layers = [m for m in trainer.model.modules() if isinstance(m, Linear)]
+    classes = tuple(cls for cls in lora_classes() if patching.ours(cls.forward))
+    layers = [m for m in trainer.model.modules() if isinstance(m, classes)]
     if not layers:
+        quantized = quantized_lora.quantization_of_model(trainer.model)
+        if quantized != "none":
+            return registry.found_nothing(f"no peft LoRA layer over a Linear or a {quantized} bitsandbytes layer")
         return registry.found_nothing("no peft LoRA Linear layer")
     missing = sorted({name for layer in layers for name in FORWARD_READS if not hasattr(layer, name)})
     if missing:
@@ -693,6 +738,9 @@ def check(ctx, trainer):
             *(f"peft.tuners.lora.layer.Linear.{name}" for name in missing), version_of="peft"
         )
     detail = f"{len(layers)} LoRA layers"
+    over_bnb = sum(1 for m in layers if quantized_lora.frozen(m.base_layer) is not None)
+    if over_bnb:
+        detail += f" ({over_bnb} over bitsandbytes layers, their weights dequantised per use)"
     if GROUP and LEAN:
         groups = group_shared_inputs(trainer.model)
         if groups:

@@ -116,10 +116,15 @@ def trainer_built(ctx: Context, trainer: Any) -> Table:
     """Each item's `check` on a built trainer, then the start-up table: logged and written by rank 0 (the other ranks
     log how many applied on them)."""
     ctx.outcomes = {}
+    quantized = _quantization(trainer)
     for item in ITEMS:
         before = ctx.loaded.get(item.number)
+        unserved = registry.quantization_problem(item, quantized)
         if before is not None and before.skipped:
             outcome = before
+        elif unserved is not None:  # installed, but the base is quantised in a way it does not serve
+            patching.restore(item)
+            outcome = unserved
         elif before is None:  # decided now: its switch as set now
             outcome = registry.gate(item, ctx.environ, ctx.world, ctx.gpu, ctx.outcomes)
             outcome = outcome or _attempt(item, ctx, "check", trainer)
@@ -143,6 +148,16 @@ def trainer_built(ctx: Context, trainer: Any) -> Table:
     ctx.tables.append(table)
     trainer.__dict__["_vlm_lora_speedups"] = table
     return table
+
+
+def _quantization(trainer: Any) -> str:
+    """The bitsandbytes quantisation of the trainer's model (nf4, int8 or none)."""
+    model = getattr(trainer, "model", None)
+    if model is None:
+        return "none"
+    from components.train_lora.speedups.quantized_lora import quantization_of_model
+
+    return quantization_of_model(model)
 
 
 def check_model(model: Any, training_args: Any = None) -> dict[int, Outcome]:
