@@ -22,7 +22,7 @@ PLANNER_FLAGS = {"fused_lora", "padding_mask", "fused_silu_mul"}  # _plan.plan_f
 
 
 def test_every_item_is_declared_once_with_its_code_beside_it():
-    assert [it.number for it in ITEMS] == [n for n in range(1, 19) if n not in (4, 15)]  # 4, 15 deleted (2026-11-28)
+    assert [it.number for it in ITEMS] == [n for n in range(1, 20) if n not in (4, 15)]  # 4, 15 deleted (2026-11-28)
     assert len({it.name for it in ITEMS}) == len(ITEMS)
     for it in ITEMS:
         module = importlib.import_module(f"{registry.PACKAGE}.{it.module}")
@@ -36,7 +36,7 @@ def test_every_item_is_declared_once_with_its_code_beside_it():
             assert re.fullmatch(r"(>=|==)[\d.]+(,<[\d.]+)?", spec), spec
     switches = [s.name for it in ITEMS for s in (*it.switches, *it.options)]
     assert (
-        len(switches) == len(set(switches)) == 28
+        len(switches) == len(set(switches)) == 30
     )  # every switch of the plugin, each under one item (31 before items 15 and 4 went)
 
 
@@ -315,7 +315,7 @@ def test_train_lora_reads_the_start_up_table_into_its_metrics(tmp_path, capsys):
         assert table.outcomes[number].applied, (number, table.outcomes[number].line())
     assert result.metrics["speedup_03_fused_lora"] == 1 and result.metrics["speedup_09_torch_rms_norm"] == 0
     out = capsys.readouterr().out
-    assert re.search(r"train-lora: speed-ups: \d+ of 16 applied; skipped: .*9 torch_rms_norm \(switch off\)", out)
+    assert re.search(r"train-lora: speed-ups: \d+ of 17 applied; skipped: .*9 torch_rms_norm \(switch off\)", out)
     page = loss_curve_html(result.log_history, speedups=result.speedups)
     assert "speed-ups at start-up" in page and "fused_lora" in page
 

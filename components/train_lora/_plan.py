@@ -71,7 +71,10 @@ ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpoin
 FIXED_BYTES = int(3.2 * GIB)  # CUDA context, allocator reserve, LoRA weights + Adam state, buffers
 LOGIT_BYTES = 2.0  # bytes per token x vocabulary entry without Liger's fused loss
 T_REF = 1221  # tokens per row of the calibration runs
-GC_SLOWDOWN = 1.76  # time per sample with checkpointing / without, at the same batch
+# time per sample with checkpointing of every layer / without, at the same batch: fitted with MICRO_STEP_COST on an
+# H100 (2026-11-24). One H200 measured 1.37 at 16 x 1 with today's speed-ups (1.215 against 0.889 s/step, 2026-12-01);
+# the two constants rank micro-batch against checkpointing together, so they change together, from one call's runs
+GC_SLOWDOWN = 1.76
 MICRO_STEP_COST = 6.0  # per-micro-step host cost, in units of one reference sample's compute
 MAX_OOM_REPLANS = 3
 # time per step with dropout masks from seeds / kept, at the same plan: the Philox draws in the backward's A-gradient
@@ -241,10 +244,16 @@ class Plan:
     reasons: tuple[str, ...] = field(default_factory=tuple)
     conservative: bool = False
     seeded_dropout: bool | None = None  # LoRA's dropout masks from seeds (True), kept (False), not the planner's (None)
+    # with checkpointing: the decoder layers checkpointed from the first (speed-up item 19); None = every layer
+    checkpoint_layers: int | None = None
 
     def job_env(self) -> dict[str, str]:
-        """The plugin switches this plan decided (VLM_LORA_SEEDED_DROPOUT), for the training job's environment."""
-        return {} if self.seeded_dropout is None else {"VLM_LORA_SEEDED_DROPOUT": "1" if self.seeded_dropout else "0"}
+        """The plugin switches this plan decided (VLM_LORA_SEEDED_DROPOUT, VLM_LORA_CHECKPOINT_LAYERS), for the training
+        job's environment."""
+        env = {} if self.seeded_dropout is None else {"VLM_LORA_SEEDED_DROPOUT": "1" if self.seeded_dropout else "0"}
+        if self.gradient_checkpointing and self.checkpoint_layers is not None:
+            env["VLM_LORA_CHECKPOINT_LAYERS"] = str(self.checkpoint_layers)
+        return env
 
     def swift_args(self) -> dict[str, Any]:
         """The `swift sft` arguments of this plan."""
@@ -263,16 +272,27 @@ class Plan:
             "plan_peak_gib": round(self.peak_bytes / GIB, 1),
             "plan_budget_gib": round(self.budget_bytes / GIB, 1),
             **({} if self.seeded_dropout is None else {"plan_seeded_dropout": int(self.seeded_dropout)}),
+            **({} if self.checkpoint_layers is None else {"plan_checkpoint_layers": self.checkpoint_layers}),
         }
 
 
 def predict_peak(
-    model: ModelShape, batch: int, tokens: int, *, checkpointing: bool, liger: bool, shards: int = 1
+    model: ModelShape,
+    batch: int,
+    tokens: int,
+    *,
+    checkpointing: bool,
+    liger: bool,
+    shards: int = 1,
+    layers: int | None = None,
 ) -> int:
-    """Predicted peak bytes of one GPU for `batch` rows padded to `tokens` (the module's memory model)."""
+    """Predicted peak bytes of one GPU for `batch` rows padded to `tokens` (the module's memory model); `layers`: with
+    checkpointing, how many decoder layers are checkpointed (the first ones; None = all): the others keep their
+    activations, and the backward frees those (the last layers) before the first recompute."""
     bt = batch * tokens
     if checkpointing:
-        act = bt * model.hidden * (ACT_BYTES_GC_LAYER * model.layers + model.act_full)
+        k = model.layers if layers is None else max(0, min(int(layers), model.layers))
+        act = bt * model.hidden * (ACT_BYTES_GC_LAYER * k + max(model.layers - k, 1) * model.act_full)
     else:
         act = bt * model.hidden * model.layers * model.act_full
     logits = 0 if liger else bt * model.vocab * LOGIT_BYTES
@@ -280,9 +300,25 @@ def predict_peak(
     return int(model.weight_bytes / max(shards, 1) + FIXED_BYTES + act + logits + wrapped)
 
 
-def relative_time(batch: int, tokens: int, checkpointing: bool) -> float:
-    """Time per sample in units of one reference sample's compute (the module's speed model)."""
-    return (tokens / T_REF) * (GC_SLOWDOWN if checkpointing else 1.0) + MICRO_STEP_COST / batch
+def relative_time(batch: int, tokens: int, checkpointing: bool, share: float = 1.0) -> float:
+    """Time per sample in units of one reference sample's compute (the module's speed model); `share`: the share of
+    decoder layers checkpointed (their forward runs twice)."""
+    recompute = (GC_SLOWDOWN - 1.0) * share if checkpointing else 0.0
+    return (tokens / T_REF) * (1.0 + recompute) + MICRO_STEP_COST / batch
+
+
+def _fewest_checkpointed(model: ModelShape, batch: int, tokens: int, budget: int, **kw: Any) -> int | None:
+    """The fewest decoder layers to checkpoint (from the first) for `batch` rows to fit `budget`; None: not even all."""
+    if predict_peak(model, batch, tokens, checkpointing=True, layers=model.layers, **kw) > budget:
+        return None
+    lo, hi = 1, model.layers  # the peak falls as more layers are checkpointed
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if predict_peak(model, batch, tokens, checkpointing=True, layers=mid, **kw) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _divisors(n: int) -> list[int]:
@@ -301,6 +337,7 @@ def plan_micro_batch(
     checkpointing: bool | str = AUTO,
     shards: int = 1,
     margin: float = 0.04,
+    partial: bool = False,
 ) -> Plan:
     """Chooses micro-batch, accumulation and checkpointing that fit the GPU and run fastest.
 
@@ -317,6 +354,8 @@ def plan_micro_batch(
         margin: Share of `gpu_bytes` kept free beyond the worst micro-batch (which the plan
             already sizes for the longest row); an out-of-memory anyway re-plans
             (`replan_after_oom`). Default 0.04.
+        partial: With checkpointing "auto", whether it may checkpoint only the first k decoder layers (speed-up
+            item 19): the fewest that fit for each micro-batch. Default False (every layer).
 
     Returns:
         The plan, with its reasons.
@@ -344,29 +383,34 @@ def plan_micro_batch(
     ]
     if not model.known:
         return _conservative(model, per_gpu, budget, batches, gcs, reasons)
-    fits = [
-        (
-            relative_time(b, tokens, gc),
-            -b,
-            gc,
-            predict_peak(model, b, tokens, checkpointing=gc, liger=liger, shards=shards),
-        )
-        for b in batches
-        for gc in gcs
-    ]
+    kw = {"liger": liger, "shards": shards}
+    fits = []  # (time, -batch, checkpointing, peak, layers checkpointed or None for all)
+    for b in batches:
+        for gc in gcs:
+            k = (
+                _fewest_checkpointed(model, b, tokens, budget, **kw)
+                if gc and partial and checkpointing == AUTO
+                else None
+            )
+            if gc and k is not None and k >= model.layers:
+                k = None
+            share = 1.0 if k is None else k / model.layers
+            peak = predict_peak(model, b, tokens, checkpointing=gc, layers=k, **kw)
+            fits.append((relative_time(b, tokens, gc, share), -b, gc, peak, k))
     fitting = [f for f in fits if f[3] <= budget]
     if not fitting:
         raise PlanError(_no_fit_message(model, tokens, budget, liger, shards))
-    _, neg_b, gc, peak = min(fitting)
+    _, neg_b, gc, peak, k = min(fitting, key=lambda f: f[:3])
     b = -neg_b
     best_nogc = max((-f[1] for f in fitting if not f[2]), default=0)
+    which = "off" if not gc else ("on" if k is None else f"on for {k} of {model.layers} decoder layers")
     reasons.append(
-        f"micro-batch {b} x accumulation {per_gpu // b}, checkpointing {'on' if gc else 'off'}: predicted peak "
+        f"micro-batch {b} x accumulation {per_gpu // b}, checkpointing {which}: predicted peak "
         f"{peak / GIB:.1f} GiB for {b} rows of {tokens} tokens (fastest of {len(fitting)} plans that fit"
         + (f"; without checkpointing at most {best_nogc} rows fit" if gc and best_nogc else "")
         + ")"
     )
-    return Plan(b, per_gpu // b, gc, peak, budget, tuple(reasons))
+    return Plan(b, per_gpu // b, gc, peak, budget, tuple(reasons), checkpoint_layers=k)
 
 
 def _conservative(
@@ -404,7 +448,11 @@ def _no_fit_message(model: ModelShape, tokens: int, budget: int, liger: bool, sh
 
 
 def replan_after_oom(plan: Plan, per_gpu_samples: int) -> Plan | None:
-    """The next safer plan after an out-of-memory: half the micro-batch, then checkpointing on; None = none left."""
+    """The next safer plan after an out-of-memory: every layer checkpointed where only some were, then half the
+    micro-batch, then checkpointing on; None = none left."""
+    if plan.gradient_checkpointing and plan.checkpoint_layers is not None:
+        why = f"out of memory with {plan.checkpoint_layers} layers checkpointed: every layer checkpointed"
+        return replace(plan, checkpoint_layers=None, peak_bytes=0, reasons=(*plan.reasons, why))
     if plan.micro_batch > 1:
         b = max(d for d in _divisors(per_gpu_samples) if d < plan.micro_batch)
         why = f"out of memory with micro-batch {plan.micro_batch}: micro-batch {b}"
@@ -461,6 +509,7 @@ def plan_for_run(
     fused_silu_mul: bool = False,
     silu_mul_down: bool = False,
     seeded_dropout: str = "off",
+    partial_checkpointing: bool = False,
 ) -> Plan:
     """The plan for a run whose `swift` section says `auto` (inputs as the task reads them).
 
@@ -477,7 +526,8 @@ def plan_for_run(
     `seeded_dropout`: with dropout, LoRA on every linear layer (all-linear) and the fused branch, whether the
     masks are computed from seeds on the GPU (`lora_triton.Seeded`) instead of kept (`dropout_mask_bytes` less
     memory, `SEEDED_COST` more time per step): "on", "off", or "auto" (seeds only where they let a faster plan
-    fit; `Plan.job_env` tells the plugin). Default "off".
+    fit; `Plan.job_env` tells the plugin). Default "off". `partial_checkpointing`: whether speed-up item 19 can
+    checkpoint only the first k decoder layers (`plan_micro_batch`'s `partial`). Default False.
 
     Raises:
         PlanError: No token figures (a dataset from before validate-data wrote them), or no plan fits.
@@ -519,6 +569,7 @@ def plan_for_run(
             batch=batch if batch != AUTO and batch is not None else AUTO,
             checkpointing=AUTO if checkpointing == AUTO else bool(checkpointing),
             shards=world_size if zero3 else 1,
+            partial=partial_checkpointing,
         )
 
     if seeded_dropout not in ("on", "auto") or not fused or dropout <= 0 or not dropout_mask_bytes(model_config):
@@ -526,14 +577,17 @@ def plan_for_run(
     seeded = plan(act_full - dropout_mask_bytes(model_config))
     if seeded_dropout == "on":
         return _with_masks(seeded, True, "dropout masks from seeds (VLM_LORA_SEEDED_DROPOUT=1)")
-    return _choose_masks(seeded, act_full, plan, stats)
+    layers = ModelShape.from_config(model_config, weight_bytes).layers
+    return _choose_masks(seeded, act_full, plan, stats, layers)
 
 
 def _with_masks(plan: Plan, seeded: bool, why: str) -> Plan:
     return replace(plan, seeded_dropout=seeded, reasons=(*plan.reasons, why))
 
 
-def _choose_masks(seeded: Plan, act_kept: float, plan: Callable[[float], Plan], stats: TokenStats) -> Plan:
+def _choose_masks(
+    seeded: Plan, act_kept: float, plan: Callable[[float], Plan], stats: TokenStats, layers: int = 1
+) -> Plan:
     """Kept masks unless seeds let a plan fit that the speed model puts ahead by more than `SEEDED_COST`."""
     try:
         kept = plan(act_kept)
@@ -542,7 +596,8 @@ def _choose_masks(seeded: Plan, act_kept: float, plan: Callable[[float], Plan], 
     tokens = max(int(stats.max_tokens), 1)
 
     def step(p: Plan) -> float:
-        return relative_time(p.micro_batch, tokens, p.gradient_checkpointing)
+        share = 1.0 if p.checkpoint_layers is None else p.checkpoint_layers / max(layers, 1)
+        return relative_time(p.micro_batch, tokens, p.gradient_checkpointing, share)
 
     if kept.conservative or step(seeded) * (1 + SEEDED_COST) >= step(kept):
         return _with_masks(kept, False, "dropout masks kept: seeds would not let a faster plan fit")

@@ -58,6 +58,8 @@ NOTHING = "found nothing in the model"
 NOT_APPLICABLE = "not applicable"
 ERROR = "error while installing"
 KINDS = (SWITCH_OFF, VERSION, TARGET, NOTHING, NOT_APPLICABLE, ERROR)
+# the bitsandbytes bases an item can serve (`Item.quantized`; components/common/quantization.py's settings)
+QUANTIZED = ("nf4", "int8")
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ class Item:
         needs: Items that must have applied for this one to apply.
         requires: What it needs of the run, by name (`REQUIREMENTS`: Liger on, sdpa, a GPU, DDP, ...): the
             planner's view; the item's own code checks the same where it runs.
+        quantized: The bitsandbytes bases (`model.quantization`: nf4, int8) it serves; on another it is not
+            applicable (the planner's view, and the plugin's once it sees the model). Default both.
     """
 
     number: int
@@ -159,6 +163,7 @@ class Item:
     memory: str | None = None
     needs: tuple[int, ...] = ()
     requires: tuple[str, ...] = ()
+    quantized: tuple[str, ...] = QUANTIZED
 
     @property
     def key(self) -> str:
@@ -327,7 +332,12 @@ ITEMS: tuple[Item, ...] = (
     ),
     Item(
         3, "fused_lora", "each plain LoRA layer as one autograd function (peft's lora.Linear.forward)",
-        patches=(Target("peft.tuners.lora.layer", "Linear.forward"),),
+        patches=(
+            Target("peft.tuners.lora.layer", "Linear.forward"),
+            # where bitsandbytes is installed: LoRA over its layers, the weight dequantised per use (quantized_lora.py)
+            Target("peft.tuners.lora.bnb", "Linear4bit.forward"),
+            Target("peft.tuners.lora.bnb", "Linear8bitLt.forward"),
+        ),
         verified={"peft": PEFT},
         gpu_verified={"torch": TORCH, "triton": TRITON},
         switches=(Switch("VLM_LORA_FUSED_LORA", "0 (peft's own LoRA forward) or 1 (the fused branch, the default)"),),
@@ -527,6 +537,18 @@ ITEMS: tuple[Item, ...] = (
         requires=("liger",),
         module="liger_waits", install="install", check="check",
     ),
+    Item(
+        19, "checkpoint_layers", "gradient checkpointing of the first k decoder layers only (the planner's k), the "
+        "checkpointed inputs in pinned host memory on request",
+        patches=(Target("transformers.modeling_utils", "PreTrainedModel.gradient_checkpointing_enable"),),
+        verified={"transformers": TRANSFORMERS},
+        switches=(Switch("VLM_LORA_CHECKPOINT_LAYERS", "k, the decoder layers checkpointed from the first (the "
+                         "planner sets it with gradient_checkpointing auto); unset: every layer", default="",
+                         flag=False),),
+        options=(Switch("VLM_LORA_CHECKPOINT_OFFLOAD", "1 (the checkpointed layers' inputs in pinned host memory, "
+                        "transformers' offload) or 0 (on the GPU, the default)", default="0"),),
+        module="checkpoint_layers", install="install", check="check",
+    ),
 )  # fmt: skip
 
 BY_NUMBER: dict[int, Item] = {item.number: item for item in ITEMS}
@@ -615,8 +637,21 @@ class _Run:
         return covers(dict(self.model_config))
 
 
+def quantization_problem(it: Item, quantization: str) -> Outcome | None:
+    """Not applicable where the base is quantised by bitsandbytes in a way the item does not serve."""
+    if quantization in ("", "none") or quantization in it.quantized:
+        return None
+    return not_applicable(f"a {quantization} bitsandbytes base (it serves {', '.join(it.quantized) or 'none'})")
+
+
 def _run_problem(it: Item, run: _Run) -> Outcome | None:
-    """Not applicable where the run lacks what the item requires (`Item.requires`)."""
+    """Not applicable where the run lacks what the item requires (`Item.requires`), or its base is quantised in a
+    way the item does not serve (`Item.quantized`)."""
+    from components.common.quantization import quantization_of
+
+    problem = quantization_problem(it, quantization_of(dict(run.swift_args)))
+    if problem is not None:
+        return problem
     for name in it.requires:
         words, holds = REQUIREMENTS[name]
         if not holds(run):
@@ -632,6 +667,7 @@ class Planned:
     seeded_dropout: str = "off"
     silu_mul_down: bool = False
     attn: str = "sdpa"
+    partial_checkpointing: bool = False  # item 19 can run where the plan sets its switch (version, target)
 
     def applies(self, number: int) -> bool:
         return self.outcomes[number].applied
@@ -648,6 +684,7 @@ class Planned:
                 flags["fused_silu_mul"] = self.applies(it.number)
         flags["silu_mul_down"] = self.silu_mul_down and flags.get("fused_silu_mul", False)
         flags["seeded_dropout"] = self.seeded_dropout if flags.get("fused_lora") else "off"
+        flags["partial_checkpointing"] = self.partial_checkpointing
         return flags
 
 
@@ -688,7 +725,12 @@ def planned(
         t == "all-linear" or t.endswith("down_proj") for t in targets
     )
     attn = str(swift_args.get("attn_impl") or "sdpa")
-    return Planned(outcomes, seeded_dropout=seeded_dropout, silu_mul_down=down, attn=attn)
+    layers = BY_NUMBER[19]  # the plan sets its switch: only what else decides it counts here
+    run = _Run(environ, world, swift_args, model_config, gpu)
+    partial = not (version_problem(layers, gpu) or _run_problem(layers, run) or _target_problem(layers))
+    return Planned(
+        outcomes, seeded_dropout=seeded_dropout, silu_mul_down=down, attn=attn, partial_checkpointing=partial
+    )
 
 
 # ---- the start-up table -----------------------------------------------------------------------------------------------

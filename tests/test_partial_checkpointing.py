@@ -1,0 +1,104 @@
+"""Checkpointing only as many decoder layers as the card needs: the planner's choice (`_plan`, `partial`) and
+speed-up item 19 (`speedups/checkpoint_layers.py`) that applies it, on the tiny Qwen3-VL text model on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.train_lora import _plan
+from components.train_lora._plan import GIB, ModelShape, TokenStats, plan_micro_batch, predict_peak
+from components.train_lora.speedups import checkpoint_layers, plugin, registry
+from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
+
+# Qwen3-VL-4B in bf16 with the fused branch, Liger, seeded masks and the SiLU product not kept: 51.0 - 2 x 7.6
+QWEN3_VL_4B = ModelShape(36, 2560, 151936, 1024, weight_bytes=8_880_000_000, act_full=35.8)
+ROWS = TokenStats(max_tokens=1221, p95_tokens=1221, mean_tokens=1207.0, rows=136)
+
+
+def test_the_peak_falls_with_each_layer_checkpointed_and_meets_both_ends():
+    full = predict_peak(QWEN3_VL_4B, 16, 1221, checkpointing=False, liger=True)
+    every = predict_peak(QWEN3_VL_4B, 16, 1221, checkpointing=True, liger=True)
+    assert predict_peak(QWEN3_VL_4B, 16, 1221, checkpointing=True, liger=True, layers=36) == every
+    peaks = [predict_peak(QWEN3_VL_4B, 16, 1221, checkpointing=True, liger=True, layers=k) for k in range(1, 36)]
+    assert all(a > b for a, b in zip(peaks, peaks[1:]))
+    # one layer checkpointed: its input instead of its activations
+    per_layer = 16 * 1221 * 2560 * (35.8 - 2.0)
+    assert full - peaks[0] == pytest.approx(per_layer, rel=1e-6)
+
+
+@pytest.mark.parametrize("cap", [39.4, 22.0])
+def test_under_a_cap_the_planner_checkpoints_the_fewest_layers_that_fit(cap):
+    budget = int(cap * GIB)
+    every = plan_micro_batch(QWEN3_VL_4B, ROWS, budget, liger=True)
+    partial = plan_micro_batch(QWEN3_VL_4B, ROWS, budget, liger=True, partial=True)
+    assert every.gradient_checkpointing and every.checkpoint_layers is None
+    assert partial.gradient_checkpointing and 0 < partial.checkpoint_layers < 36
+    assert partial.peak_bytes <= partial.budget_bytes
+    k = partial.checkpoint_layers
+    one_fewer = predict_peak(QWEN3_VL_4B, partial.micro_batch, 1221, checkpointing=True, liger=True, layers=k - 1)
+    assert one_fewer > partial.budget_bytes  # the fewest: one layer fewer would not fit
+    t_every = _plan.relative_time(every.micro_batch, 1221, True)
+    t_partial = _plan.relative_time(partial.micro_batch, 1221, True, k / 36)
+    assert t_partial < t_every
+    assert partial.job_env() == {"VLM_LORA_CHECKPOINT_LAYERS": str(k)}
+    assert partial.metrics()["plan_checkpoint_layers"] == k
+    assert f"on for {k} of 36 decoder layers" in partial.reasons[-1]
+
+
+def test_without_a_cap_nothing_is_checkpointed_and_a_fixed_setting_is_kept():
+    big = plan_micro_batch(QWEN3_VL_4B, ROWS, int(139 * GIB), liger=True, partial=True)
+    assert not big.gradient_checkpointing and big.job_env() == {}
+    fixed = plan_micro_batch(QWEN3_VL_4B, ROWS, int(22 * GIB), liger=True, partial=True, checkpointing=True)
+    assert fixed.checkpoint_layers is None  # the config said every layer
+
+
+def test_an_out_of_memory_with_some_layers_checkpointed_checkpoints_them_all_first():
+    plan = plan_micro_batch(QWEN3_VL_4B, ROWS, int(39.4 * GIB), liger=True, partial=True)
+    nxt = _plan.replan_after_oom(plan, 16)
+    assert nxt.micro_batch == plan.micro_batch and nxt.gradient_checkpointing and nxt.checkpoint_layers is None
+    assert "every layer checkpointed" in nxt.reasons[-1]
+
+
+def test_the_planner_knows_item_19_can_run_where_its_versions_hold():
+    planned = registry.planned({}, 1, {"gradient_checkpointing": "auto"}, {}, gpu=True)
+    assert planned.memory_flags()["partial_checkpointing"] == (
+        registry.version_problem(registry.item(19), True) is None
+    )
+
+
+def _tiny(layers: int = 4):
+    from tests.tiny_text import qwen3_vl_text_model
+
+    model = qwen3_vl_text_model(layers)
+    model.train()
+    return model
+
+
+def test_item_19_checkpoints_the_first_k_layers_when_checkpointing_is_enabled():
+    ctx = plugin.Context({"VLM_LORA_CHECKPOINT_LAYERS": "2"}, gpu=False)
+    assert plugin._attempt(registry.item(19), ctx, "install").state == "pending"
+    model = _tiny(4)
+    model.gradient_checkpointing_enable()
+    flags = [layer.gradient_checkpointing for layer in checkpoint_layers.decoder_layers(model)]
+    assert flags == [True, True, False, False]
+    # the checkpointed layers recompute, the others keep their activations: fewer tensors saved than none
+    ids = torch.randint(0, 64, (2, 16))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        model(input_ids=ids).last_hidden_state.float().sum().backward()
+    partial = sum(saved)
+    model.gradient_checkpointing_disable()
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        model(input_ids=ids).last_hidden_state.float().sum().backward()
+    assert partial < sum(saved)
+
+
+def test_item_19_without_its_switch_leaves_checkpointing_as_it_is():
+    ctx = plugin.Context({}, gpu=False)
+    outcome = plugin._attempt(registry.item(19), ctx, "install")
+    assert outcome.skipped and "unset" in outcome.detail
+    model = _tiny(3)
+    model.gradient_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in checkpoint_layers.decoder_layers(model))
