@@ -276,7 +276,21 @@ PROFILES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "lora_dropout": 0.0,
     },
-}
+    # the leanest plans (issue 53: the smallest card): one or two rows per micro-step, every layer checkpointed
+    "b1_gc_liger": {"batch": 1, "vit_gradient_checkpointing": False, "use_liger_kernel": True, "logging_steps": 5},
+    "b2_gc_liger": {"batch": 2, "vit_gradient_checkpointing": False, "use_liger_kernel": True, "logging_steps": 5},
+    # the same with the checkpointed layers' inputs in pinned host memory (item 19's offload)
+    "b1_gc_liger_offload": {
+        "batch": 1, "vit_gradient_checkpointing": False, "use_liger_kernel": True, "logging_steps": 5,
+        "env": {"VLM_LORA_CHECKPOINT_LAYERS": "99", "VLM_LORA_CHECKPOINT_OFFLOAD": "1"},
+    },
+    "b16_gc_liger_log5": {"batch": 16, "vit_gradient_checkpointing": False, "use_liger_kernel": True, "logging_steps": 5},
+    "b16_nogc_liger_log5": nogc_liger(16, logging_steps=5),
+}  # fmt: skip
+
+# `<profile>@nf4` / `@int8`: the same on a bitsandbytes base (the config's `model.quantization`, as swift arguments);
+# `<profile>@capX`: under a memory cap of X GiB (VLM_LORA_GPU_MEMORY_GIB: a card of that size stood in for)
+SUFFIX = "@"
 
 
 PROFILED_SUFFIX = "_prof"
@@ -286,7 +300,22 @@ STACK_SUFFIX = "_profstack"
 
 
 def profile_settings(name: str) -> dict[str, Any]:
-    """A profile's settings; `<profile>_prof` is that profile under torch.profiler (micro-steps 4-7)."""
+    """A profile's settings; `<profile>_prof` is that profile under torch.profiler (micro-steps 4-7); `@nf4`, `@int8`
+    and `@capX` suffixes as `SUFFIX` says."""
+    if SUFFIX in name:
+        from components.common.quantization import swift_quant_args
+
+        base, *tags = name.split(SUFFIX)
+        settings = dict(profile_settings(base))
+        env = dict(settings.get("env", {}))
+        for tag in tags:
+            if tag in ("nf4", "int8"):
+                settings.update(swift_quant_args(tag))
+            elif tag.startswith("cap") and tag[3:].replace(".", "", 1).isdigit():
+                env["VLM_LORA_GPU_MEMORY_GIB"] = tag[3:]
+            else:
+                raise SystemExit(f"profile {name}: unknown suffix {SUFFIX}{tag} (nf4, int8, capX)")
+        return {**settings, "env": env} if env else settings
     if name in PROFILES:
         return PROFILES[name]
     stack = name.endswith(STACK_SUFFIX)
@@ -517,6 +546,7 @@ def run_profile(
         single_steps=[round(x, 3) for x in steady.get("single_steps", [])],
         losses=losses_at(result.log_history, range(1, int(args["max_steps"]) + 1)),
     )
+    row["speedups"] = {k: v for k, v in m.items() if k.startswith("speedup")}
     if "VLM_LORA_PROFILE_OUT" in env:
         row.update(rank_profiles(Path(env["VLM_LORA_PROFILE_OUT"]), gpus))
     return row

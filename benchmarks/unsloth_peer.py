@@ -72,6 +72,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--samples-per-step", type=int, default=16)
     parser.add_argument("--dropout", type=float, default=0.0, help="lora_dropout (Unsloth's default 0)")
+    parser.add_argument("--load-in-4bit", action="store_true", help="QLoRA: Unsloth's 4-bit (bitsandbytes nf4) base")
+    parser.add_argument(
+        "--gc", choices=("false", "true", "unsloth"), default="false",
+        help='use_gradient_checkpointing: off, torch\'s, or "unsloth" (checkpointed inputs offloaded to host memory)',
+    )  # fmt: skip
+    parser.add_argument("--cap-gib", type=float, default=0.0, help="GPU memory cap, GiB (a smaller card); 0 = none")
     parser.add_argument("--out", default="/tmp/unsloth_peer")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,11 +90,16 @@ def main() -> None:
     from unsloth.trainer import UnslothVisionDataCollator
 
     accum = args.samples_per_step // args.batch
+    if args.cap_gib:  # as train-lora's memory cap (speed-up item 11) stands in for a smaller card
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 1024**3 / total), 0)
+    gc = {"false": False, "true": True, "unsloth": "unsloth"}[args.gc]
     rows = load_rows(Path(args.train), args.samples_per_step * args.steps)
     start = time.time()
     model, tokenizer = FastVisionModel.from_pretrained(
-        args.model, load_in_4bit=False, dtype=torch.bfloat16, max_seq_length=3000, use_gradient_checkpointing=False
-    )
+        args.model, load_in_4bit=args.load_in_4bit, dtype=torch.bfloat16, max_seq_length=3000,
+        use_gradient_checkpointing=gc,
+    )  # fmt: skip
     model = FastVisionModel.get_peft_model(
         model,
         finetune_vision_layers=False,
@@ -100,7 +111,7 @@ def main() -> None:
         lora_dropout=args.dropout,
         bias="none",
         random_state=42,
-        use_gradient_checkpointing=False,
+        use_gradient_checkpointing=gc,
     )
     FastVisionModel.for_training(model)
     load_s = time.time() - start
@@ -164,6 +175,9 @@ def main() -> None:
         "versions": {"unsloth": getattr(unsloth, "__version__", "?"), "torch": torch.__version__},
         "batch": args.batch,
         "grad_accum": accum,
+        "load_in_4bit": args.load_in_4bit,
+        "gradient_checkpointing": args.gc,
+        "cap_gib": args.cap_gib or None,
         "lora_dropout": args.dropout,
         "load_s": round(load_s, 1),
         "steps": len(stamps),

@@ -102,3 +102,17 @@ def test_item_19_without_its_switch_leaves_checkpointing_as_it_is():
     model = _tiny(3)
     model.gradient_checkpointing_enable()
     assert all(layer.gradient_checkpointing for layer in checkpoint_layers.decoder_layers(model))
+
+
+def test_item_19_leaves_the_vision_towers_own_checkpointing_alone():
+    """ms-swift enables the vision tower's checkpointing with its own call: k counts the language model's layers."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
+
+    class TinyVisionModel(Qwen3VLTextModel):  # a model whose class says it is a vision tower
+        pass
+
+    ctx = plugin.Context({"VLM_LORA_CHECKPOINT_LAYERS": "1"}, gpu=False)
+    assert plugin._attempt(registry.item(19), ctx, "install").state == "pending"
+    tower = TinyVisionModel(_tiny(3).config)
+    tower.gradient_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in checkpoint_layers.decoder_layers(tower))

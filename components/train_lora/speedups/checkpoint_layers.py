@@ -69,6 +69,8 @@ def install(ctx) -> registry.Outcome:
 
     @functools.wraps(original)
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, every_n_layers=1, offload=False):
+        if "vision" in type(self).__name__.lower():  # the vision tower's own call (ms-swift's vit setting): as it is
+            return original(self, gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
         original(self, gradient_checkpointing_kwargs=gradient_checkpointing_kwargs, offload=offload or to_host)
         done, total = limit(self, k)
         if total:

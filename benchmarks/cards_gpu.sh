@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 53's GPU runs on one H200 (the cards users rent, stood in for by memory caps), in calls back to back while
+# the machine stays warm: each phase installs the wheels its call carries (benchmarks/gpu_wheels.sh; bitsandbytes
+# split out of .whl_u1 into .whl_bnb so that each call carries at most 64 MiB) into /tmp/site or /tmp/usite.
+#
+#   phase tests  (carry .whl_bnb):         bitsandbytes; the GPU tests of the fused branch over nf4
+#   phase ours   (carry .whl .whl_hf):     ms-swift, the lock's transformers; the 4B built; our runs
+#   phase peer   (carry .whl_u1 .whl_u2):  Unsloth; Unsloth's runs and ours again, in one random order
+#
+#   bash benchmarks/cards_gpu.sh PHASE "PROFILE ..." "UNSLOTH-RUN ..."   (writes $OUT/PHASE.log, RESULT lines)
+# An Unsloth run is `4bit|bf16:BATCH:GC[:CAP]` (GC false | true | unsloth).
+set -uo pipefail
+phase=$1
+ours=${2:-}
+peers=${3:-}
+steps=${STEPS:-10}
+install() {  # install TARGET DIR...: one pip call (a second --target --upgrade call replaces TARGET/bin, swift's)
+    local target=$1
+    shift
+    local wheels=()
+    for dir in "$@"; do wheels+=("$dir"/*.whl); done
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "${wheels[@]}"
+}
+case "$phase" in
+    tests) install /tmp/site .whl_bnb ;;
+    ours) [ -x /tmp/site/bin/swift ] || install /tmp/site .whl .whl_hf ;;
+    peer) [ -d /tmp/usite/unsloth ] || install /tmp/usite .whl_u1 .whl_u2 ;;
+esac
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+log=$OUT/$phase.log
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$log"
+python3 -c 'import torch, transformers, peft; print("versions", torch.__version__, transformers.__version__, peft.__version__)' | tee -a "$log"
+if [ "$phase" = tests ]; then
+    python3 -m pytest -o addopts= -q tests/test_fused_lora_bnb.py tests/test_partial_checkpointing.py 2>&1 | tail -15 | tee -a "$log"
+    exit 0
+fi
+[ -f /tmp/m/model/config.json ] || python3 -m benchmarks.qwen3_vl_4b /tmp/m/model > /dev/null
+runs=()
+for p in $ours; do runs+=("ours:$p"); done
+for p in $peers; do runs+=("peer:$p"); done
+mapfile -t order < <(printf '%s\n' "${runs[@]}" | shuf)
+echo "order: ${order[*]}" | tee -a "$log"
+train=/tmp/tp/train-$((16 * steps + 8))-1024px-mp1048576
+for run in "${order[@]}"; do
+    kind=${run%%:*}
+    spec=${run#*:}
+    start=$(date +%s)
+    if [ "$kind" = ours ]; then
+        python3 -m benchmarks.train_throughput --model /tmp/m/model --out /tmp/tp --steps "$steps" \
+            --n-train $((16 * steps + 8)) --profiles "$spec" > "$OUT/run.log" 2>&1
+    else
+        IFS=: read -r prec batch gc cap <<< "$spec"
+        flags=(--model /tmp/m/model --train "$train" --steps "$steps" --batch "$batch" --gc "$gc")
+        [ "$prec" = 4bit ] && flags+=(--load-in-4bit)
+        [ -n "${cap:-}" ] && flags+=(--cap-gib "$cap")
+        PYTHONPATH=/tmp/usite:/tmp/site:$PWD python3 -m benchmarks.unsloth_peer "${flags[@]}" > "$OUT/run.log" 2>&1
+    fi
+    rc=$?
+    grep -E "^RESULT" "$OUT/run.log" | sed "s/^/[$run] /" >> "$log"  # whole: benchmarks/results_json.py reads them
+    grep -E "plan:|speed-ups:|gradient checkpointing on|out of memory|Error" "$OUT/run.log" | cut -c1-600 \
+        | sed "s/^/[$run] /" | tee -a "$log"
+    echo "[$run] rc=$rc wall=$(( $(date +%s) - start ))s" | tee -a "$log"
+    [ $rc -ne 0 ] && tail -20 "$OUT/run.log" | sed "s/^/[$run] /" >> "$log"
+done
+exit 0
