@@ -130,6 +130,9 @@ GPU_TABLE: tuple[GpuSpec, ...] = (
     GpuSpec(r"\bH100\b.*PCIe", "H100 PCIe", 530.0, "pcie", 5.0, "datasheet peak 756, derated like H100 SXM"),
     GpuSpec(r"\bH100\b.*HBM3", "H100 SXM", 700.0, "nvlink", 100.0, "measured 679-713 by this check, peak 989"),
     GpuSpec(r"\bH200\b(?!.*NVL)", "H200 SXM", 675.0, "nvlink", 100.0, "measured 666-682 by this check, peak 989"),
+    # B200: NVIDIA HGX B200 datasheet, BF16 tensor core 4.5 PFLOP/s with sparsity = 2,250 dense per GPU;
+    # NVLink 5 (1.8 TB/s). Not measured here: derated like the H100 SXM (700 of 989) and the NVLink 4 floor kept.
+    GpuSpec(r"\bB200\b", "B200", 1600.0, "nvlink", 100.0, "datasheet dense peak 2250, derated 0.71 like H100"),
     GpuSpec(r"\bA100\b.*PCIe", "A100 PCIe", 250.0, "pcie", 5.0, "datasheet peak 312, derated 0.8"),
     GpuSpec(r"\bA100\b", "A100 SXM", 250.0, "nvlink", 60.0, "datasheet peak 312, derated 0.8"),
     GpuSpec(r"\bL4\b", "L4", 85.0, "pcie", 5.0, "datasheet peak 121 (dense), derated 0.7 (72 W power limit)"),
