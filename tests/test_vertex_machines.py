@@ -45,6 +45,29 @@ def test_a3_ultra_and_a4_profiles_boot_from_hyperdisk(config, machine, gpu, tmp_
     assert not job.job_spec.scheduling.restart_job_on_worker_restart  # one node: nothing to restart together
 
 
+@pytest.mark.parametrize(
+    "machine, gpu, count, disk",
+    [
+        ("a3-megagpu-8g", "NVIDIA_H100_MEGA_80GB", 8, "pd-ssd"),
+        ("a3-ultragpu-8g", "NVIDIA_H200_141GB", 8, "hyperdisk-balanced"),
+        ("a4-highgpu-8g", "NVIDIA_B200", 8, "hyperdisk-balanced"),
+        ("g2-standard-12", "NVIDIA_L4", 1, "pd-ssd"),
+    ],
+)
+def test_machine_variants_compile_to_a_custom_job_with_the_machines_default_disk(machine, gpu, count, disk, tmp_path):
+    """The seed on other machines, resources.boot_disk_type left out: the payload carries the machine's default."""
+    overrides = {
+        "resources.machine_type": machine,
+        "resources.accelerator_type": gpu,
+        "resources.accelerator_count": count,
+        "resources.scheduling": "spot",
+    }
+    job, _ = _job(SEED, tmp_path, **overrides)
+    (pool,) = job.job_spec.worker_pool_specs
+    assert (pool.machine_spec.machine_type, pool.machine_spec.accelerator_type.name) == (machine, gpu)
+    assert pool.machine_spec.accelerator_count == count and pool.disk_spec.boot_disk_type == disk
+
+
 def test_the_b200_profile_is_priced_and_planned():
     from components.common import cost, model_fit
     from components.train_lora.preflight import lookup_gpu
