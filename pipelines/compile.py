@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from pipelines.cli import program
+from pipelines.compile_guards import check_not_another_configs, check_vertex_roots, write_source_note
 from pipelines.config import ConfigError, check_local_dirs, load_config, parse_overrides
 
 DEFAULT_CONFIG = "configs/qwen3_vl_4b/lora_seed.yaml"
@@ -40,8 +41,10 @@ def compile_pipeline(
         The written YAML path.
 
     Raises:
-        ConfigError: The config is invalid (bad key, value, machine shape, region, cron),
-            or, for the local target, its pipeline root or model cache cannot be written.
+        ConfigError: The config is invalid (bad key, value, machine shape, region, cron);
+            for the local target, its pipeline root or model cache cannot be written; for
+            the Vertex target, its pipeline root or model cache is not gs://; or the default
+            output was compiled from another config (`pipelines.compile_guards`).
         OSError: The output cannot be written.
     """
     from kfp import compiler
@@ -51,11 +54,17 @@ def compile_pipeline(
     cfg = load_config(config_path, overrides)
     if target == "local":
         check_local_dirs(cfg)
+    else:
+        check_vertex_roots(cfg)
     suffix = "" if target == "vertex" else f"-{target}"
     out = Path(output or f"build/{cfg.pipeline.name}{suffix}.yaml")
+    if output is None:
+        check_not_another_configs(out, cfg.path)
     pipeline = build_pipeline(cfg, target)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline, package_path=str(out))
+    if output is None:
+        write_source_note(out, cfg.path)
     return out
 
 

@@ -75,6 +75,7 @@ from components.common.tracking import ENV_EXPERIMENT, ENV_REQUIRED, ENV_URI, Se
 from components.train_lora.job_env import JobEnvError, check_job_env
 from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
+from pipelines.job_rules import job_rule_problems
 
 # The shipped configs: pipelines/configs/ in an installed package (setup.py copies them there),
 # configs/ at the root of a checkout (or an editable install).
@@ -267,6 +268,9 @@ class VertexSection:
             `https://REGION-kfp.pkg.dev/PROJECT/REPO` for `pipelines.upload`. Default "".
         region_check: Check the region against the GPU table in `pipelines.shapes` (a
             snapshot; turn off if Vertex has added the GPU there since). Default true.
+        persistent_resource_id: ID of a Vertex persistent resource (a reserved cluster) of this
+            project and region that train-lora's CustomJob runs on: a lowercase letter, then up to
+            62 of a-z, 0-9 and '-', not ending in '-'; "" = on-demand machines. Default "".
     """
 
     project: str = ""
@@ -279,6 +283,7 @@ class VertexSection:
     tensorboard: str = ""
     template_repo: str = ""
     region_check: bool = True
+    persistent_resource_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -291,10 +296,13 @@ class ResourcesSection:
         accelerator_count: GPUs per replica (must match the machine type). Default 1.
         replica_count: Machines (nodes) of the training job; > 1 = multi-node. Default 1.
         boot_disk_gb: Boot disk per replica, GB (checkpoints land here first). Default 200.
-        boot_disk_type: pd-ssd or pd-standard. Default pd-ssd.
+        boot_disk_type: pd-ssd, pd-standard or hyperdisk-balanced, as the machine takes
+            (`pipelines.shapes.disk_types`: A3 Ultra and A4 take hyperdisk-balanced only);
+            "" = the machine's default (hyperdisk-balanced on those, else pd-ssd). Default "".
         scheduling: standard (on demand), spot or flex_start (Dynamic Workload
             Scheduler). Default standard.
-        max_wait_s: Longest wait for capacity with flex_start, seconds. Default 86400.
+        max_wait_s: Longest wait for capacity with flex_start, seconds; 0 = no limit
+            (aiplatform_v1.Scheduling.max_wait_duration). Default 86400.
         timeout_s: Longest training run, seconds. Default 604800 (7 days).
         reservation: "" (none), "any" (any matching reservation) or a reservation name
             `projects/P/zones/Z/reservations/R` (that one only). Default "".
@@ -318,7 +326,7 @@ class ResourcesSection:
     accelerator_count: int = 1
     replica_count: int = 1
     boot_disk_gb: int = 200
-    boot_disk_type: str = "pd-ssd"
+    boot_disk_type: str = ""
     scheduling: str = "standard"
     max_wait_s: int = 86400
     timeout_s: int = 604800
@@ -1187,9 +1195,8 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("resources.accelerator_count", r.accelerator_count >= 0, "0 or a positive integer"),
         ("resources.replica_count", r.replica_count >= 1, "a positive integer (machines of the training job)"),
         ("resources.boot_disk_gb", 100 <= r.boot_disk_gb <= 65536, "an integer from 100 to 65536 (GB)"),
-        ("resources.boot_disk_type", r.boot_disk_type in ("pd-ssd", "pd-standard"), "'pd-ssd' or 'pd-standard'"),
         ("resources.scheduling", r.scheduling in shapes.SCHEDULING, "one of " + ", ".join(shapes.SCHEDULING)),
-        ("resources.max_wait_s", r.max_wait_s > 0, "a positive number of seconds"),
+        ("resources.max_wait_s", r.max_wait_s >= 0, "0 (no limit) or a positive number of seconds"),
         ("resources.preflight", r.preflight in PREFLIGHT_MODES, "one of " + ", ".join(PREFLIGHT_MODES)),
         ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
         (
@@ -1260,6 +1267,8 @@ def _check_vertex(cfg: Config, where: typing.Callable[[str], str]) -> None:
     if problem:
         n1_count = "count" in problem and r.machine_type.startswith("n1-")
         key = "resources.accelerator_count" if n1_count else "resources.machine_type"
+        raise ConfigError(f"{where(key)}: {problem}")
+    for key, problem in job_rule_problems(cfg)[:1]:
         raise ConfigError(f"{where(key)}: {problem}")
     if r.machine_type in shapes.PREEMPTIBLE_ONLY and r.scheduling == "standard":
         raise ConfigError(
@@ -1509,6 +1518,11 @@ def check_local_dirs(cfg: Config, root_from: str = "") -> None:
             if key == "pipeline.root" and root_from:
                 raise ConfigError(f"{root_from} {problem}")
             raise ConfigError(f"{_where_in(cfg.path, key)}: '{key}' {problem}")
+
+
+def where_in(path: str, key: str) -> str:
+    """`file:line` of `key` (or of its section) in a config that already loaded; `file` if not found."""
+    return _where_in(path, key)
 
 
 def _where_in(path: str, key: str) -> str:

@@ -80,7 +80,7 @@ from components.stage_model import stage_model
 from components.train_lora import train_lora
 from components.validate_data import validate_data, validate_regression
 from pipelines.config import TRAIN_SERVING, Config, ConfigError
-from pipelines.shapes import SCHEDULING
+from pipelines.shapes import SCHEDULING, boot_disk_type
 
 TASK_ORDER = ("snapshot-data", "stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
 # The first task: resolves the data sources to exact files (never cached).
@@ -686,9 +686,12 @@ def _training_job(cfg: Config, image: str) -> Any:
         machine_type=r.machine_type,
         accelerator_type=r.accelerator_type,
         accelerator_count=r.accelerator_count if r.accelerator_type else 0,
-        boot_disk_type=r.boot_disk_type,
+        boot_disk_type=boot_disk_type(r.machine_type, r.boot_disk_type),
         boot_disk_size_gb=r.boot_disk_gb,
         timeout=f"{r.timeout_s}s",
+        # A worker that restarts alone would wait at torchrun's static rendezvous until the DDP
+        # timeout: with several nodes the whole job restarts and resumes from the durable checkpoint.
+        restart_job_on_worker_restart=r.replica_count > 1,
         strategy=SCHEDULING[r.scheduling],
         max_wait_duration=f"{r.max_wait_s}s",
         service_account=v.service_account,
@@ -697,5 +700,6 @@ def _training_job(cfg: Config, image: str) -> Any:
         tensorboard=v.tensorboard,
         base_output_directory=output_dir,
         labels={str(k): str(x) for k, x in v.labels.items()},
+        **({"persistent_resource_id": v.persistent_resource_id} if v.persistent_resource_id else {}),
         **reservation,
     )

@@ -158,6 +158,46 @@ ACCELERATOR_TYPES = tuple(sorted(GPU_REGIONS))
 
 SCHEDULING = {"standard": "STANDARD", "spot": "SPOT", "flex_start": "FLEX_START"}
 
+# Boot disks. `google.cloud.aiplatform_v1.DiskSpec.boot_disk_type` documents the valid values
+# "pd-ssd", "pd-standard" and "hyperdisk-balanced", and that A3 Ultra defaults to
+# "hyperdisk-balanced" (all others to "pd-ssd"). Which machine takes which disk is Compute
+# Engine's (accelerator-optimized machines, "Supported disk types", snapshot 2026-12): A3 Ultra
+# and A4 take Hyperdisk only, A3 High / Mega and C3 take Hyperdisk Balanced or PD-SSD, the
+# A2, G2, N1, N2, N2D, E2, C2 and M1 series Persistent Disk only.
+DISK_TYPES = ("pd-ssd", "pd-standard", "hyperdisk-balanced")
+HYPERDISK_ONLY = frozenset({"a3-ultragpu-8g", "a4-highgpu-8g"})
+_HYPERDISK_OR_SSD = ("a3-", "c3-")
+
+
+def disk_types(machine_type: str) -> tuple[str, ...]:
+    """Returns the boot disk types `machine_type` takes, the default first."""
+    if machine_type in HYPERDISK_ONLY:
+        return ("hyperdisk-balanced",)
+    if machine_type.startswith(_HYPERDISK_OR_SSD):
+        return ("pd-ssd", "hyperdisk-balanced")
+    return ("pd-ssd", "pd-standard")
+
+
+def boot_disk_type(machine_type: str, configured: str) -> str:
+    """Returns the boot disk type the job asks for: `configured`, or "" = the machine's default."""
+    return configured or disk_types(machine_type)[0]
+
+
+def check_disk(machine_type: str, configured: str) -> str | None:
+    """Returns None when `machine_type` takes the boot disk `configured` ("" = its default), else a message."""
+    if not configured:
+        return None
+    if configured not in DISK_TYPES:
+        return f"unknown boot disk type {configured!r}; aiplatform_v1.DiskSpec documents {', '.join(DISK_TYPES)}"
+    allowed = disk_types(machine_type)
+    if configured in allowed:
+        return None
+    why = " (Hyperdisk only)" if machine_type in HYPERDISK_ONLY else ""
+    return (
+        f"{machine_type}{why} does not take boot disk type {configured!r}; valid: {', '.join(allowed)} "
+        "(or leave resources.boot_disk_type out for the machine's default)"
+    )
+
 
 def check_machine(machine_type: str, accelerator_type: str, accelerator_count: int) -> str | None:
     """Checks that Vertex allows this accelerator type and count on this machine type.

@@ -20,9 +20,16 @@ from pipelines.pipeline import (
     pipeline_arguments,
     reference_plan,
 )
+from tests.custom_job_payload import custom_job
 from tests.pipeline_spec import container_tasks, source, tasks, upstream
 
 CONFIGS = sorted(str(p) for p in Path(__file__).resolve().parent.parent.glob("configs/**/*.yaml"))
+# A Vertex compile needs gs:// roots (pipelines.compile_guards): the local configs get test ones.
+GS_ROOTS = {"pipeline.root": "gs://test-bucket/pipeline-root", "model.cache": "gs://test-bucket/models"}
+
+
+def _vertex_overrides(config: str) -> dict:
+    return GS_ROOTS if "/configs/local/" in config else {}
 
 
 def _tasks_of(cfg) -> set[str]:
@@ -41,9 +48,15 @@ def _direct(spec: pipeline_spec_pb2.PipelineSpec) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_config_compiles_to_a_pipeline_spec(config, tmp_path):
-    out = compile_pipeline(config, str(tmp_path / "p.yaml"))
+    out = compile_pipeline(config, str(tmp_path / "p.yaml"), overrides=_vertex_overrides(config))
     spec = _spec(out)
-    cfg = load_config(config)
+    cfg = load_config(config, _vertex_overrides(config))
+    # the CustomJob GCPC's launcher sends parses as aiplatform_v1.CustomJob, unknown fields refused
+    job = custom_job(yaml.safe_load(out.read_text()))
+    pools = job.job_spec.worker_pool_specs
+    assert pools[0].machine_spec.machine_type == cfg.resources.machine_type
+    assert pools[0].disk_spec.boot_disk_type in ("pd-ssd", "pd-standard", "hyperdisk-balanced")
+    assert job.job_spec.scheduling.restart_job_on_worker_restart == (cfg.resources.replica_count > 1)
     assert spec.pipeline_info.name == cfg.pipeline.name
     # the six tasks, plus on Vertex register (behind the gate), with a champion its look-up and the
     # branch taken when the champion already saw this data, and with a regression set its check
@@ -87,7 +100,7 @@ def test_every_config_compiles_for_the_local_target(config, tmp_path):
 def test_tasks_are_wired_in_order(tmp_path):
     config = next(c for c in CONFIGS if c.endswith("tiny_cpu_kv.yaml"))  # no registry model (the base), no regression
     assert not load_config(config).eval.regression
-    spec = _spec(compile_pipeline(config, str(tmp_path / "p.yaml")))
+    spec = _spec(compile_pipeline(config, str(tmp_path / "p.yaml"), overrides=GS_ROOTS))
     up = _direct(spec)
     assert up[SNAPSHOT_TASK] == set()  # first: resolves the data (and pins the model) for the rest
     assert up["stage-model"] == {SNAPSHOT_TASK}  # stages the model source snapshot-data pinned
@@ -146,11 +159,12 @@ def test_parameter_names_follow_the_section_key_rule():
 @pytest.mark.parametrize("target", ["vertex", "local"])
 def test_pipeline_signature_and_parameter_table_agree(target, tmp_path):
     """The compiled pipeline's parameters are exactly the table's, with the config's values as defaults."""
-    spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml"), target=target))
+    overrides = GS_ROOTS if target == "vertex" else {}
+    spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / "p.yaml"), target=target, overrides=overrides))
     params = spec.root.input_definitions.parameters
     assert set(params) == {name for name, _ in RUN_PARAMETERS}
     defaults = {name: json_format.MessageToDict(p.default_value) for name, p in params.items()}
-    for name, value in pipeline_arguments(load_config(CONFIGS[0])).items():
+    for name, value in pipeline_arguments(load_config(CONFIGS[0], overrides)).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             assert defaults[name] == pytest.approx(value), name
         elif not isinstance(value, dict):  # swift_args: compared in test_every_config_compiles_to_a_pipeline_spec
@@ -186,7 +200,8 @@ def test_regression_set_is_checked_before_training_and_reaches_evaluate(tmp_path
     cfg = load_config(CONFIGS[0])
     assert cfg.eval.regression == "demo://drawings/regression"
     for target in ("vertex", "local"):
-        spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / f"{target}.yaml"), target=target))
+        overrides = GS_ROOTS if target == "vertex" else {}
+        spec = _spec(compile_pipeline(CONFIGS[0], str(tmp_path / f"{target}.yaml"), target=target, overrides=overrides))
         up, index = _direct(spec), tasks(spec)
         assert up[REGRESSION_TASK] == {SNAPSHOT_TASK, "stage-model"}
         assert REGRESSION_TASK in up["train-lora"]

@@ -453,7 +453,8 @@ def test_cli_local_target_with_a_read_only_root(tmp_path):
 def test_cli_output_under_a_file(tmp_path):
     (tmp_path / "f.txt").write_text("x")
     path = write(tmp_path, MINIMAL.replace("/cache/models", str(tmp_path / "cache")), "ok.yaml")
-    result = cli("pipelines.compile", "--config", str(path), "--output", str(tmp_path / "f.txt" / "p.yaml"))
+    gs_roots = ("pipeline.root=gs://test-bucket/root", "model.cache=gs://test-bucket/models")  # Vertex needs gs://
+    result = cli("pipelines.compile", "--config", str(path), "--output", str(tmp_path / "f.txt" / "p.yaml"), *gs_roots)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "part of its path is a file, not a folder" in result.stderr
 

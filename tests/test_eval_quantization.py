@@ -70,7 +70,9 @@ def test_config_refuses_another_value_naming_file_line_key_and_values(tmp_path, 
 
 @pytest.mark.parametrize("target", ["vertex", "local"])
 def test_eval_quantization_reaches_evaluate_in_the_compiled_pipeline(tmp_path, target):
-    out = compile_pipeline(str(CONFIG), str(tmp_path / f"{target}.yaml"), target, {"eval.quantization": "nf4"})
+    roots = {"pipeline.root": "gs://test-bucket/root", "model.cache": "gs://test-bucket/models"}  # Vertex: gs://
+    overrides = {"eval.quantization": "nf4", **(roots if target == "vertex" else {})}
+    out = compile_pipeline(str(CONFIG), str(tmp_path / f"{target}.yaml"), target, overrides)
     spec = json_format.ParseDict(yaml.safe_load(out.read_text()), pipeline_spec_pb2.PipelineSpec())
     found = source(tasks(spec), "evaluate", "quantization")
     assert (found.kind, found.value) == ("pipeline parameter", "eval_quantization")

@@ -30,7 +30,8 @@ RUN = {
     "vlm-lora compile --config lora_seed eval.max_samples=64": 0,
     "vlm-lora compile --config local/tiny_cpu --target local": 0,
     "sed -e s/YOUR_PROJECT/my-project/g -e s/YOUR_BUCKET/my-project-vlm-lora/g "
-    "configs/qwen3_vl_4b/lora_seed.yaml > my.yaml": 0,
+    "-e s/name:\\ qwen3-vl-4b-lora-seed/name:\\ my-vlm-lora/ configs/qwen3_vl_4b/lora_seed.yaml > my.yaml": 0,
+    "python -m pipelines.compile --config configs/qwen3_vl_4b/lora_seed.yaml": 0,
     "export VLM_LORA_LIGHT_IMAGE=us-docker.pkg.dev/my-project/vlm-lora/light:$(python -m components.images --tag)": 0,
     "export VLM_LORA_TRAIN_IMAGE=us-docker.pkg.dev/my-project/vlm-lora/train:$(python -m components.images --tag)": 0,
     "vlm-lora run --dry-run --config qwen3_vl_4b/lora_seed": 2,  # the README: exit 2, every placeholder listed

@@ -369,7 +369,8 @@ def test_the_compiled_pipeline_gives_train_lora_evaluate_and_register_the_settin
     from tests.pipeline_spec import container_tasks, source
 
     config = ROOT / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
-    overrides = {"tracking.mlflow_uri": "http://10.0.0.5:5000", "pipeline.root": str(tmp_path / "runs")}
+    root = str(tmp_path / "runs") if target == "local" else "gs://test-bucket/runs"  # Vertex: gs:// roots only
+    overrides = {"tracking.mlflow_uri": "http://10.0.0.5:5000", "pipeline.root": root}
     out = compile_pipeline(str(config), str(tmp_path / "p.yaml"), target=target, overrides=overrides)
     spec = yaml.safe_load(out.read_text())
     index = container_tasks(spec)

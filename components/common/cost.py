@@ -55,6 +55,10 @@ SPOT_NOTE = (
 #   google-vertex-ai plans/google-vertex-ai-plans-pricing.yml): NVIDIA_H100_80GB training $9.79655057 per GPU,
 #   which looks like Compute Engine's own H100 price (derived, not stated): whether Vertex adds 15 % on A3 (or
 #   a separate management fee of another size) is not confirmed, so the A3 rows (x 1.15) remain estimates.
+# - a4-highgpu-8g (8 x B200; in neither file; checked 2026-12-01, no live network): a public repository's
+#   GPU price list gives "GCP a4-highgpu-8g: $148.21/hr" (Compute Engine on-demand, undated, unverified);
+#   on-demand column = 148.21 x 1.15; Spot column = that x 0.59 (a3-ultragpu-8g's Spot / on-demand ratio),
+#   an estimate with no Spot source at all. Check the pricing page and set resources.price_usd_per_hour.
 PRICES: dict[str, tuple[float, float]] = {
     "a2-highgpu-1g": (4.22, 2.22),
     "a2-highgpu-2g": (8.44, 4.43),
@@ -69,6 +73,7 @@ PRICES: dict[str, tuple[float, float]] = {
     "a3-highgpu-4g": (50.75, 29.10),
     "a3-highgpu-8g": (101.50, 58.20),
     "a3-ultragpu-8g": (97.50, 57.60),
+    "a4-highgpu-8g": (170.44, 100.56),  # estimate, see above: check https://cloud.google.com/vertex-ai/pricing
     "g2-standard-4": (0.81, 0.46),
     "g2-standard-8": (0.98, 0.55),
     "g2-standard-12": (1.15, 0.65),
@@ -132,6 +137,11 @@ GPU_RATIO: dict[str, tuple[float, str]] = {
         1.0,
         "measured on one H200 (2026-11-26): with an H100's compute the speed model gives its planned 16 x 1 "
         "19,977 LM tokens/s against 19,911 measured (8 x 2 without dropout: 10 % under)",
+    ),
+    "NVIDIA_B200": (
+        1.5,
+        "estimate, not measured: bf16 dense peak 2,250 vs 989 TFLOP/s (NVIDIA HGX B200 datasheet), "
+        "less the host-bound share (an H200's 1.4x memory bandwidth gained nothing measurable)",
     ),
     "NVIDIA_TESLA_A100": (0.40, "estimate: bf16 matmul 250 vs 700 TFLOP/s (preflight), host-bound share"),
     "NVIDIA_A100_80GB": (0.40, "estimate: bf16 matmul 250 vs 700 TFLOP/s (preflight), host-bound share"),

@@ -47,6 +47,7 @@ PROFILES: tuple[tuple[str, str, int], ...] = (
     ("a2-ultragpu-8g", "NVIDIA_A100_80GB", 8),
     ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8),
     ("a3-ultragpu-8g", "NVIDIA_H200_141GB", 8),
+    ("a4-highgpu-8g", "NVIDIA_B200", 8),
 )
 
 # Total parameters (billions) of released Qwen-VL models, by the name's size part; bf16 = 2 bytes each.

@@ -81,6 +81,7 @@ from typing import Any
 
 from components.train_lora import _launch
 from components.train_lora._errors import TrainError
+from components.train_lora.nccl_transport import parse_nccl_log, seen
 
 MODES = ("fail", "warn", "off")
 # A GPU below this share of its expected TFLOP/s fails.
@@ -130,6 +131,9 @@ GPU_TABLE: tuple[GpuSpec, ...] = (
     GpuSpec(r"\bH100\b.*PCIe", "H100 PCIe", 530.0, "pcie", 5.0, "datasheet peak 756, derated like H100 SXM"),
     GpuSpec(r"\bH100\b.*HBM3", "H100 SXM", 700.0, "nvlink", 100.0, "measured 679-713 by this check, peak 989"),
     GpuSpec(r"\bH200\b(?!.*NVL)", "H200 SXM", 675.0, "nvlink", 100.0, "measured 666-682 by this check, peak 989"),
+    # B200: NVIDIA HGX B200 datasheet, BF16 tensor core 4.5 PFLOP/s with sparsity = 2,250 dense per GPU;
+    # NVLink 5 (1.8 TB/s). Not measured here: derated like the H100 SXM (700 of 989) and the NVLink 4 floor kept.
+    GpuSpec(r"\bB200\b", "B200", 1600.0, "nvlink", 100.0, "datasheet dense peak 2250, derated 0.71 like H100"),
     GpuSpec(r"\bA100\b.*PCIe", "A100 PCIe", 250.0, "pcie", 5.0, "datasheet peak 312, derated 0.8"),
     GpuSpec(r"\bA100\b", "A100 SXM", 250.0, "nvlink", 60.0, "datasheet peak 312, derated 0.8"),
     GpuSpec(r"\bL4\b", "L4", 85.0, "pcie", 5.0, "datasheet peak 121 (dense), derated 0.7 (72 W power limit)"),
@@ -1158,6 +1162,21 @@ class Outcome:
     message: str = ""
 
 
+def _run_reading_nccl(cmd: list[str], env: dict[str, str], bound: float, log: Any) -> tuple[int | None, str, Any]:
+    """`_run_bounded`, and what NCCL's INFO lines in the output say it chose (logged as one line)."""
+    lines: list[str] = []
+
+    def keep(line: str) -> None:
+        lines.append(line)
+        log(line)
+
+    code, tail = _run_bounded(cmd, env, bound, keep)
+    nccl = parse_nccl_log(lines)
+    if seen(nccl):
+        log(f"preflight: {nccl.summary()}")
+    return code, tail, nccl
+
+
 def run_launch(
     opts: Options,
     plan: _launch.LaunchPlan,
@@ -1196,12 +1215,16 @@ def run_launch(
     root = str(Path(__file__).resolve().parents[2])
     base = dict(os.environ if env is None else env)
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [root, base.get("PYTHONPATH", "")]))
+    if opts.device != "cpu" and "NCCL_DEBUG" not in base:  # what NCCL chose, reported below (nccl_transport)
+        base.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
     log(f"preflight: node {plan.node_rank}/{plan.nnodes}, {plan.nproc_per_node} process(es): {' '.join(cmd)}")
     for stale in [Path(json_path), *Path(json_path).parent.glob(Path(json_path).name + ".rank*")]:
         stale.unlink(missing_ok=True)
-    code, tail = _run_bounded(cmd, base, bound, log)
+    code, tail, nccl = _run_reading_nccl(cmd, base, bound, log)
     result = _read_results(json_path)
     figures = result.get("figures")
+    if figures is not None and seen(nccl):
+        figures["nccl"] = {"network": nccl.network, "plugin": nccl.plugin, "gpudirect": nccl.gpudirect}
     outcome = Outcome(code == 0 and bool(result.get("ok")), metrics_of(figures), figures)
     if outcome.ok:
         return outcome
