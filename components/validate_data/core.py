@@ -1493,7 +1493,8 @@ def _validate(
         )
         result.stats.update(leakage=leakage, leaks=[leak.record() for leak in leaks])
         if snapshot is not None:
-            _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, staged.train)
+            extra = {"task": task, **(lineage or {})}  # the task the rows were checked for: serve's smoke test reads it
+            _write_lineage(result, files, rejected, snapshot, extra, previous_lineage, staged.train)
     result.stats["manifests"] = digests
     if outputs.report:
         from components.validate_data._report import write_report
