@@ -227,8 +227,9 @@ def _per_label_view(samples: Sequence[dict[str, Any]], task: str, iou: float, ru
     ]  # fmt: skip
 
 
-def _per_label_svg(rows: list[dict], reference_name: str) -> Any:
-    """Returns a horizontal bar chart of F1 per label (reference vs tuned) as inline SVG, None without rows."""
+def _per_label_svg(rows: list[dict], reference_name: str, task: str = "detection") -> Any:
+    """Returns a horizontal bar chart of F1 per label (per field for key_value; reference vs tuned) as inline SVG,
+    None without rows; its axis says what the task counts."""
     if not rows:
         return None
 
@@ -242,8 +243,12 @@ def _per_label_svg(rows: list[dict], reference_name: str) -> Any:
         ax.set_yticks(ys, [r["label"] for r in rows])
         ax.invert_yaxis()
         ax.set_xlim(0, 1)
-        ax.set_xlabel("F1 (per label, boxes matched at the IoU threshold)")
-        ax.set_ylabel("label")
+        if task == "key_value":
+            ax.set_xlabel("F1 (per field, values equal after normalising)")
+            ax.set_ylabel("field")
+        else:
+            ax.set_xlabel("F1 (per label, boxes matched at the IoU threshold)")
+            ax.set_ylabel("label")
         ax.legend(loc="lower right", fontsize=8)
 
     return figure_svg(draw, (6.4, 1.2 + 0.32 * len(rows)), "labels")
@@ -381,7 +386,7 @@ def render_report(
         task=task,
         iou_threshold=iou_threshold,
         labels=labels,
-        labels_svg=_per_label_svg(labels, reference_name),
+        labels_svg=_per_label_svg(labels, reference_name, task),
         n_samples=len(samples),
         n_invalid=sum(1 for s in samples if not s["tuned_score"].get("json_valid")),
         conventions=sorted({s.get("box_convention") or "pixel" for s in worst}),
