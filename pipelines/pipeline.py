@@ -409,6 +409,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             box_convention=p["data_box_convention"],
             task=p["data_task"],
             quantization=p["eval_quantization"],  # both models, like with like
+            gate_on=plan.cfg.eval.gate_on,  # point or lower_bound (the bootstrap interval's)
             **reference_args,
             **regression_args,
             **_tracking_args(plan.cfg),
