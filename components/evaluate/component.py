@@ -187,6 +187,7 @@ def evaluate(
             model_meta=dict(tuned_model.metadata),
             metrics=dict(metrics.metadata),
             tags=tags,
+            files={"evaluate/report.html": report.path},
         )
     except TrackingError as exc:
         raise SystemExit(f"evaluate: {exc}") from None
