@@ -144,3 +144,20 @@ def test_convert_row_names_what_it_would_lose():
         _formats.convert_row({"conversations": [{"from": "human", "value": 3}]})
     native = {"messages": [{"role": "user", "content": "a"}], "extra": 1}
     assert _formats.convert_row(native) == (native, "messages")  # the project's own form passes unchanged
+
+
+def test_vlm_lora_validate_takes_a_column_map(tmp_path, capsys):
+    from components.validate_data.__main__ import main
+
+    info = {"d": {"formatting": "sharegpt", "columns": {"messages": "turns"},
+                  "tags": {"role_tag": "role", "content_tag": "text", "user_tag": "u", "assistant_tag": "a"}}}  # fmt: skip
+    (tmp_path / "dataset_info.json").write_text(json.dumps(info))
+    rows = [{"turns": [{"role": "u", "text": f"q{i}"}, {"role": "a", "text": f"r{i}"}]} for i in range(4)]
+    data = _jsonl(tmp_path / "lf.jsonl", rows)
+    out = str(tmp_path / "out")
+    assert (
+        main([data, "--columns", f"{tmp_path / 'dataset_info.json'}:d", "--eval-fraction", "0.25", "--out", out]) == 0
+    )
+    assert "rows read by form (the conversion step): 4 llamafactory" in capsys.readouterr().out
+    assert main([data, "--columns", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o2")]) == 1
+    assert "missing.json: not a readable dataset_info.json" in capsys.readouterr().err
