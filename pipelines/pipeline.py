@@ -398,6 +398,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             base_model=stage.outputs["model"],
             tuned_model=merge.outputs["merged_model"],
             eval_dataset=data.outputs["eval_dataset"],
+            data_report=data.outputs["report"],  # to MLflow beside evaluate's own report
             max_new_tokens=p["eval_max_new_tokens"],
             batch_size=p["eval_batch_size"],
             max_samples=p["eval_max_samples"],

@@ -33,6 +33,7 @@ def evaluate(
     tracking: dict = None,
     quantization: str = "none",
     gate_on: str = "point",
+    data_report: dsl.Input[dsl.HTML] = None,
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -87,6 +88,8 @@ def evaluate(
         quantization: How both models are loaded for generation (`eval.quantization`): "none"
             (bf16), "nf4" or "int8" (both quantised by bitsandbytes, as a QLoRA base: what a 4-bit
             deployment would score). Default "none".
+        gate_on: What the gate compares (`eval.gate_on`): "point" or "lower_bound". Default "point".
+        data_report: validate-data's report, uploaded to MLflow with evaluate's own. Default None.
     """
     from collections import namedtuple
 
@@ -187,7 +190,10 @@ def evaluate(
             model_meta=dict(tuned_model.metadata),
             metrics=dict(metrics.metadata),
             tags=tags,
-            files={"evaluate/report.html": report.path},
+            files={
+                "evaluate/report.html": report.path,
+                **({"validate-data/report.html": data_report.path} if data_report is not None else {}),
+            },  # fmt: skip
         )
     except TrackingError as exc:
         raise SystemExit(f"evaluate: {exc}") from None
