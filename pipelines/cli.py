@@ -7,6 +7,7 @@
     vlm-lora schedule create|list|pause|resume|delete --config NAME ...
     vlm-lora upload --config NAME ...
     vlm-lora validate SOURCES ...                       # validate-data's checks on a JSONL file / folder / glob
+    vlm-lora import coco|label-studio FILE --images DIR --out ROWS.jsonl   # detection rows from labels
     vlm-lora stage SOURCE ...                           # stage a model into a cache folder
     vlm-lora snapshot SOURCES ...                       # what snapshot-data would train on
     vlm-lora serve [--smoke]                            # chat with the tuned demo model
@@ -47,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schedule": ("pipelines.schedule", "create / list / pause / resume / delete a recurring Vertex run"),
     "upload": ("pipelines.upload", "upload the compiled template to an Artifact Registry KFP repository"),
     "validate": ("components.validate_data.__main__", "check training data as the validate-data task does"),
+    "import": ("components.validate_data._import", "detection rows from a COCO or Label Studio export"),
     "stage": ("components.stage_model.__main__", "stage a model (hub, gs://, folder) into a cache"),
     "snapshot": ("components.snapshot_data.__main__", "list the exact files a run would train on"),
     "serve": ("pipelines.serve", "serve a merged model locally (swift deploy) and smoke-test it"),

@@ -229,6 +229,9 @@ class EvalSection:
             generation: `none` (bf16), `nf4` or `int8` (both quantised by bitsandbytes, with the
             settings of `model.quantization`): the scores a 4-bit deployment would get, not the
             bf16 merged model's. Default `none`.
+        gate_on: What the gate compares with min_value and min_margin: `point` (the figures, as
+            measured) or `lower_bound` (the lower bounds of their 95 % bootstrap intervals over the
+            held-out rows: promote only what is better beyond the rows' noise). Default `point`.
     """
 
     max_new_tokens: int = 512
@@ -242,6 +245,7 @@ class EvalSection:
     regression: str = ""
     regression_max_drop: dict[str, float] = field(default_factory=max_drops)
     quantization: str = "none"
+    gate_on: str = "point"
 
     def __post_init__(self) -> None:
         # the rule is whole wherever it goes (the pipeline's parameter, the run form): left-out names take the default
@@ -1160,6 +1164,7 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("eval.iou_threshold", 0.0 < e.iou_threshold <= 1.0, "a number in (0, 1]"),
         ("eval.metric", e.metric in _GATE_METRICS, "one of " + ", ".join(_GATE_METRICS)),
         ("eval.quantization", e.quantization in QUANTIZATIONS, "one of " + ", ".join(QUANTIZATIONS)),
+        ("eval.gate_on", e.gate_on in ("point", "lower_bound"), "point or lower_bound"),
         ("pipeline.name", _valid_name(cfg.pipeline.name), "lowercase letters, digits and '-', starting with a letter"),
         ("model.source", bool(cfg.model.source.strip()), "a model folder or URI"),
         ("model.cache", bool(cfg.model.cache.strip()), "a folder or gs:// URI"),

@@ -398,6 +398,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             base_model=stage.outputs["model"],
             tuned_model=merge.outputs["merged_model"],
             eval_dataset=data.outputs["eval_dataset"],
+            data_report=data.outputs["report"],  # to MLflow beside evaluate's own report
             max_new_tokens=p["eval_max_new_tokens"],
             batch_size=p["eval_batch_size"],
             max_samples=p["eval_max_samples"],
@@ -409,6 +410,7 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
             box_convention=p["data_box_convention"],
             task=p["data_task"],
             quantization=p["eval_quantization"],  # both models, like with like
+            gate_on=plan.cfg.eval.gate_on,  # point or lower_bound (the bootstrap interval's)
             **reference_args,
             **regression_args,
             **_tracking_args(plan.cfg),

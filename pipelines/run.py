@@ -695,7 +695,8 @@ def run_local(
     check_local_dirs(cfg, root_from="--root" if root else "")  # under a file / not writable: a named error
     cfg = resolve_demo_inputs(cfg)
     preflight_local(cfg)
-    print("\n".join(estimate_lines(cfg, local=True)), flush=True)
+    # no Vertex estimate here: this run costs no cloud money; --dry-run (and a Vertex run) prints it
+    print("cost: none, a local run on this machine (`--dry-run` prints the Vertex profile's estimate)", flush=True)
     root_dir = Path(cfg.pipeline.root).expanduser().resolve()
     root_dir.mkdir(parents=True, exist_ok=True)
     caching = cfg.pipeline.enable_caching if enable_caching is None else enable_caching

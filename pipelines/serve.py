@@ -64,6 +64,28 @@ def eval_rows_for(model_dir: Path, root: str | Path, limit: int) -> list[dict]:
     raise DeployError(f"no eval dataset under {root} nor {demo}: run `make demo` first, or pass --model of a run")
 
 
+def task_of(model_dir: Path) -> str | None:
+    """Returns the task a merged model's data was validated for, from its lineage; None when it names none.
+
+    merge-export writes `lineage.json` (`data.task`) and copies validate-data's data lineage
+    (`data_snapshot.json`, `task`) beside the model; a model trained before either held the task has neither.
+    """
+    import json
+
+    from components.common.snapshot import LINEAGE_FILE
+
+    for name, keys in (("lineage.json", ("data", "task")), (LINEAGE_FILE, ("task",))):
+        try:
+            value: object = json.loads((model_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="tuned", help="served model name (default tuned)")
     parser.add_argument("--smoke", action="store_true", help="run the smoke test, then exit 0 / 1")
     parser.add_argument(
-        "--task", default="detection", help="smoke-test task: detection, json or '' (default detection)"
-    )
+        "--task", default=None,
+        help="smoke-test task: detection, key_value, json or '' (default: the task the model's data was validated "
+        "for, from its lineage)",
+    )  # fmt: skip
     parser.add_argument("--rows", type=int, default=3, help="smoke-test rows (default 3)")
     parser.add_argument("--max-tokens", type=int, default=512, help="smoke-test answer length limit (default 512)")
     parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for health (default 300)")
@@ -94,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model) if args.model else newest_merged_model(args.root)
     if model is None:
         print(f"serve: no merged model under {args.root}/*/merge-export/merged_model: run `make demo` or pass --model")
+        return 1
+    task = args.task if args.task is not None else task_of(model)
+    if args.smoke and task is None:
+        print(
+            f"serve: {model} has no lineage naming its task (trained before lineage held it): pass --task",
+            file=sys.stderr,
+        )
         return 1
     log = Path(args.log) if args.log else model.parent / "serve.log"
     server = LocalServer(
@@ -110,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         print(SNIPPET.format(base_url=server.base_url, model=args.name), flush=True)
         if args.smoke:
             rows = eval_rows_for(model, args.root, args.rows)
-            result = smoke_test(server.base_url, args.name, rows, args.task, timeout_s=300, max_tokens=args.max_tokens)
+            result = smoke_test(server.base_url, args.name, rows, task, timeout_s=300, max_tokens=args.max_tokens)
             for item in result.answers:
                 print(f"smoke: row {item['row']} ({item['seconds']:.1f} s): {item['answer'][:200]!r}")
-            print(f"smoke: passed, {len(result.answers)} answers parse for task {args.task!r}")
+            source = "--task" if args.task is not None else "the model's lineage"
+            print(f"smoke: passed, {len(result.answers)} answers parse for task {task!r} (from {source})")
             return 0
         print("\nserving; Ctrl-C stops", flush=True)
         while server.process is not None and server.process.poll() is None:

@@ -210,7 +210,7 @@ def test_run_prints_the_estimate_before_submitting(api, tmp_path):
     assert f"on-demand list price us-central1, table of {cost.PRICE_TABLE_DATE}" in out
 
 
-def test_local_run_prints_the_estimate_before_any_task(tmp_path, monkeypatch, capsys):
+def test_local_run_prints_no_vertex_estimate_and_the_dry_run_does(tmp_path, monkeypatch, capsys):
     from kfp import local
 
     from pipelines import run
@@ -231,8 +231,12 @@ def test_local_run_prints_the_estimate_before_any_task(tmp_path, monkeypatch, ca
     with pytest.raises(Stop):
         run.run_local(cfg, root=str(tmp_path / "runs"))
     out = capsys.readouterr().out
-    assert "on Vertex; this local run uses no cloud GPU" in out
-    assert "8 rows x" in out and "cost estimate: ~" in out
+    assert "cost: none, a local run on this machine" in out
+    assert "cost estimate" not in out and "training profile" not in out  # not the A100's price for a CPU run
+    assert run.main(["--dry-run", "--local", "--config", "local/tiny_cpu", f"data.train={path}", f"data.eval={path}",
+                     f"model.source={model}"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "on Vertex; this local run uses no cloud GPU" in out and "cost estimate: ~" in out
 
 
 # --- train-lora's log line ------------------------------------------------------------

@@ -266,6 +266,14 @@ def test_build_export_command():
     assert cmd[cmd.index("--model_type") + 1] == "qwen3_vl"
 
 
+def test_data_lineage_carries_the_task_for_serve(tmp_path):
+    adapter, out = tmp_path / "adapter", tmp_path / "merged"
+    adapter.mkdir(), out.mkdir()
+    (adapter / "data_snapshot.json").write_text(json.dumps({"task": "key_value", "n_rows": 8, "files": {}}))
+    data = core._data_lineage(adapter, out)
+    assert (data["task"], data["rows"]) == ("key_value", 8) and (out / "data_snapshot.json").is_file()
+
+
 def test_model_card_names_lineage_and_metrics():
     lineage = {
         "base_model": {

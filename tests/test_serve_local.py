@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.serve import eval_rows_for, main, newest_merged_model
+from pipelines.serve import eval_rows_for, main, newest_merged_model, task_of
 
 
 def _run_folder(root: Path, name: str, model: Path | None) -> Path:
@@ -61,6 +61,24 @@ def test_no_merged_model_says_what_to_do(tmp_path, capsys):
     assert "run `make demo` or pass --model" in capsys.readouterr().out
 
 
+def test_the_smoke_task_comes_from_the_model_lineage(tmp_path, capsys):
+    import json
+
+    from components.common.snapshot import LINEAGE_FILE
+
+    model = tmp_path / "merged_model"
+    model.mkdir()
+    assert task_of(model) is None
+    assert main(["--model", str(model), "--smoke"]) == 1  # refused before any server starts
+    assert "has no lineage naming its task" in capsys.readouterr().err
+    (model / LINEAGE_FILE).write_text(json.dumps({"task": "detection"}))
+    assert task_of(model) == "detection"
+    (model / "lineage.json").write_text(json.dumps({"data": {"task": "key_value", "rows": 3}}))
+    assert task_of(model) == "key_value"  # merge-export's lineage first
+    (model / "lineage.json").write_text(json.dumps({"data": {"task": ""}}))
+    assert task_of(model) == ""  # free text is a task too
+
+
 def _serve(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "pipelines.serve", "--local", *args],
@@ -91,7 +109,10 @@ def test_smoke_run_exits_0_and_prints_the_client_snippet(runs, tmp_path):
     assert "base URL: http://127.0.0.1:" in out and 'client = OpenAI(base_url="http://127.0.0.1:' in out
     assert "smoke: passed, 2 answers parse for task ''" in out
     # the random tiny model writes no detection list: exit 1 with the raw answer
-    proc = _serve("--root", str(runs), "--smoke", "--rows", "1", "--max-tokens", "16", "--log", str(tmp_path / "log2"))
+    proc = _serve(
+        "--root", str(runs), "--smoke", "--task", "detection", "--rows", "1", "--max-tokens", "16",
+        "--log", str(tmp_path / "log2"),
+    )  # fmt: skip
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "SmokeTestError: smoke-test answer 0 does not parse" in out, out
 

@@ -160,3 +160,18 @@ def test_report_card_shows_a_field_table_not_boxes(tmp_path):
     assert "tuned field F1 0.750" in page and "Boxes:" not in page and "data:image/png;base64," in page
     detection_page = render_report(metrics, metrics, [], worst_n=1)
     assert "fields" not in detection_page  # other tasks: no field table
+
+
+def test_report_speaks_fields_and_shows_the_base_answer_as_text(tmp_path):
+    image = tmp_path / "doc.png"
+    Image.new("RGB", (64, 64), "white").save(image)
+    base = "\ufffd" * 40 + "total\x07"  # a random base model's stray byte tokens, decoded
+    sample = {"line": 2, "images": [str(image)], "gold": fenced(GOLD), "tuned": fenced(GOLD),
+              "tuned_score": KV.score(fenced(GOLD), fenced(GOLD)), "reference": base,
+              "reference_score": KV.score(base, fenced(GOLD))}  # fmt: skip
+    metrics = aggregate([sample["tuned_score"]])
+    page = render_report(metrics, metrics, [sample], worst_n=1, task="key_value")
+    assert "boxes matched" not in page and "IoU" not in page
+    assert "F1 (per field, values equal after normalising)" in page
+    assert "\ufffd" not in page and "⟨40 undecodable byte sequences: \\ufffd …⟩" in page
+    assert '<span class="ctl">\\x07</span>' in page

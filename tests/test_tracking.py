@@ -426,3 +426,48 @@ def test_the_lock_holds_the_tracking_extra_and_the_images_install_it():
     for dockerfile in ("Dockerfile.train", "Dockerfile.light"):
         text = (ROOT / "images" / dockerfile).read_text()
         assert "tracking" in text.split('-c requirements.lock ".[', 1)[1].split("]", 1)[0], dockerfile
+
+
+def test_record_logs_the_lora_and_plan_settings_the_adapter_and_the_report(mlflow_server, tmp_path):
+    """What MLflow's own client finds after evaluate's record: parameters, the adapter's files, the report."""
+    adapter = tmp_path / "runs" / "r2" / "train-lora" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 32}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    (adapter / "checkpoint-4").mkdir()  # a folder: not uploaded
+    folder, meta = _merged_model(tmp_path, str(adapter))
+    lineage = json.loads((folder / "lineage.json").read_text())
+    hyper = {"lora_rank": 8, "lora_alpha": 32, "target_modules": ["all-linear"], "per_device_train_batch_size": 4,
+             "gradient_accumulation_steps": 2, "effective_batch_size": 8, "learning_rate": 1e-4}  # fmt: skip
+    lineage["training"] = {"hyperparameters": hyper, "metrics": {}, "missing": []}
+    (folder / "lineage.json").write_text(json.dumps(lineage))
+    report = tmp_path / "evaluate" / "report"  # KFP's HTML output file has no suffix
+    report.parent.mkdir()
+    report.write_text("<html>evaluation</html>")
+    settings = tracking.Settings(mlflow_server, "params-and-artifacts").as_param()
+    record = dict(model_uri=str(folder), model_dir=str(folder), model_meta={**meta, "adapter": str(adapter)})
+    run_id = tracking.record(settings, "evaluate", **record, files={"evaluate/report.html": report})
+    assert tracking.record(settings, "register", **record) == run_id  # the same parameters again: accepted
+
+    client = _client(mlflow_server)
+    params = client.get_run(run_id).data.params
+    assert params["vlm_lora.lora_rank"] == "8" and params["vlm_lora.lora_alpha"] == "32"
+    assert params["vlm_lora.target_modules"] == "['all-linear']" and params["vlm_lora.effective_batch_size"] == "8"
+    assert {a.path for a in client.list_artifacts(run_id, "adapter")} == {
+        "adapter/adapter_config.json", "adapter/adapter_model.safetensors"}  # fmt: skip
+    local = client.download_artifacts(run_id, "evaluate/report.html", str(tmp_path / "dl"))
+    assert Path(local).read_text() == "<html>evaluation</html>"
+
+
+def test_train_lora_attaches_its_loss_curve_report_to_the_adapter_run(mlflow_server, tmp_path):
+    adapter = str(tmp_path / "runs" / "r3" / "train-lora" / "adapter")
+    client = _client(mlflow_server)
+    exp = client.create_experiment("curves")
+    training = client.create_run(exp, tags=tracking.training_tags("", adapter))  # as MLflowCallback opens it
+    curve = tmp_path / "loss_curve"
+    curve.write_text("<html>loss</html>")
+    settings = tracking.Settings(mlflow_server, "curves").as_param()
+    files = {"train-lora/loss_curve.html": curve}
+    assert tracking.attach_files(settings, adapter, files, "train-lora") == training.info.run_id
+    assert [a.path for a in client.list_artifacts(training.info.run_id, "train-lora")] == ["train-lora/loss_curve.html"]
+    assert tracking.attach_files({}, adapter, files, "train-lora") == ""  # no server: nothing, no error

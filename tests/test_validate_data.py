@@ -120,6 +120,7 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         "E_TOO_LONG": line(row("x" * 400)),
         "E_JSON": '{"messages": [{"role": "user", "content": "hi"}',
         "E_DUPLICATE_KEY": '{"messages": [{"role": "user", "content": "hi", "content": "<image>hi"}], "images": []}',
+        "E_CONVERT": line({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a"}], "n": 1}),
         "E_SCHEMA": line({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ROLE": line({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ORDER": line(

@@ -31,6 +31,7 @@ def test_snapshot_rows_are_validated_and_the_lineage_is_written(tmp_path):
     assert result.counts["n_lines"] == 10
     lineage = json.loads((run.train / snap.LINEAGE_FILE).read_text())
     assert lineage["snapshot"] == s and lineage["training_key"] == "k1" and lineage["n_rows"] == 10
+    assert lineage["task"] == ""  # the task the rows were checked for: serve's smoke test reads it
     assert lineage["files"][str(tmp_path / "d" / "part-1.jsonl")] == {"rows": 4, "quarantined": 0}
     assert result.stats["lineage"] == lineage
 

@@ -46,11 +46,14 @@ def origin_of(row: Any) -> dict[str, Any] | None:
     if not isinstance(line, int) or isinstance(line, bool):
         return None
     images = origin.get("images")
-    return {
+    out = {
         "file": origin["file"],
         "line": line,
         "images": [str(i) for i in images] if isinstance(images, list) else [],
     }
+    if isinstance(origin.get("record"), str):  # the source record's id (an imported or converted row)
+        out["record"] = origin["record"]
+    return out
 
 
 def where(origin: dict[str, Any] | None) -> str:

@@ -60,8 +60,11 @@ _LAYOUT = frozenset("\n\t")
 MAX_ESCAPES_IN_A_ROW = 3  # a longer run of unprintable characters is summarised, not spelt out
 
 
+REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are not UTF-8: shown as its escape, not a glyph
+
+
 def _is_unprintable(char: str) -> bool:
-    return char not in _LAYOUT and unicodedata.category(char) in _UNPRINTABLE
+    return char == REPLACEMENT or (char not in _LAYOUT and unicodedata.category(char) in _UNPRINTABLE)
 
 
 def _escape_char(char: str) -> str:
@@ -80,7 +83,8 @@ def readable_text(text: str) -> Markup:
 
     A model's raw output (a base model's first answers especially) can hold control
     characters, which a browser draws as a line of tofu boxes or not at all. Each one
-    becomes its Python escape (`\x07`, `\u200b`) in a `<span class="ctl">`; a run of more
+    becomes its Python escape (`\x07`, `\u200b`) in a `<span class="ctl">`, and so does U+FFFD, the mark a
+    decoder leaves for bytes that were not UTF-8 (a base model's stray byte tokens), never a row of glyphs; a run of more
     than MAX_ESCAPES_IN_A_ROW becomes one summary, `⟨12 control characters: \x07 \x01 \x1b …⟩`.
     Newlines and tabs are kept. Templates use it as the `readable` filter.
 
@@ -93,7 +97,9 @@ def readable_text(text: str) -> Markup:
     out, run = [], []
 
     def flush() -> None:
-        if len(run) > MAX_ESCAPES_IN_A_ROW:
+        if len(run) > MAX_ESCAPES_IN_A_ROW and set(run) == {REPLACEMENT}:
+            out.append(f'<span class="ctl">⟨{len(run)} undecodable byte sequences: \\ufffd …⟩</span>')
+        elif len(run) > MAX_ESCAPES_IN_A_ROW:
             shown = " ".join(_escape_char(c) for c in run[:MAX_ESCAPES_IN_A_ROW])
             out.append(f'<span class="ctl">⟨{len(run)} control characters: {shown} …⟩</span>')
         elif run:

@@ -29,6 +29,7 @@ optional).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -45,12 +46,9 @@ from components.common.answers import (
     parse_findings,
 )
 
-try:  # Optional: optimal assignment.
-    from scipy.optimize import linear_sum_assignment as _linear_sum_assignment
-except ImportError:  # pragma: no cover - depends on the environment
-    _linear_sum_assignment = None
-
-HAVE_SCIPY: bool = _linear_sum_assignment is not None
+# Optional: optimal assignment. Found, not imported: scipy.optimize takes ~1 s to import on a loaded 2-core
+# machine, and every `vlm-lora ... --help` imports this module through the config; it is imported on first match.
+HAVE_SCIPY: bool = importlib.util.find_spec("scipy") is not None
 MATCH_METHODS: tuple[str, ...] = ("auto", "hungarian", "greedy")
 
 
@@ -199,7 +197,9 @@ def match_findings(
     cost = [[0.0] * len(gold) for _ in pred]
     for (p, g), score in eligible.items():
         cost[p][g] = -(bonus + score)
-    rows, cols = _linear_sum_assignment(cost)
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(cost)
     return sorted((int(p), int(g)) for p, g in zip(rows, cols) if (int(p), int(g)) in eligible)
 
 

@@ -368,6 +368,29 @@ def _lineage(model_uri: str, model_dir: str, model_meta: Mapping[str, Any]) -> t
     return {k: v for k, v in tags.items() if v}, counts, artifacts
 
 
+PARAM_PREFIX = "vlm_lora."  # beside the trainer's own parameters (MLflowCallback's), never one of their names
+_MAX_PARAM = 6000  # characters MLflow keeps of a parameter value
+
+
+def training_params(model_dir: str) -> dict[str, str]:
+    """The LoRA and plan settings a merged model was trained with (lineage.json's training hyper-parameters:
+    lora_rank, lora_alpha, target_modules, the planned micro-batch and accumulation, ...), as MLflow parameters."""
+    model = _read_json(Path(model_dir) / MODEL_LINEAGE_FILE) if model_dir else {}
+    training = model.get("training") if isinstance(model.get("training"), dict) else {}
+    hyper = training.get("hyperparameters") if isinstance(training.get("hyperparameters"), dict) else {}
+    return {f"{PARAM_PREFIX}{k}": str(v)[:_MAX_PARAM] for k, v in sorted(hyper.items())}
+
+
+def adapter_files(model_dir: str) -> dict[str, Path]:
+    """The adapter's top-level files (weights, adapter_config.json, args.json), named by lineage.json, as
+    `adapter/<name>` artifacts; {} when the folder is not readable here (checkpoints are not included)."""
+    model = _read_json(Path(model_dir) / MODEL_LINEAGE_FILE) if model_dir else {}
+    folder = Path(str(model.get("adapter") or ""))
+    if not model.get("adapter") or not (folder / "adapter_config.json").is_file():
+        return {}
+    return {f"adapter/{p.name}": p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink()}
+
+
 def _experiment_id(client: Any, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
@@ -404,8 +427,10 @@ def record(
     model_meta: Mapping[str, Any],
     metrics: Mapping[str, Any] | None = None,
     tags: Mapping[str, Any] | None = None,
+    files: Mapping[str, str | Path] | None = None,
 ) -> str:
-    """Adds a task's figures, the data snapshot and the lineage to the adapter's MLflow run.
+    """Adds a task's figures, the data snapshot and the lineage to the adapter's MLflow run, with the LoRA and
+    plan settings as parameters (`training_params`) and the adapter's files as artifacts (`adapter_files`).
 
     Args:
         settings: The component's tracking parameter (`Settings.as_param`); {} or None = no MLflow.
@@ -415,6 +440,8 @@ def record(
         model_meta: The merged model's metadata (adapter, base_model, training_key, data_snapshot, run_id).
         metrics: Figures to log as `<task>/<name>` (text values are left out). Default none.
         tags: Extra tags, e.g. the registered version. Default none.
+        files: Local files to upload, {artifact path ("evaluate/report.html"): file}; a missing one is left
+            out. Default none.
 
     Returns:
         The MLflow run ID ("" when there is no server, or it cannot be reached and tracking is not required).
@@ -431,7 +458,7 @@ def record(
         return ""
     os.environ.setdefault(ENV_NO_TELEMETRY, "true")
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, RunTag
+    from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
 
     lineage_tags, counts, artifacts = _lineage(model_uri, model_dir, model_meta)
@@ -445,8 +472,16 @@ def record(
         tag_items = [RunTag(k, v) for k, v in sorted(all_tags.items())]
         for i in range(0, max(len(items), len(tag_items)), 100):  # MLflow takes at most 1000 per call, 100 tags
             client.log_batch(run_id, metrics=items[i : i + 100], tags=tag_items[i : i + 100])
+        params = [Param(k, str(scrub(v, k))) for k, v in training_params(model_dir).items()]
+        for i in range(0, len(params), 100):  # the same values again on a second record: MLflow accepts them
+            client.log_batch(run_id, params=params[i : i + 100])
         for name, content in artifacts.items():
             client.log_dict(run_id, scrub(content), f"lineage/{name}")
+        uploads = {**adapter_files(model_dir), **{k: Path(v) for k, v in (files or {}).items()}}
+        for name, path in uploads.items():
+            if path.is_file():
+                folder, _, leaf = name.rpartition("/")
+                _log_file(client, run_id, path, folder, leaf)
         if metrics:
             client.log_dict(run_id, scrub(dict(metrics)), f"{task}/metrics.json")
     except MlflowException as exc:
@@ -454,6 +489,61 @@ def record(
         return ""
     print(f"{task}: MLflow: recorded in run {run_id} of experiment {s.experiment!r} at {redact_uri(s.uri)}", flush=True)
     return run_id
+
+
+def attach_files(
+    settings: Mapping[str, Any] | None, adapter_out: str, files: Mapping[str, str | Path], task: str
+) -> str:
+    """Uploads a task's files (train-lora's loss-curve report) into the adapter's MLflow run.
+
+    Args:
+        settings: The tracking parameter (`Settings.as_param`); {} or None = no MLflow.
+        adapter_out: The adapter's folder or URI (the run's ADAPTER_TAG).
+        files: {artifact path: local file}; a missing file is left out.
+        task: The uploading task, for messages and a run opened when none exists.
+
+    Returns:
+        The run ID ("" without a server, or when it cannot be reached and tracking is not required).
+
+    Raises:
+        TrackingError: The server cannot be reached (or refuses the write) and tracking is required.
+    """
+    s = Settings.from_param(settings)
+    if not s.uri:
+        return ""
+    problem = probe(s.uri)
+    if problem:
+        _unreachable(s, problem, task)
+        return ""
+    os.environ.setdefault(ENV_NO_TELEMETRY, "true")
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client = MlflowClient(s.uri)
+        run_id = _run_for(client, _experiment_id(client, s.experiment), {ADAPTER_TAG: adapter_key(adapter_out)}, task)
+        for name, path in files.items():
+            if Path(path).is_file():
+                folder, _, leaf = name.rpartition("/")
+                _log_file(client, run_id, Path(path), folder, leaf)
+    except MlflowException as exc:
+        _unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
+        return ""
+    return run_id
+
+
+def _log_file(client: Any, run_id: str, path: Path, folder: str, leaf: str) -> None:
+    """Uploads one file as `folder/leaf` (a copy under its artifact name when the file's own name differs)."""
+    if path.name == leaf:
+        client.log_artifact(run_id, str(path), folder or None)
+        return
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vlm-lora-artifact-") as tmp:
+        copy = Path(tmp) / leaf
+        shutil.copyfile(path, copy)
+        client.log_artifact(run_id, str(copy), folder or None)
 
 
 def _now_ms() -> int:

@@ -32,6 +32,8 @@ def evaluate(
     regression_max_drop: dict = None,
     tracking: dict = None,
     quantization: str = "none",
+    gate_on: str = "point",
+    data_report: dsl.Input[dsl.HTML] = None,
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
 
@@ -57,7 +59,8 @@ def evaluate(
             {"reference", "tuned", "delta"}, "kinds": {kind: {"reference", "tuned", "delta"}}}),
             "regression_max_drop" and "gate_failed" (the rules that failed). Quantised: base_ /
             tuned_quantized_layers (the bitsandbytes layers in each loaded model) and the metadata
-            key "quantization" ("nf4" or "int8").
+            key "quantization" ("nf4" or "int8"). Bootstrap intervals over rows (95 %):
+            base_ / tuned_ / margin_<figure>_ci_low and _ci_high.
         predictions: Output: per-sample answers and scores (JSONL).
         report: Output: HTML report (metric table, speed, worst samples with boxes drawn).
         reference_uri: Model to compare against instead of the base model: the champion's
@@ -85,12 +88,15 @@ def evaluate(
         quantization: How both models are loaded for generation (`eval.quantization`): "none"
             (bf16), "nf4" or "int8" (both quantised by bitsandbytes, as a QLoRA base: what a 4-bit
             deployment would score). Default "none".
+        gate_on: What the gate compares (`eval.gate_on`): "point" or "lower_bound". Default "point".
+        data_report: validate-data's report, uploaded to MLflow with evaluate's own. Default None.
     """
     from collections import namedtuple
 
     from components.common.boxes import ResizeRule, resolve_convention
     from components.common.quantization import QuantizationUnavailable
     from components.common.tracking import TrackingError, record
+    from components.evaluate._interval import flat_metrics
     from components.evaluate._report import write_report
     from components.evaluate.core import EvalError, label_metrics, regression_metrics, resolve_reference
     from components.evaluate.core import evaluate as run_eval
@@ -132,6 +138,7 @@ def evaluate(
             regression_marker=regression_dataset.metadata.get("manifest_sha256", "") if regression_dataset else "",
             regression_max_drop=dict(regression_max_drop or {}),
             quantization=quantization,
+            gate_on=gate_on,
         )
     except (EvalError, ValueError, QuantizationUnavailable) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
@@ -139,6 +146,8 @@ def evaluate(
         for key, value in values.items():
             metrics.log_metric(f"{prefix}_{key}", value)
     metrics.log_metric("passed", float(result.passed))
+    for key, value in flat_metrics(result.intervals).items():  # bootstrap over rows: every figure and the margin
+        metrics.log_metric(key, value)
     for key, value in reference.metrics().items():
         metrics.log_metric(key, value)
     metrics.metadata["reference"] = reference.label
@@ -165,6 +174,7 @@ def evaluate(
         regression_samples=result.regression_samples,
         drops=result.drops,
         quantization=result.quantization,
+        intervals=result.intervals,
     )
     report.metadata["reference"] = reference.label
     report.metadata["reference_uri"] = reference_uri or base_model.uri
@@ -180,6 +190,10 @@ def evaluate(
             model_meta=dict(tuned_model.metadata),
             metrics=dict(metrics.metadata),
             tags=tags,
+            files={
+                "evaluate/report.html": report.path,
+                **({"validate-data/report.html": data_report.path} if data_report is not None else {}),
+            },  # fmt: skip
         )
     except TrackingError as exc:
         raise SystemExit(f"evaluate: {exc}") from None

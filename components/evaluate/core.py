@@ -52,6 +52,7 @@ from components.common.quantization import QUANTIZATIONS, check_runnable, swift_
 from components.common.reference import Reference, resolve_reference  # noqa: F401 (evaluate's API)
 from components.common.storage import to_fuse_path
 from components.common.tasks import PIXEL, Geometry
+from components.evaluate._interval import intervals
 from components.evaluate.metrics import aggregate, gate, gate_with_regression, score_sample
 
 # (model_dir, model_type, rows, batch_size, max_new_tokens) -> (answers, generated tokens); a generator
@@ -82,6 +83,8 @@ class EvalResult:
         failed_rules: The gate rules that failed: "task" and / or "regression:<kind or overall>".
         quantization: How both models were loaded for generation: "none" (bf16; float32 on a
             CPU), "nf4" or "int8" (bitsandbytes).
+        intervals: Bootstrap intervals over rows of both models' figures and the margin
+            (`_interval.intervals`); {} without rows.
     """
 
     passed: bool
@@ -95,6 +98,7 @@ class EvalResult:
     drops: list[reg.Drop] = field(default_factory=list)
     failed_rules: list[str] = field(default_factory=list)
     quantization: str = "none"
+    intervals: dict[str, Any] = field(default_factory=dict)
 
 
 def load_eval_rows(dataset_dir: str | Path, max_samples: int = 0, expected_marker: str = "") -> list[dict[str, Any]]:
@@ -526,6 +530,7 @@ def evaluate(
     regression_marker: str = "",
     regression_max_drop: dict[str, float] | None = None,
     quantization: str = "none",
+    gate_on: str = "point",
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows (and the regression set) and applies the gate.
 
@@ -568,6 +573,9 @@ def evaluate(
         quantization: How both models are loaded for generation (`eval.quantization`): "none"
             (bf16; float32 on a CPU), or "nf4" / "int8": both quantised by bitsandbytes, like with
             like, after a probe that bitsandbytes runs here. Default "none".
+        gate_on: What the gate compares with min_value / min_margin (`eval.gate_on`): "point" (the
+            figures) or "lower_bound" (the lower bounds of their bootstrap intervals over rows).
+            Default "point".
 
     Returns:
         The EvalResult.
@@ -617,7 +625,10 @@ def evaluate(
     ref_metrics.update(ref_speed)
     tuned_metrics.update(tuned_speed)
 
-    passed, reason = gate(tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin)
+    ci = intervals(tuned_scores, ref_scores)  # over rows, paired: every figure and the margin
+    passed, reason = gate(
+        tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin, gate_on=gate_on, ci=ci
+    )
     failed = [] if passed else ["task"]
     summary, drops, reg_samples = None, [], []
     if reg_rows:
@@ -653,7 +664,7 @@ def evaluate(
     ]
     _write_predictions(predictions_out, samples + reg_samples)
     return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
-                      drops, failed, quantization)  # fmt: skip
+                      drops, failed, quantization, ci)  # fmt: skip
 
 
 def _check_quantization(quantization: str) -> None:

@@ -193,6 +193,9 @@ def gate(
     metric: str = "f1",
     min_value: float = 0.0,
     min_margin: float = 0.0,
+    *,
+    gate_on: str = "point",
+    ci: dict | None = None,
 ) -> tuple[bool, str]:
     """Decides whether a candidate model is good enough to promote.
 
@@ -209,6 +212,10 @@ def gate(
         metric: One of :data:`GATE_METRICS`.
         min_value: Absolute floor for the candidate.
         min_margin: Required improvement over the reference.
+        gate_on: "point" (the values themselves decide) or "lower_bound" (the lower bounds of
+            the tuned value's and the margin's bootstrap intervals, `ci`, must clear
+            min_value and min_margin). Default "point".
+        ci: `_interval.intervals` of these scores (needed with lower_bound). Default None.
 
     Returns:
         ``(passed, reason)`` with a human-readable reason either way.
@@ -219,6 +226,10 @@ def gate(
     """
     if metric not in GATE_METRICS:
         raise ValueError(f"unknown gate metric {metric!r}; allowed: {', '.join(GATE_METRICS)}")
+    if gate_on not in ("point", "lower_bound"):
+        raise ValueError(f"gate_on {gate_on!r} is not point or lower_bound")
+    if gate_on == "lower_bound":
+        return _gate_on_bounds(ci or {}, reference is not None, metric, min_value, min_margin)
     cand = _metric_value(candidate, metric, "candidate")
     checks: list[tuple[bool, str]] = [
         (
@@ -242,6 +253,32 @@ def gate(
     if passed:
         return True, "PASS: " + "; ".join(msg for _, msg in checks)
     return False, "FAIL: " + "; ".join(msg for ok, msg in checks if not ok)
+
+
+def _gate_on_bounds(
+    ci: dict, has_reference: bool, metric: str, min_value: float, min_margin: float
+) -> tuple[bool, str]:
+    """The gate on the intervals' lower bounds (`eval.gate_on: lower_bound`)."""
+    if metric not in ci.get("tuned", {}):
+        raise ValueError(f"gate_on lower_bound needs a bootstrap interval of {metric!r} (no held-out rows scored?)")
+    pct = f"{100 * ci['level']:.0f}%"
+    low, high = ci["tuned"][metric]
+    ok = low >= min_value - GATE_TOLERANCE
+    checks = [
+        (ok, f"{metric} {pct} CI [{low:.3f}, {high:.3f}]: lower bound {'>=' if ok else '<'} min_value {min_value:g}")
+    ]
+    if has_reference:
+        low, high = ci["margin"][metric]
+        ok = low >= min_margin - GATE_TOLERANCE
+        checks.append(
+            (
+                ok,
+                f"margin {pct} CI [{low:+.3f}, {high:+.3f}]: lower bound {'>=' if ok else '<'} min_margin {min_margin:+g}",
+            )
+        )
+    passed = all(ok for ok, _ in checks)
+    shown = checks if passed else [c for c in checks if not c[0]]
+    return passed, ("PASS: " if passed else "FAIL: ") + "; ".join(msg for _, msg in shown) + f" ({ci['n']} rows)"
 
 
 def gate_with_regression(task_passed: bool, task_reason: str, drops: Sequence[Any]) -> tuple[bool, str, list[str]]:

@@ -1144,4 +1144,5 @@ def _data_lineage(adapter: Path, out: Path) -> dict[str, Any]:
         "rows": full.get("n_rows"),
         "train_rows": full.get("n_train"),
         "eval_rows": full.get("n_eval"),
+        "task": full.get("task", ""),  # what validate-data checked the rows for ("" = free text)
     }

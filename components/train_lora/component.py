@@ -59,6 +59,7 @@ def train_lora(
     """
     import tempfile
 
+    from components.common.tracking import Settings, TrackingError, attach_files
     from components.train_lora.core import TrainError, durable_checkpoint_dir, loss_curve_html
     from components.train_lora.core import train_lora as train
 
@@ -92,6 +93,11 @@ def train_lora(
         metrics.log_metric(key, value)
     with open(loss_curve.path, "w", encoding="utf-8") as f:
         f.write(loss_curve_html(result.log_history, speedups=result.speedups))
+    try:  # beside the curves MLflow already has: the report as the task shows it
+        attach_files(Settings.from_env(dict(job_env)).as_param(), adapter.path,
+                     {"train-lora/loss_curve.html": loss_curve.path}, "train-lora")  # fmt: skip
+    except TrackingError as exc:
+        raise SystemExit(f"train-lora: {exc}") from None
     adapter.metadata.update(
         {
             "base_model": base_model.uri,

@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         prog=sys.argv[0] if sys.argv[0].startswith("vlm-lora ") else "python -m components.validate_data",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("data", nargs="+", help="ms-swift JSONL file(s): local paths or gs:// URIs")
+    parser.add_argument(
+        "data", nargs="+",
+        help="data file(s): JSONL (ms-swift messages, ShareGPT / LLaVA conversations, query/response rows), a JSON "
+        "list, parquet, or a Hugging Face save_to_disk folder; local paths or gs:// URIs (JSONL)",
+    )  # fmt: skip
     parser.add_argument("--eval", action="append", default=[], help="held-out JSONL (repeatable); default: hash split")
     parser.add_argument("--model", default="", help="model folder: its tokenizer counts tokens (offline)")
     parser.add_argument("--max-length", type=int, default=0, help="largest token count of a row (0 = no check)")
@@ -57,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         "--leakage", default=data_policy.DEFAULT_LEAKAGE, choices=data_policy.LEAKAGE_MODES,
         help="an eval row sharing an image (or images and prompt) with a train row: quarantine it (E_LEAK), fail "
         "(error) or keep it (warn); default quarantine",
+    )  # fmt: skip
+    parser.add_argument(
+        "--columns", default="",
+        help="LLaMA-Factory dataset_info.json (FILE or FILE:NAME): its sharegpt columns / tags say how rows are laid out",
     )  # fmt: skip
     parser.add_argument("--out", default="validate-data-out", help="output folder (validate-data-out)")
     args = parser.parse_args(argv)
@@ -148,6 +156,7 @@ def _validate(args: argparse.Namespace, out: Path) -> int:
             box_convention=args.box_convention,
             fetch_timeout=args.fetch_timeout,
             leakage=args.leakage,
+            columns=args.columns,
         )
     except DataError as exc:
         print(f"validate-data: FAILED: {exc}", file=sys.stderr)

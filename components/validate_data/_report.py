@@ -328,6 +328,7 @@ def render_report(
     Returns:
         One self-contained HTML page.
     """
+    from components.validate_data._formats import FORMS
     from components.validate_data.core import CODES, invalid_fraction
 
     c, stats = result.counts, result.stats
@@ -359,6 +360,7 @@ def render_report(
         task=task,
         preview=_preview(valid or [], task, boxes),
         breakdown=_breakdown(valid, task) if valid else None,
+        forms=[(form, c[f"n_form_{form}"]) for form in FORMS if c.get(f"n_form_{form}")],
     )
 
 

@@ -56,6 +56,7 @@ import shutil
 import tempfile
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -74,7 +75,7 @@ from components.common.files import sha256_file
 from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
-from components.validate_data import _leakage, _sources
+from components.validate_data import _formats, _leakage, _sources
 from components.validate_data._leakage import Leak as _Leak
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -96,6 +97,7 @@ CODES = {
     "E_TOO_LONG": f"line longer than {MAX_LINE_BYTES} bytes",
     "E_JSON": "line is not valid JSON",
     "E_DUPLICATE_KEY": "a JSON object has the same key twice (a JSON reader keeps only the last)",
+    _formats.CODE: _formats.DESCRIPTION,
     "E_SCHEMA": "row does not match {messages: [{role, content}], images: [...]}",
     "E_ROLE": "unknown role",
     "E_ORDER": "messages out of order (alternation / last message must be the assistant's)",
@@ -184,6 +186,9 @@ class ValidationResult:
                 f"p95 {tokens[min(len(tokens) - 1, int(len(tokens) * 0.95))]}, max {tokens[-1]} "
                 f"(max_length {limit}, max_pixels {pixels})"
             )
+        forms = [f"{c[f'n_form_{form}']} {form}" for form in _formats.FORMS if c.get(f"n_form_{form}")]
+        if forms:
+            lines.append(f"rows read by form (the conversion step): {', '.join(forms)}")
         for code in CODES:
             if c.get(code):
                 lines.append(f"  {code}: {c[code]}  ({CODES[code]})")
@@ -559,6 +564,7 @@ class _ReadFile:
         n_blank: Blank lines among them (not rows: neither clean nor quarantined).
         pending: Rows that passed the text checks, in line order.
         rejected: Lines that failed a text check, in line order.
+        forms: Rows read per input form (`_formats.FORMS`), and conversion failures. Default empty.
     """
 
     name: str
@@ -566,6 +572,7 @@ class _ReadFile:
     n_blank: int
     pending: list[_Pending]
     rejected: list[_Rejected]
+    forms: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -631,7 +638,7 @@ def _open_input(name: str, staging: Path, index: int, entry: dict[str, Any] | No
             raise DataError(f"{name}: data file cannot be read ({rej.message})") from None
         return local, name.rsplit("/", 1)[0]
     path = Path(name)
-    if not path.is_file():
+    if not path.is_file() and not _formats.is_container(path):
         raise DataError(f"{path}: data file not found")
     return path, str(path.parent)
 
@@ -700,25 +707,34 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
 
 
 def _parse_file(
-    name: str, *, index: int, is_eval: bool, task: str, staging: Path, entry: dict[str, Any] | None = None
-) -> _ReadFile:
-    """Reads one file (a snapshot `entry` when given) and runs the text checks on each of its non-blank lines."""
+    name: str, *, index: int, is_eval: bool, task: str, staging: Path, entry: dict[str, Any] | None = None,
+    columns: _formats.ColumnMap | None = None,
+) -> _ReadFile:  # fmt: skip
+    """Reads one file (a snapshot `entry` when given) through the conversion step (`_formats`) and runs the text
+    checks on each of its non-blank lines."""
     path, base = _open_input(name, staging, index, entry)
     read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
-    for number, raw, length in _read_lines(path):
+    conversion = _formats.Conversion(name, path, staging / f"_formats_{index}", columns)
+    try:
+        lines = list(conversion.lines(_read_lines)) if _formats.is_container(path) else conversion.lines(_read_lines)
+    except _formats.FormatError as exc:
+        raise DataError(str(exc)) from None
+    for number, raw, length in lines:
         read.n_read += 1
         if not raw.strip():
             read.n_blank += 1  # blank lines are not rows
             continue
         try:
-            row = _parse_line(raw, length, task)
+            raw = conversion.convert(number, raw)
+            row = _parse_line(raw, length if length > MAX_LINE_BYTES else len(raw), task)
             sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]  # E_IMAGE_PATH
-        except _Reject as rej:
+        except (_Reject, _formats.ConvertReject) as rej:
             row = _json_or_none(raw)
             issue = _issue(name, number, rej, raw, row)
             read.rejected.append(_Rejected(issue, _local_images(row, base)))
             continue
         read.pending.append(_Pending(name, number, raw, row, sources, is_eval))
+    read.forms = dict(conversion.counts)
     if read.n_read == read.n_blank:
         raise DataError(f"{name}: file is empty (no JSONL rows)")
     return read
@@ -1298,6 +1314,7 @@ def validate_data(
     lineage: dict[str, Any] | None = None,
     previous_lineage: dict[str, Any] | None = None,
     leakage: str = data_policy.DEFAULT_LEAKAGE,
+    columns: str = "",
 ) -> ValidationResult:
     """Validates JSONL files and writes clean train/eval datasets and a quarantine.
 
@@ -1348,6 +1365,8 @@ def validate_data(
             rows), or "warn" (kept; a warning). Either way `counts["n_leaked"]` counts them
             and `stats["leaks"]` lists them (eval and train file:line). The hash split keeps
             rows sharing an image on one side. Default "quarantine".
+        columns: A LLaMA-Factory dataset_info.json entry (`FILE` or `FILE:NAME`) whose `columns` / `tags` say
+            how sharegpt rows are laid out; "" = forms recognised by their keys (`_formats`). Default "".
 
     Returns:
         The ValidationResult.
@@ -1378,6 +1397,10 @@ def validate_data(
     except ValueError as exc:
         raise DataError(str(exc)) from None
     boxes = _box_check(task, box_convention, model_dir, max_pixels)
+    try:
+        column_map = _formats.load_column_map(columns) if columns else None
+    except _formats.FormatError as exc:
+        raise DataError(str(exc)) from None
     workers = workers or min(32, 4 * (os.cpu_count() or 1))
     outputs = _Outputs(Path(train_out), Path(eval_out), Path(quarantine_out), report_out or "")
     staging = Path(tempfile.mkdtemp(prefix="validate-data-"))
@@ -1401,6 +1424,7 @@ def validate_data(
                 lineage=lineage,
                 previous_lineage=previous_lineage,
                 leakage=leakage,
+                columns=column_map,
             )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -1425,13 +1449,16 @@ def _validate(
     lineage: dict[str, Any] | None = None,
     previous_lineage: dict[str, Any] | None = None,
     leakage: str = data_policy.DEFAULT_LEAKAGE,
+    columns: _formats.ColumnMap | None = None,
 ) -> ValidationResult:
     """Runs the phases in order: read, check image paths, inspect images, check rows, split, account, write,
     report, policy."""
     inputs = [(name, False) for name in train_files] + [(name, True) for name in eval_files]
     entries = _snapshot_entries(snapshot, train_files, eval_files)
     files = [
-        _parse_file(name, index=i, is_eval=is_eval, task=task, staging=staging, entry=entries.get(name))
+        _parse_file(
+            name, index=i, is_eval=is_eval, task=task, staging=staging, entry=entries.get(name), columns=columns
+        )
         for i, (name, is_eval) in enumerate(inputs)
     ]
     pending = [p for f in files for p in f.pending]
@@ -1459,12 +1486,15 @@ def _validate(
             counter=counter, max_length=max_length, max_invalid_fraction=max_invalid_fraction,
         )  # fmt: skip
         result.counts["n_leaked"] = len(leaks)
+        forms = sum((Counter(f.forms) for f in files), Counter())
+        result.counts.update({f"n_form_{form}": forms[form] for form in _formats.FORMS if forms[form]})
         result.counts["n_exif_rotated"] = len(
             {i.sha for r in train + held_out for i in r.images if i.exif_orientation != 1}
         )
         result.stats.update(leakage=leakage, leaks=[leak.record() for leak in leaks])
         if snapshot is not None:
-            _write_lineage(result, files, rejected, snapshot, lineage or {}, previous_lineage, staged.train)
+            extra = {"task": task, **(lineage or {})}  # the task the rows were checked for: serve's smoke test reads it
+            _write_lineage(result, files, rejected, snapshot, extra, previous_lineage, staged.train)
     result.stats["manifests"] = digests
     if outputs.report:
         from components.validate_data._report import write_report
