@@ -1,5 +1,6 @@
 """The GKE target: task placement for Kubeflow Pipelines on GKE, and the training JobSet of a config.
 
+    vlm-lora gke setup --config NAME --out DIR       # the bucket's volume and the launcher's RBAC, once
     vlm-lora gke jobset --config NAME --out DIR --model gs://.. --train gs://.. --eval gs://.. --adapter gs://..
 
 `--target gke` (`pipelines.compile`) compiles the same DAG for open-source KFP 2; this module gives
@@ -7,7 +8,8 @@ its tasks their Kubernetes settings through `kfp-kubernetes` (the GPU tasks: the
 node selector, GPU requests / limits, the `nvidia.com/gpu` toleration; every task: the bucket's
 claim mounted at `/gcs/<bucket>` with the GCS FUSE sidecar annotation; the light tasks: a CPU node
 pool where named). `jobset` writes the training JobSet (`components.common.jobset`) and the
-bucket's PersistentVolume / Claim for `kubectl apply`. Exit codes: 0 written, 2 a bad config or
+bucket's PersistentVolume / Claim for `kubectl apply`; `setup` the volume and the Role that lets the
+pipeline's pods create and follow JobSets. Exit codes: 0 written, 2 a bad config or
 argument, or a folder that holds another config's manifest (one line, nothing written).
 """
 
@@ -26,7 +28,7 @@ from components.common import jobset as js
 from pipelines.config import Config, ConfigError, check_gke, load_config, parse_overrides
 from pipelines.gke_section import GKE_ACCELERATORS, gke_bucket
 
-JOBSET_FILE, STORAGE_FILE = "jobset.yaml", "storage.yaml"
+JOBSET_FILE, STORAGE_FILE, RBAC_FILE = "jobset.yaml", "storage.yaml", "rbac.yaml"
 
 
 class ManifestFolderError(ConfigError):
@@ -155,6 +157,29 @@ def _check_folder(out: Path, name: str) -> None:
         )
 
 
+def _write_docs(out: Path, file: str, docs: list[dict[str, Any]]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{file}.tmp"
+    tmp.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
+    return tmp.replace(out / file)
+
+
+def write_setup(cfg: Config, out: Path) -> list[Path]:
+    """Writes storage.yaml (the bucket's PV / PVC) and rbac.yaml (the launcher's Role) into `out`.
+
+    Raises:
+        ConfigError: The config does not suit GKE, or `out` is a file.
+    """
+    bucket = check_target(cfg)
+    if out.exists() and not out.is_dir():
+        raise ManifestFolderError(f"--out {out}: is a file, not a folder; pass a folder for the manifests")
+    g = cfg.gke
+    return [
+        _write_docs(out, STORAGE_FILE, js.storage_manifests(bucket, claim_name(cfg), g.namespace)),
+        _write_docs(out, RBAC_FILE, js.rbac_manifests(g.namespace, g.runner_service_account)),
+    ]
+
+
 def write_manifests(cfg: Config, out: Path, image: str, model: str, train: str, eval_dir: str, adapter: str) -> Path:
     """Writes jobset.yaml and storage.yaml into `out` (each whole); returns the JobSet file.
 
@@ -174,13 +199,8 @@ def write_manifests(cfg: Config, out: Path, image: str, model: str, train: str, 
         manifest = js.build_jobset(jobset_spec(cfg, image, name, command, args))
     except js.JobSetSpecError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
-    storage = js.storage_manifests(bucket, claim_name(cfg), cfg.gke.namespace)
-    out.mkdir(parents=True, exist_ok=True)
-    for file, docs in ((STORAGE_FILE, storage), (JOBSET_FILE, [manifest])):
-        tmp = out / f".{file}.tmp"
-        tmp.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
-        tmp.replace(out / file)
-    return out / JOBSET_FILE
+    _write_docs(out, STORAGE_FILE, js.storage_manifests(bucket, claim_name(cfg), cfg.gke.namespace))
+    return _write_docs(out, JOBSET_FILE, [manifest])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog=program("python -m pipelines.gke"), description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    setup = sub.add_parser("setup", help="write the bucket's volume and the launcher's RBAC for kubectl apply")
+    setup.add_argument("--config", required=True, help="config YAML or shipped name")
+    setup.add_argument("--out", required=True, help="folder for storage.yaml and rbac.yaml")
+    setup.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p = sub.add_parser("jobset", help="write the training JobSet and the bucket's volume for kubectl apply")
     p.add_argument("--config", required=True, help="config YAML or shipped name")
     p.add_argument("--out", required=True, help="folder for jobset.yaml and storage.yaml")
@@ -202,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         from components.images import ImageTagError, resolve_images
 
         cfg = load_config(args.config, parse_overrides(args.overrides))
+        if args.command == "setup":
+            paths = write_setup(cfg, Path(args.out))
+            print(f"wrote {', '.join(map(str, paths))}: kubectl apply {' '.join(f'-f {p}' for p in paths)}")
+            return outcome.code
         try:
             image = args.image or resolve_images(cfg.images.light, cfg.images.train)["train"]
         except ImageTagError as exc:

@@ -67,6 +67,10 @@ class GkeSection:
         master_port: The chief's rendezvous port. Default 29500.
         registry: "vertex" (register uploads to the Vertex Model Registry, reached with
             Workload Identity) or "skip" (no register task). Default "vertex".
+        runner_service_account: The service account KFP runs the pipeline's pods as
+            (`pipeline-runner` in a standalone install, `default-editor` in a profile
+            namespace); `vlm-lora gke setup` lets it create and follow JobSets. Default
+            "pipeline-runner".
     """
 
     namespace: str = "kubeflow"
@@ -84,6 +88,7 @@ class GkeSection:
     max_restarts: int = 2
     master_port: int = 29500
     registry: str = "vertex"
+    runner_service_account: str = "pipeline-runner"
 
 
 def machine_gpus(machine_type: str, accelerator_type: str) -> int | None:
@@ -127,7 +132,7 @@ def gke_problems(
         out.append(("gke.topology_mode", f"'gke.topology_mode' must be one of {', '.join(TOPOLOGY_MODES)}, got {g.topology_mode!r}"))  # fmt: skip
     if g.registry not in REGISTRIES:
         out.append(("gke.registry", f"'gke.registry' must be one of {', '.join(REGISTRIES)}, got {g.registry!r}"))
-    for key in ("namespace", "service_account"):
+    for key in ("namespace", "service_account", "runner_service_account"):
         if not _dns_label(getattr(g, key)):
             out.append((f"gke.{key}", f"'gke.{key}' must be a Kubernetes name (lowercase letters, digits, '-'), got {getattr(g, key)!r}"))  # fmt: skip
     if not 0 <= g.max_restarts <= 100:

@@ -176,3 +176,36 @@ def test_a_path_that_is_not_gs_is_refused(tmp_path, capsys):
     uris = [*URIS[:1], "/local/model", *URIS[2:]]
     assert vlm_lora(["gke", "jobset", "--config", TWO_NODE, "--out", str(tmp_path / "m"), "--image", "r:1", *uris]) == 2
     assert "--model '/local/model': must be a gs:// URI" in capsys.readouterr().err
+
+
+class _Response:
+    def __init__(self, obj: dict):
+        self.data = json.dumps(obj)
+
+
+def round_trip(obj: dict, kind: str) -> dict:
+    """The object through the kubernetes client's own generated models: a misspelt or undeclared field is dropped."""
+    from kubernetes import client
+
+    api = client.ApiClient()
+    return api.sanitize_for_serialization(api.deserialize(_Response(obj), kind))
+
+
+def test_the_core_types_keep_every_field_through_the_kubernetes_models(tmp_path):
+    out = tmp_path / "setup"
+    assert vlm_lora(["gke", "setup", "--config", TWO_NODE, "--out", str(out), "gke.namespace=team-a"]) == 0
+    docs = [
+        *yaml.safe_load_all((out / "storage.yaml").read_text()),
+        *yaml.safe_load_all((out / "rbac.yaml").read_text()),
+    ]
+    kinds = ["V1PersistentVolume", "V1PersistentVolumeClaim", "V1Role", "V1RoleBinding"]
+    assert [d["kind"] for d in docs] == [k[2:] for k in kinds]
+    for doc, kind in zip(docs, kinds):
+        assert round_trip(doc, kind) == doc, kind
+    role, binding = docs[2:]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "team-a"}]
+    assert {"create", "watch", "delete"} <= set(role["rules"][0]["verbs"])
+    pod = js.build_jobset(spec_of(TWO_NODE))["spec"]["replicatedJobs"][0]["template"]
+    assert round_trip(pod, "V1JobTemplateSpec") == pod
+    broken = {**docs[0], "spec": {**docs[0]["spec"], "acessModes": ["ReadWriteMany"]}}
+    assert round_trip(broken, "V1PersistentVolume") != broken, "the check catches a misspelt field"

@@ -311,3 +311,37 @@ def with_run(template: dict[str, Any], name: str, args: list[str]) -> dict[str, 
     pod["subdomain"] = name
     pod["containers"][0]["args"] = list(args)
     return out
+
+
+def rbac_manifests(namespace: str, runner: str) -> list[dict[str, Any]]:
+    """The Role and RoleBinding that let the pipeline's pods (service account `runner`) run a training JobSet.
+
+    The launcher creates, watches and deletes JobSets and reads the pods and logs of a failed one
+    (`components.common.kube_jobs`); nothing else.
+
+    Args:
+        namespace: The namespace of the pipeline's pods and of the JobSet.
+        runner: The service account KFP runs the pipeline's pods as.
+
+    Returns:
+        [Role, RoleBinding].
+    """
+    name = "vlm-lora-jobset-launcher"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": [
+            {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+             "verbs": ["create", "get", "list", "watch", "delete"]},
+            {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list"]},
+        ],
+    }  # fmt: skip
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": runner, "namespace": namespace}],
+    }
+    return [role, binding]
