@@ -34,8 +34,9 @@ def jobset(state: str = "", active: int = 0, restarts: int = 0, version: str = "
 class Api:
     """What the fake API server plays, and every request it got."""
 
-    def __init__(self, events: list[dict], exists: bool = False, hang: bool = False):
+    def __init__(self, events: list[dict], exists: bool = False, hang: bool = False, gets: list | None = None):
         self.events, self.exists, self.hang = events, exists, hang
+        self.gets = list(gets or [])  # what GET of the JobSet answers in turn (an int: that status); then running
         self.requests: list[tuple[str, str, dict, object]] = []
         self.watching = threading.Event()
         self.stop = threading.Event()
@@ -66,6 +67,7 @@ def handler_for(api: Api) -> type[BaseHTTPRequestHandler]:
             path, _ = self._record()
             assert path == BASE
             if api.exists:
+                api.exists = False
                 return self._send(409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409})
             self._send(201, api.requests[-1][3])
 
@@ -76,7 +78,10 @@ def handler_for(api: Api) -> type[BaseHTTPRequestHandler]:
         def do_GET(self):
             path, query = self._record()
             if path == f"{BASE}/{NAME}":
-                return self._send(200, jobset(version="7"))
+                answer = api.gets.pop(0) if api.gets else jobset(version="7")
+                if isinstance(answer, int):
+                    return self._send(answer, {"kind": "Status", "code": answer})
+                return self._send(200, answer)
             if path == BASE and query.get("watch", [""])[0].lower() == "true":
                 return self._watch()
             if path == f"/api/v1/namespaces/{NS}/pods":
@@ -185,3 +190,19 @@ def test_a_retried_task_follows_the_jobset_already_there(serve):
     lines: list[str] = []
     assert kj.follow_jobset(serve(api), manifest(), log=lines.append).state == "Completed"
     assert lines[0] == f"jobset {NS}/{NAME}: already exists (a retried task): following it"
+
+
+def test_a_failed_jobset_of_the_same_inputs_is_replaced_not_followed(serve):
+    api = Api([jobset("Completed")], exists=True, gets=[jobset("Failed"), jobset(), 404])
+    lines: list[str] = []
+    assert kj.follow_jobset(serve(api), manifest(), log=lines.append).state == "Completed"
+    calls = [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in api.requests]
+    assert calls[:6] == [
+        ("POST", "jobsets"),
+        ("GET", NAME),
+        ("DELETE", NAME),
+        ("GET", NAME),
+        ("GET", NAME),
+        ("POST", "jobsets"),
+    ]
+    assert "deleting it and starting anew" in lines[0] and lines[1] == f"jobset {NS}/{NAME}: created"

@@ -90,7 +90,7 @@ def follow_jobset(
     log: Callable[[str], None] = print,
     cancel_signals: tuple[int, ...] = (signal.SIGTERM,),
 ) -> Outcome:
-    """Creates the JobSet (or follows the one of that name already there) and waits for its end.
+    """Creates the JobSet (or follows the one of that name already there, or replaces it if it Failed) and waits.
 
     Args:
         api_client: A configured `kubernetes.client.ApiClient`.
@@ -113,13 +113,7 @@ def follow_jobset(
     api = client.CustomObjectsApi(api_client)
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     started = time.monotonic()
-    try:
-        api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
-        log(f"jobset {ns}/{name}: created")
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-        log(f"jobset {ns}/{name}: already exists (a retried task): following it")
+    _create(api, manifest, log)
     previous = {s: signal.signal(s, _raise_interrupt) for s in cancel_signals}
     try:
         obj = _wait(api, watch.Watch(), ns, name, watch_timeout_s, log)
@@ -139,6 +133,39 @@ def follow_jobset(
         where = f"; last log lines of pod {pod}:\n{tail}" if pod else " (no failed pod left to read)"
         raise JobSetFailed(f"jobset {ns}/{name} failed after {restarts} restart(s): {message}{where}")
     return Outcome(name, state, restarts, time.monotonic() - started)
+
+
+def _create(api: Any, manifest: dict[str, Any], log: Callable[[str], None], wait_s: float = 120) -> None:
+    """Creates the JobSet; one of that name already there is followed, unless it Failed: then it is replaced."""
+    from kubernetes import client
+
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    try:
+        api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
+        log(f"jobset {ns}/{name}: created")
+        return
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    if terminal_state(api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))[0] != "Failed":
+        log(f"jobset {ns}/{name}: already exists (a retried task): following it")
+        return
+    log(f"jobset {ns}/{name}: a failed one of the same inputs is there: deleting it and starting anew")
+    delete = client.V1DeleteOptions(propagation_policy="Foreground")
+    api.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body=delete)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                break
+            raise
+        if time.monotonic() > deadline:
+            raise JobSetFailed(f"jobset {ns}/{name}: the failed one was not deleted within {wait_s:.0f} s")
+        time.sleep(1)
+    api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
+    log(f"jobset {ns}/{name}: created")
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -137,8 +137,8 @@ def train_lora_jobset(
         job_env: Extra environment of the training job (NCCL_*, ...).
 
     The JobSet's name is a hash of the inputs, so a retried task follows the JobSet already
-    there; a cancelled run deletes it (SIGTERM). A failed JobSet fails the task with the failed
-    pod's last log lines.
+    there (one that failed is replaced); a cancelled run deletes it (SIGTERM). A failed JobSet
+    fails the task with the failed pod's last log lines.
     """
     import json
     import shutil
@@ -149,10 +149,10 @@ def train_lora_jobset(
 
     inputs = (base_model.uri, train_dataset.uri, eval_dataset.uri, dict(swift_args))
     checkpoints = durable_checkpoint_dir(checkpoint_root, *inputs)
-    name = "vlm-lora-" + checkpoints.rsplit("/", 2)[-2] if checkpoints else "vlm-lora-run"
+    name = "vlm-lora-" + durable_checkpoint_dir("k", *inputs).split("/")[1]  # the inputs' key: one JobSet per inputs
     _, args = js.training_command(
         base_model.uri, train_dataset.uri, eval_dataset.uri, adapter.uri, checkpoints, dict(swift_args),
-        accelerator_count, preflight, dict(job_env),
+        accelerator_count, preflight, dict(job_env), base_model.metadata.get("model_type", ""),
     )  # fmt: skip
     try:
         follow_jobset(in_cluster_client(), js.with_run(jobset, name, args))
