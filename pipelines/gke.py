@@ -101,12 +101,21 @@ def jobset_template(cfg: Config, image: str) -> dict[str, Any]:
 
 
 def train_command(
-    cfg: Config, model: str, train: str, eval_dir: str, adapter: str, checkpoint_dir: str, job_env: dict[str, Any]
+    cfg: Config,
+    model: str,
+    train: str,
+    eval_dir: str,
+    adapter: str,
+    checkpoint_dir: str,
+    job_env: dict[str, Any],
+    model_type: str = "",
 ) -> tuple[list[str], list[str]]:
     """The JobSet container's command and arguments for a config (`components.common.jobset.training_command`)."""
     r = cfg.resources
     gpus = r.accelerator_count if r.accelerator_type else 0
-    return js.training_command(model, train, eval_dir, adapter, checkpoint_dir, cfg.swift, gpus, r.preflight, job_env)
+    return js.training_command(
+        model, train, eval_dir, adapter, checkpoint_dir, cfg.swift, gpus, r.preflight, job_env, model_type
+    )
 
 
 def jobset_spec(cfg: Config, image: str, name: str, command: list[str], args: list[str]) -> js.JobSetSpec:
@@ -180,7 +189,9 @@ def write_setup(cfg: Config, out: Path) -> list[Path]:
     ]
 
 
-def write_manifests(cfg: Config, out: Path, image: str, model: str, train: str, eval_dir: str, adapter: str) -> Path:
+def write_manifests(
+    cfg: Config, out: Path, image: str, model: str, train: str, eval_dir: str, adapter: str, model_type: str
+) -> Path:
     """Writes jobset.yaml and storage.yaml into `out` (each whole); returns the JobSet file.
 
     Raises:
@@ -193,7 +204,7 @@ def write_manifests(cfg: Config, out: Path, image: str, model: str, train: str, 
     _check_folder(out, cfg.pipeline.name)
     key = hashlib.sha256(json.dumps([model, train, eval_dir, cfg.swift], sort_keys=True).encode()).hexdigest()[:16]
     checkpoints = f"{cfg.pipeline.root.rstrip('/')}/checkpoints/{key}/train-lora"
-    command, args = train_command(cfg, model, train, eval_dir, adapter, checkpoints, _job_env(cfg))
+    command, args = train_command(cfg, model, train, eval_dir, adapter, checkpoints, _job_env(cfg), model_type)
     name = f"{cfg.pipeline.name[:31].rstrip('-')}-{key[:8]}"
     try:
         manifest = js.build_jobset(jobset_spec(cfg, image, name, command, args))
@@ -219,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, what in (("model", "staged model"), ("train", "training set"), ("eval", "held-out set")):
         p.add_argument(f"--{flag}", required=True, help=f"gs:// folder of the {what}")
     p.add_argument("--adapter", required=True, help="gs:// folder the adapter is written to")
+    p.add_argument("--model-type", required=True, help="ms-swift model_type of the staged model, e.g. qwen3_vl")
     p.add_argument("--image", default="", help="training image (default: the config's / the project's)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
@@ -234,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             image = args.image or resolve_images(cfg.images.light, cfg.images.train)["train"]
         except ImageTagError as exc:
             raise ConfigError(f"{cfg.path}: {exc}") from None
-        path = write_manifests(cfg, Path(args.out), image, args.model, args.train, args.eval, args.adapter)
+        path = write_manifests(
+            cfg, Path(args.out), image, args.model, args.train, args.eval, args.adapter, args.model_type
+        )
         print(
             f"wrote {path} and {path.with_name(STORAGE_FILE)}: kubectl apply -f {path.with_name(STORAGE_FILE)} -f {path}"
         )

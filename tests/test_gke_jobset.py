@@ -21,7 +21,7 @@ CRD_FIXTURE = Path(__file__).parent / "fixtures" / "jobset.x-k8s.io_jobsets.v0.1
 SEED = "configs/qwen3_vl_4b/lora_seed.yaml"
 TWO_NODE = "configs/qwen3_vl_4b/lora_h100_x8_2node.yaml"
 URIS = ["--model", "gs://b/models/qwen", "--train", "gs://b/data/train", "--eval", "gs://b/data/eval",
-        "--adapter", "gs://b/out/adapter"]  # fmt: skip
+        "--adapter", "gs://b/out/adapter", "--model-type", "qwen3_vl"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def errors(validator, manifest: dict) -> list[str]:
 
 def spec_of(config: str, **overrides) -> js.JobSetSpec:
     cfg = load_config(config, overrides)
-    command, args = gke.train_command(cfg, *URIS[1::2], "gs://b/ckpt", {"NCCL_DEBUG": "INFO"})
+    command, args = gke.train_command(cfg, *URIS[1:8:2], "gs://b/ckpt", {"NCCL_DEBUG": "INFO"})
     return gke.jobset_spec(cfg, "registry/train:tag", "run-1", command, args)
 
 
@@ -119,7 +119,7 @@ def test_manifests_are_valid_jobsets_of_one_pod_per_node(validator, config, over
 def test_the_launcher_fills_a_compiled_template_into_a_valid_manifest(validator):
     cfg = load_config(TWO_NODE)
     template = gke.jobset_template(cfg, "registry/train:tag")
-    _, args = gke.train_command(cfg, *URIS[1::2], "gs://b/ckpt", {})
+    _, args = gke.train_command(cfg, *URIS[1:8:2], "gs://b/ckpt", {})
     manifest = js.with_run(template, "vlm-lora-0123456789abcdef", args)
     assert errors(validator, manifest) == []
     assert manifest["metadata"]["name"] == manifest["spec"]["network"]["subdomain"] == "vlm-lora-0123456789abcdef"

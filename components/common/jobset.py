@@ -215,6 +215,7 @@ def training_command(
     expected_gpus: int,
     preflight: str,
     job_env: dict[str, Any],
+    model_type: str = "",
 ) -> tuple[list[str], list[str]]:
     """Each pod's command and arguments: `python -m components.train_lora` on the FUSE paths of gs:// URIs.
 
@@ -226,6 +227,7 @@ def training_command(
         expected_gpus: GPUs per node (0 = no check).
         preflight: fail, warn or off.
         job_env: The job's extra environment.
+        model_type: ms-swift model_type of the staged model (stage-model's metadata). Default "" (swift guesses).
 
     Returns:
         (command, args).
@@ -239,6 +241,8 @@ def training_command(
         "--expected-gpus", str(expected_gpus), "--preflight", preflight,
         "--job-env", json.dumps(job_env, sort_keys=True),
     ]  # fmt: skip
+    if model_type:
+        args += ["--model-type", model_type]
     return ["python3", "-m", "components.train_lora"], args
 
 
