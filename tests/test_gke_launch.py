@@ -87,3 +87,37 @@ def test_vertex_cluster_spec_still_reads_as_before():
 def test_the_jobset_variables_are_reserved_in_the_config_environment(name):
     with pytest.raises(JobEnvError, match="reserved"):
         check_job_env({name: "1"}, "environment")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--swift-args", "{lora_rank: 8", "--swift-args is not JSON"),
+        ("--job-env", "[1]", "--job-env must be a JSON object"),
+    ],
+)
+def test_the_pods_command_refuses_bad_json_in_one_line(tmp_path, capsys, flag, value, words):
+    from components.train_lora.__main__ import main
+
+    args = ["--model", str(tmp_path), "--train", str(tmp_path), "--adapter", str(tmp_path / "a"), flag, value]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"train-lora: {words}") and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_pods_command_names_a_model_folder_without_config_json(tmp_path, capsys):
+    from components.train_lora.__main__ import main
+
+    args = [
+        "--model",
+        str(tmp_path / "m"),
+        "--train",
+        str(tmp_path),
+        "--adapter",
+        str(tmp_path / "a"),
+        "--preflight",
+        "off",
+    ]
+    assert main(args) == 1
+    assert "base model folder has no config.json; stage the model first" in capsys.readouterr().err

@@ -22,13 +22,17 @@ import tempfile
 from pathlib import Path
 
 
+class _BadArgument(ValueError):
+    """An argument is not what the command takes (exit 2)."""
+
+
 def _json_arg(text: str, name: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"train-lora: {name} is not JSON ({exc.msg} at char {exc.pos})") from None
+        raise _BadArgument(f"{name} is not JSON ({exc.msg} at char {exc.pos})") from None
     if not isinstance(value, dict):
-        raise SystemExit(f"train-lora: {name} must be a JSON object, got {type(value).__name__}")
+        raise _BadArgument(f"{name} must be a JSON object, got {type(value).__name__}")
     return value
 
 
@@ -57,7 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    swift_args, job_env = _json_arg(args.swift_args, "--swift-args"), _json_arg(args.job_env, "--job-env")
+    try:
+        swift_args, job_env = _json_arg(args.swift_args, "--swift-args"), _json_arg(args.job_env, "--job-env")
+    except _BadArgument as exc:
+        print(f"train-lora: {exc}", file=sys.stderr)
+        return 2
     from components.train_lora.core import TrainError, loss_curve_html, train_lora
 
     try:
