@@ -74,7 +74,7 @@ from typing import Any
 
 from kfp import dsl
 
-from components.common.reference import CHAMPION, plan_reference
+from components.common.reference import BASE, CHAMPION, plan_reference
 from components.common.storage import to_fuse_path
 from components.deploy import deploy
 from components.evaluate import evaluate
@@ -645,27 +645,31 @@ def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
 
     Args:
         cfg: The validated config.
-        target: "vertex" or "local".
+        target: "vertex", "local" or "gke".
 
     Returns:
         (kind, uri): ("base", "") for the staged base model; ("champion", "") for the
-        registry's champion, looked up at run time (Vertex only); ("folder", uri) for a
-        given model folder (gs:// or /gcs/ on Vertex; an absolute local path locally).
+        registry's champion, looked up at run time (Vertex; GKE unless `gke.registry: skip`);
+        ("folder", uri) for a given model folder (gs:// or /gcs/ on Vertex and GKE; an
+        absolute local path locally).
 
     Raises:
-        ConfigError: A local folder as reference on the Vertex target (its tasks cannot read it).
+        ConfigError: A local folder as reference on the Vertex or GKE target (its tasks cannot read it).
     """
     reg = cfg.register
     try:
-        return plan_reference(
+        kind, uri = plan_reference(
             cfg.eval.reference,
-            vertex=target == "vertex",
+            vertex=target in ("vertex", "gke"),  # GKE's pods read gs:// (/gcs/) as Vertex's do, no local folder
             model_id=reg.model_id,
             serving_image=reg.serving_image,
             alias=reg.alias,
         )
     except ValueError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
+    if kind == CHAMPION and target == "gke" and cfg.gke.registry == "skip":
+        return BASE, ""  # no registry: compared with the base model, as locally
+    return kind, uri
 
 
 def _with_image(component: Any, image: str) -> Any:

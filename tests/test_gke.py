@@ -12,6 +12,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 from components.common import jobset as js
 from pipelines import compile as compile_cmd
 from pipelines.config import ConfigError, load_config
+from tests.pipeline_spec import tasks
 
 SEED = "configs/qwen3_vl_4b/lora_seed.yaml"
 TWO_NODE = "configs/qwen3_vl_4b/lora_h100_x8_2node.yaml"
@@ -73,8 +74,7 @@ def test_two_node_profile_trains_as_a_jobset_the_light_launcher_follows(tmp_path
     launcher = "exec-train-lora-jobset"
     assert not _is_gpu(configs[launcher]) and "/light:" in images[launcher]["image"]
     assert configs[launcher].node_selector.labels[js.NODE_POOL_LABEL] == "cpu-pool"
-    root = json_format.MessageToDict(spec.root)
-    task = root["dag"]["tasks"]["train-lora-jobset"]
+    task = tasks(json_format.MessageToDict(spec))["train-lora-jobset"].spec  # at any depth (champion branches)
     manifest = task["inputs"]["parameters"]["jobset"]["runtimeValue"]["constant"]
     job = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
     pod = job["template"]["spec"]
@@ -120,3 +120,16 @@ def test_registry_skip_drops_register_on_gke(tmp_path):
     assert "exec-register" in configs
     spec, configs = compiled(tmp_path, SEED, "register.serving_image=train", "gke.registry=skip")
     assert "exec-register" not in configs
+
+
+def test_the_champion_is_found_as_on_vertex_unless_the_registry_is_skipped(tmp_path, capsys):
+    _, configs = compiled(tmp_path, SEED, "register.serving_image=train")
+    assert "exec-find-champion" in configs  # eval.reference auto: the registry's champion, as on Vertex
+    _, configs = compiled(tmp_path, SEED, "register.serving_image=train", "gke.registry=skip")
+    assert "exec-find-champion" not in configs and "exec-register" not in configs
+    out, folder = tmp_path / "x.yaml", tmp_path / "merged"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")  # a local model folder: fine locally, unreadable by the pods
+    args = ["--config", SEED, "--target", "gke", "--output", str(out), f"eval.reference={folder}"]
+    assert compile_cmd.main(args) == 2 and not out.exists()
+    assert "is a local folder" in capsys.readouterr().err
