@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "snapshot": ("components.snapshot_data.__main__", "list the exact files a run would train on"),
     "serve": ("pipelines.serve", "serve a merged model locally (swift deploy) and smoke-test it"),
     "jobs": ("pipelines.jobs", "a config's Vertex runs: ls, show (tasks, links), logs [--follow], cancel, fetch"),
-    "gke": ("pipelines.gke", "GKE: write the training JobSet and the bucket's volume for kubectl apply"),
+    "gke": ("pipelines.gke", "GKE: setup (the bucket's volume, RBAC) and jobset (the training JobSet) for kubectl"),
     "ls": ("", "list the shipped configs"),
 }
 
