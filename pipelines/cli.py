@@ -3,7 +3,7 @@
     vlm-lora ls                                         # the shipped configs
     vlm-lora run --local [--config NAME] [section.key=value ...]
     vlm-lora run --config qwen3_vl_4b/lora_seed vertex.project=my-proj
-    vlm-lora compile --config NAME [--target local] [section.key=value ...]
+    vlm-lora compile --config NAME [--target local|gke] [section.key=value ...]
     vlm-lora schedule create|list|pause|resume|delete --config NAME ...
     vlm-lora upload --config NAME ...
     vlm-lora validate SOURCES ...                       # validate-data's checks on a JSONL file / folder / glob
@@ -12,6 +12,7 @@
     vlm-lora snapshot SOURCES ...                       # what snapshot-data would train on
     vlm-lora serve [--smoke]                            # chat with the tuned demo model
     vlm-lora jobs ls|show|logs|cancel|fetch --config NAME [RUN]   # a config's Vertex runs
+    vlm-lora gke jobset --config NAME --out DIR --model gs://.. ...  # the training JobSet for kubectl apply
 
 `--config` takes a path or the name of a shipped config (`vlm-lora ls`); `section.key=value`
 words override the config and are checked by the same schema. Each subcommand is the
@@ -44,7 +45,7 @@ TRAIN_MODULES = frozenset(
 # subcommand -> (module with main(argv), one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pipelines.run", "run the pipeline: --local here under kfp.local, or submit to Vertex AI"),
-    "compile": ("pipelines.compile", "compile the pipeline YAML (Vertex AI or --target local)"),
+    "compile": ("pipelines.compile", "compile the pipeline YAML (Vertex AI, --target local or --target gke)"),
     "schedule": ("pipelines.schedule", "create / list / pause / resume / delete a recurring Vertex run"),
     "upload": ("pipelines.upload", "upload the compiled template to an Artifact Registry KFP repository"),
     "validate": ("components.validate_data.__main__", "check training data as the validate-data task does"),
@@ -53,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "snapshot": ("components.snapshot_data.__main__", "list the exact files a run would train on"),
     "serve": ("pipelines.serve", "serve a merged model locally (swift deploy) and smoke-test it"),
     "jobs": ("pipelines.jobs", "a config's Vertex runs: ls, show (tasks, links), logs [--follow], cancel, fetch"),
+    "gke": ("pipelines.gke", "GKE: setup (the bucket's volume, RBAC) and jobset (the training JobSet) for kubectl"),
     "ls": ("", "list the shipped configs"),
 }
 

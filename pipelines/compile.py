@@ -1,11 +1,13 @@
 """Compile the pipeline to a YAML that Vertex AI Pipelines (or any KFP backend) runs.
 
-    python -m pipelines.compile [--config F] [--target vertex|local] [--output F]
+    python -m pipelines.compile [--config F] [--target vertex|local|gke] [--output F]
 
 The config's values become the parameters' defaults (each with a description the console
 shows), so a console run needs no typing. `--target vertex` (default) runs train-lora as a
 Vertex CustomJob with the config's `resources` profile; `--target local` compiles the plain
-components that `kfp.local` runs. Shapes, regions and the schedule are checked when the
+components that `kfp.local` runs; `--target gke` the same DAG for Kubeflow Pipelines on GKE
+(`pipelines.gke`, docs/gke.md: placement, GPUs and the bucket mount with kfp-kubernetes, a
+JobSet for several training nodes). Shapes, regions and the schedule are checked when the
 config loads, so a bad one stops here, before anything is created; for `--target local`
 so are a pipeline root or model cache this user cannot create or write. Exit codes: 0
 compiled, 2 a bad config or an output that cannot be written (one line on stderr, no
@@ -33,8 +35,8 @@ def compile_pipeline(
     Args:
         config_path: Config YAML.
         output: Output YAML path. Default `build/<pipeline name>.yaml` (vertex) or
-            `build/<pipeline name>-local.yaml` (local).
-        target: "vertex" or "local". Default "vertex".
+            `build/<pipeline name>-<target>.yaml` (local, gke).
+        target: "vertex", "local" or "gke". Default "vertex".
         overrides: {"section.key": value} on top of the file (`parse_overrides`). Default none.
 
     Returns:
@@ -43,7 +45,8 @@ def compile_pipeline(
     Raises:
         ConfigError: The config is invalid (bad key, value, machine shape, region, cron);
             for the local target, its pipeline root or model cache cannot be written; for
-            the Vertex target, its pipeline root or model cache is not gs://; or the default
+            the Vertex target, its pipeline root or model cache is not gs://; for gke, its
+            `gke` section does not suit the profile (`pipelines.gke_section`); or the default
             output was compiled from another config (`pipelines.compile_guards`).
         OSError: The output cannot be written.
     """
@@ -54,7 +57,7 @@ def compile_pipeline(
     cfg = load_config(config_path, overrides)
     if target == "local":
         check_local_dirs(cfg)
-    else:
+    elif target == "vertex":
         check_vertex_roots(cfg)
     suffix = "" if target == "vertex" else f"-{target}"
     out = Path(output or f"build/{cfg.pipeline.name}{suffix}.yaml")
@@ -71,7 +74,9 @@ def compile_pipeline(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=program("python -m pipelines.compile"), description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"config YAML (default {DEFAULT_CONFIG})")
-    parser.add_argument("--target", default="vertex", choices=("vertex", "local"), help="backend (default vertex)")
+    parser.add_argument(
+        "--target", default="vertex", choices=("vertex", "local", "gke"), help="backend (default vertex)"
+    )
     parser.add_argument("--output", default=None, help="output YAML (default build/<pipeline name>.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)

@@ -75,6 +75,7 @@ from components.common.tracking import ENV_EXPERIMENT, ENV_REQUIRED, ENV_URI, Se
 from components.train_lora.job_env import JobEnvError, check_job_env
 from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
+from pipelines.gke_section import GkeSection, gke_problems
 from pipelines.job_rules import job_rule_problems
 
 # The shipped configs: pipelines/configs/ in an installed package (setup.py copies them there),
@@ -502,6 +503,7 @@ class Config:
     deploy: DeploySection = field(default_factory=DeploySection)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
+    gke: GkeSection = field(default_factory=GkeSection)
     path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -939,6 +941,7 @@ _SECTIONS: dict[str, type] = {
     "deploy": DeploySection,
     "schedule": ScheduleSection,
     "tracking": TrackingSection,
+    "gke": GkeSection,
 }
 
 
@@ -1045,7 +1048,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         hint = _did_you_mean(unknown[0], [*sections, "swift", "environment"])
         raise ConfigError(
             f"{where(unknown[0])}: unknown section '{unknown[0]}'{hint}; allowed: pipeline, model, data, swift, eval, "
-            "vertex, resources, images, register, deploy, schedule, tracking, environment"
+            "vertex, resources, images, register, deploy, schedule, tracking, gke, environment"
         )
     for required in ("pipeline", "model", "data"):
         if required not in raw:
@@ -1078,6 +1081,8 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     _check_parameter_targets(cfg.swift, where)
     _check_packing(cfg.swift, where)
     cfg = _check_tracking(cfg, where)
+    if "gke" in raw:  # only a config that names the section (`--target gke` checks every config it compiles)
+        check_gke(cfg, where)
     for key, value in (("pipeline.root", cfg.pipeline.root), ("model.cache", cfg.model.cache)):
         problem = local_dir_problem(value, writable=False)
         if problem:
@@ -1147,6 +1152,20 @@ def _check_tracking(cfg: Config, where: typing.Callable[[str], str]) -> Config:
         if problem:
             raise ConfigError(f"{where('swift.report_to')}: 'swift.report_to' {problem}")
     return dataclasses.replace(cfg, tracking=dataclasses.replace(t, **values))
+
+
+def check_gke(cfg: Config, where: typing.Callable[[str], str] | None = None) -> None:
+    """Checks the `gke` section with the resources profile (`pipelines.gke_section.gke_problems`).
+
+    Raises:
+        ConfigError: The first problem, with the file, line and key (a bucket that is not gs://, a Kueue
+            queue without kueue, more GPUs per node than the node pool's machine has, ...).
+    """
+    r = cfg.resources
+    problems = gke_problems(cfg.gke, r.machine_type, r.accelerator_type, r.accelerator_count, cfg.pipeline.root)
+    if problems:
+        key, message = problems[0]
+        raise ConfigError(f"{where(key) if where else cfg.path}: {message}")
 
 
 def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:

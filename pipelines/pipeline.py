@@ -43,6 +43,13 @@ Targets (one DAG, same task names):
   test of held-out rows through it, then its traffic share) → promote (alias and default
   version move). A failed deploy leaves alias and traffic on the previous champion.
 * `local`: plain lightweight components for `kfp.local` (GCPC wrappers do not run locally).
+* `gke`: open-source Kubeflow Pipelines 2 on the user's GKE cluster (`pipelines.gke`, docs/gke.md):
+  the same tasks in the same images, placed with `kfp-kubernetes` (GPU tasks: the accelerator's
+  node selector, `nvidia.com/gpu` requests and toleration; light tasks on CPU nodes; every task
+  mounts the bucket at `/gcs/<bucket>` through the GCS FUSE CSI driver, the paths Vertex uses).
+  train-lora on one node is a GPU task; on several (`resources.replica_count` > 1) a light task
+  submits a JobSet of the nodes and follows it (`components.train_lora.component.train_lora_jobset`).
+  register uses the Vertex Model Registry (Workload Identity) unless `gke.registry: skip`.
 
 The reference model evaluate compares with (`eval.reference`, decided by
 `components.common.reference`; see `reference_plan`): with `champion` (the default on
@@ -67,7 +74,7 @@ from typing import Any
 
 from kfp import dsl
 
-from components.common.reference import CHAMPION, plan_reference
+from components.common.reference import BASE, CHAMPION, plan_reference
 from components.common.storage import to_fuse_path
 from components.deploy import deploy
 from components.evaluate import evaluate
@@ -95,7 +102,7 @@ DEPLOY_TASK = "deploy"
 PROMOTE_TASK = "promote"
 # Vertex only, with eval.reference champion: the registry look-up evaluate depends on.
 CHAMPION_TASK = "find-champion"
-TARGETS = ("vertex", "local")
+TARGETS = ("vertex", "local", "gke")
 
 # Every run-time setting: (pipeline parameter, config path). Named `<section>_<key>`;
 # `swift_args` (the whole `swift` section) is the one exception. The order is the
@@ -179,7 +186,8 @@ class _Plan:
 
     Attributes:
         cfg: The validated config (its compile-time sections: pipeline, resources, register, vertex).
-        vertex: Whether the target is Vertex (task images and machines, CustomJob, register).
+        vertex: Whether the target runs in the cloud (Vertex or GKE: task images, GPUs, checkpoints, register).
+        gke: Whether the target is GKE (`pipelines.gke` places the tasks; JobSet for several nodes).
         images: Container images {"light": ..., "train": ...} (`components.images`); {} locally.
         train_op: train-lora: a Vertex CustomJob (GCPC wrapper) or the plain component.
         register_op: register in the light image; None when there is no register step
@@ -192,6 +200,7 @@ class _Plan:
 
     cfg: Config
     vertex: bool
+    gke: bool
     images: dict[str, str]
     train_op: Any
     register_op: Any
@@ -201,20 +210,35 @@ class _Plan:
     reference_uri: str
 
 
+def _gke_training(cfg: Config, images: dict[str, str]) -> Any:
+    """train-lora on GKE: the component in the train image (one node), or the JobSet launcher in the light image."""
+    if cfg.resources.replica_count == 1:
+        return _exec_python(_with_image(train_lora, images["train"]))
+    from components.train_lora.component import train_lora_jobset
+
+    return _with_image(train_lora_jobset, images["light"])
+
+
 def _plan_for(cfg: Config, target: str) -> _Plan:
     """Returns the task settings of a build (raises ConfigError for a reference Vertex cannot read or an unknown image tag)."""
-    vertex = target == "vertex"
+    gke = target == "gke"
+    vertex = target == "vertex" or gke
+    if gke:
+        from pipelines.gke import check_target
+
+        check_target(cfg)
     reference, reference_uri = reference_plan(cfg, target)
     try:  # the local target runs no image
         images = resolve_images(cfg.images.light, cfg.images.train) if vertex else {}
     except ImageTagError as exc:
         raise ConfigError(f"{cfg.path or 'config'}: {exc}") from None
-    registering = vertex and bool(cfg.register.serving_image)
+    registering = vertex and bool(cfg.register.serving_image) and not (gke and cfg.gke.registry == "skip")
     return _Plan(
         cfg=cfg,
         vertex=vertex,
+        gke=gke,
         images=images,
-        train_op=_training_job(cfg, images["train"]) if vertex else train_lora,
+        train_op=(_gke_training(cfg, images) if gke else _training_job(cfg, images["train"])) if vertex else train_lora,
         register_op=_with_image(register, images["light"]) if registering else None,
         deploy_op=_with_image(deploy, images["light"]) if registering and cfg.deploy.endpoint else None,
         promote_op=_with_image(promote, images["light"]) if registering and cfg.deploy.endpoint else None,
@@ -456,6 +480,10 @@ def _light(task: Any, name: str, plan: _Plan) -> Any:
         task.set_memory_limit(f"{r.light_memory_gb}G")
         if name in RETRIED_TASKS:
             task.set_retry(**RETRY_POLICY)
+    if plan.gke:
+        from pipelines.gke import place_task
+
+        place_task(task, plan.cfg, 0, node_pool=plan.cfg.gke.cpu_node_pool)
     return task
 
 
@@ -466,6 +494,10 @@ def _gpu(task: Any, name: str, plan: _Plan) -> Any:
         r = plan.cfg.resources
         task.set_container_image(plan.images["train"]).set_accelerator_type(r.eval_accelerator_type)
         task.set_accelerator_limit(1).set_cpu_limit(str(r.eval_cpu)).set_memory_limit(f"{r.eval_memory_gb}G")
+    if plan.gke:
+        from pipelines.gke import place_task
+
+        place_task(task, plan.cfg, 1, plan.cfg.resources.eval_accelerator_type, plan.cfg.gke.eval_node_pool)
     return task
 
 
@@ -500,6 +532,10 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
             "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
             "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
         }
+    if plan.gke and cfg.resources.replica_count > 1:
+        from pipelines.gke import jobset_template
+
+        vertex_args["jobset"] = jobset_template(cfg, plan.images["train"])
     train = plan.train_op(
         base_model=stage.outputs["model"],
         train_dataset=data.outputs["train_dataset"],
@@ -514,8 +550,12 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
     ).set_display_name("train-lora")
     if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
         train.after(champion)
-    if plan.vertex and cfg.resources.scheduling == "spot":
+    if plan.vertex and not plan.gke and cfg.resources.scheduling == "spot":
         train.set_retry(num_retries=2)  # a preempted job restarts and resumes from its newest complete checkpoint
+    if plan.gke:
+        from pipelines.gke import place_training
+
+        place_training(train, cfg)
     return train
 
 
@@ -607,27 +647,31 @@ def reference_plan(cfg: Config, target: str) -> tuple[str, str]:
 
     Args:
         cfg: The validated config.
-        target: "vertex" or "local".
+        target: "vertex", "local" or "gke".
 
     Returns:
         (kind, uri): ("base", "") for the staged base model; ("champion", "") for the
-        registry's champion, looked up at run time (Vertex only); ("folder", uri) for a
-        given model folder (gs:// or /gcs/ on Vertex; an absolute local path locally).
+        registry's champion, looked up at run time (Vertex; GKE unless `gke.registry: skip`);
+        ("folder", uri) for a given model folder (gs:// or /gcs/ on Vertex and GKE; an
+        absolute local path locally).
 
     Raises:
-        ConfigError: A local folder as reference on the Vertex target (its tasks cannot read it).
+        ConfigError: A local folder as reference on the Vertex or GKE target (its tasks cannot read it).
     """
     reg = cfg.register
     try:
-        return plan_reference(
+        kind, uri = plan_reference(
             cfg.eval.reference,
-            vertex=target == "vertex",
+            vertex=target in ("vertex", "gke"),  # GKE's pods read gs:// (/gcs/) as Vertex's do, no local folder
             model_id=reg.model_id,
             serving_image=reg.serving_image,
             alias=reg.alias,
         )
     except ValueError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
+    if kind == CHAMPION and target == "gke" and cfg.gke.registry == "skip":
+        return BASE, ""  # no registry: compared with the base model, as locally
+    return kind, uri
 
 
 def _with_image(component: Any, image: str) -> Any:

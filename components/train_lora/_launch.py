@@ -8,6 +8,13 @@ Vertex AI describes a multi-replica CustomJob in the `CLUSTER_SPEC` environment 
     {"cluster": {"workerpool0": ["host0:2222"], "workerpool1": ["host1:2222", "host2:2222"]},
      "task": {"type": "workerpool1", "index": 1}}
 
+On GKE the nodes are the pods of one indexed Job of a JobSet (`components.common.jobset`). Kubernetes
+sets `JOB_COMPLETION_INDEX` (the node rank); the manifest adds, from the pod's JobSet labels,
+`JOBSET_NAME` and `REPLICATED_JOB_NAME`, and `JOBSET_NNODES` / `JOBSET_MASTER_PORT`. JobSet names
+each pod's host `<jobset>-<replicated job>-<job index>-<pod index>` under the headless service
+`<jobset>` (its default subdomain; `JOBSET_SUBDOMAIN` if another), so the chief is
+`<jobset>-<rjob>-0-0.<service>`. `launch_plan` reads either description; both at once is an error.
+
 ms-swift starts torchrun when NPROC_PER_NODE or NNODES is set and passes NNODES, NODE_RANK,
 MASTER_ADDR and MASTER_PORT through; `launch_plan` maps the one onto the other. The chief
 (workerpool0[0]) is node 0 and the only node that writes the task's outputs.
@@ -60,6 +67,10 @@ class LaunchError(TrainError):
 
 class ClusterSpecError(LaunchError):
     """CLUSTER_SPEC is set but is not the JSON Vertex AI writes; the message says what is wrong."""
+
+
+class JobSetEnvError(LaunchError):
+    """The JobSet / indexed Job environment is incomplete or contradicts itself; the message names the variable."""
 
 
 class ModelTooLargeError(LaunchError):
@@ -157,11 +168,51 @@ def parse_cluster_spec(text: str) -> tuple[list[str], list[str], str, int]:
     return chief, workers, kind, index
 
 
+# The variables a JobSet pod gets (Kubernetes: JOB_COMPLETION_INDEX; the manifest: the rest).
+JOBSET_VARS = (
+    "JOB_COMPLETION_INDEX", "JOBSET_NAME", "REPLICATED_JOB_NAME", "JOBSET_NNODES", "JOBSET_MASTER_PORT",
+    "JOBSET_SUBDOMAIN",
+)  # fmt: skip
+
+
+def _env_int(environ: Mapping[str, str], name: str, low: int) -> int:
+    text = environ.get(name, "").strip()
+    if not text.isdigit() or int(text) < low:
+        raise JobSetEnvError(f"{name} is {text!r}, expected an integer >= {low} (set by the JobSet manifest)")
+    return int(text)
+
+
+def parse_jobset_env(environ: Mapping[str, str]) -> tuple[int, int, list[str], int]:
+    """Reads a JobSet pod's node count, rank, hosts and port.
+
+    Args:
+        environ: The pod's environment (`JOBSET_VARS`).
+
+    Returns:
+        (nodes, this node's rank, every node's host name by rank, the chief's port).
+
+    Raises:
+        JobSetEnvError: A variable is missing or not a number, or the rank is not below the node count.
+    """
+    nnodes = _env_int(environ, "JOBSET_NNODES", 1)
+    rank = _env_int(environ, "JOB_COMPLETION_INDEX", 0)
+    port = _env_int(environ, "JOBSET_MASTER_PORT", 1)
+    name, rjob = environ.get("JOBSET_NAME", "").strip(), environ.get("REPLICATED_JOB_NAME", "").strip()
+    for var, value in (("JOBSET_NAME", name), ("REPLICATED_JOB_NAME", rjob)):
+        if not value:
+            raise JobSetEnvError(f"{var} is not set; the manifest sets it from the pod's jobset.sigs.k8s.io label")
+    if rank >= nnodes:
+        raise JobSetEnvError(f"JOB_COMPLETION_INDEX is {rank} but JOBSET_NNODES is {nnodes}: the rank must be below it")
+    service = environ.get("JOBSET_SUBDOMAIN", "").strip() or name
+    return nnodes, rank, [f"{name}-{rjob}-0-{i}.{service}" for i in range(nnodes)], port
+
+
 def launch_plan(environ: Mapping[str, str] | None = None, gpu_count: int = 0) -> LaunchPlan:
     """Maps the node's environment and GPU count to torchrun's variables.
 
     Args:
-        environ: Environment (default os.environ); CLUSTER_SPEC is read from it.
+        environ: Environment (default os.environ); CLUSTER_SPEC or the JobSet variables
+            (`JOBSET_VARS`) are read from it.
         gpu_count: GPUs on this node (0 = CPU only).
 
     Returns:
@@ -171,11 +222,18 @@ def launch_plan(environ: Mapping[str, str] | None = None, gpu_count: int = 0) ->
 
     Raises:
         ClusterSpecError: CLUSTER_SPEC is malformed.
+        JobSetEnvError: The JobSet variables are incomplete, or set beside CLUSTER_SPEC.
     """
     env_in = os.environ if environ is None else environ
     nproc = max(int(gpu_count), 1)
     text = env_in.get("CLUSTER_SPEC", "").strip()
-    if not text:
+    jobset = env_in.get("JOBSET_NAME", "").strip() or env_in.get("JOB_COMPLETION_INDEX", "").strip()
+    if text and jobset:
+        raise JobSetEnvError("both CLUSTER_SPEC (Vertex) and JobSet variables are set; a node is one or the other")
+    if jobset:
+        nnodes, rank, hosts, port = parse_jobset_env(env_in)
+        plan = LaunchPlan(nnodes=nnodes, node_rank=rank, master_addr=hosts[0], master_port=port, nproc_per_node=nproc)
+    elif not text:
         plan = LaunchPlan(nproc_per_node=nproc)
     else:
         chief, workers, kind, index = parse_cluster_spec(text)

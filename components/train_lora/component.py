@@ -1,8 +1,8 @@
-"""KFP wrapper of the train-lora core."""
+"""KFP wrappers of the train-lora core: the task itself, and (GKE, several nodes) the JobSet launcher."""
 
 from kfp import dsl
 
-from components.images import TRAIN_IMAGE
+from components.images import LIGHT_IMAGE, TRAIN_IMAGE
 
 
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
@@ -107,4 +107,69 @@ def train_lora(
             "resumed_from": result.resumed_from,
             "data_snapshot": train_dataset.metadata.get("data_snapshot", ""),
         }
+    )
+
+
+@dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
+def train_lora_jobset(
+    base_model: dsl.Input[dsl.Model],
+    train_dataset: dsl.Input[dsl.Dataset],
+    eval_dataset: dsl.Input[dsl.Dataset],
+    swift_args: dict,
+    adapter: dsl.Output[dsl.Model],
+    metrics: dsl.Output[dsl.Metrics],
+    loss_curve: dsl.Output[dsl.HTML],
+    jobset: dict,
+    checkpoint_root: str = "",
+    accelerator_count: int = 0,
+    preflight: str = "fail",
+    job_env: dict = {},  # noqa: B006 - KFP needs a literal default; the body never mutates it
+):
+    """Trains a LoRA adapter as a JobSet of GPU nodes and waits for it (train-lora on GKE, several nodes).
+
+    Args:
+        base_model: Staged base model (its gs:// URI is read at /gcs/... by every node).
+        train_dataset: Clean training set from validate-data.
+        eval_dataset: Clean held-out set from validate-data.
+        swift_args: `swift sft` arguments in ms-swift's names.
+        adapter: Output: the adapter the chief node writes.
+        metrics: Output: the chief's training figures.
+        loss_curve: Output: training / eval loss per step (HTML).
+        jobset: The JobSet template compiled from the resources profile (`components.common.jobset`).
+        checkpoint_root: Durable checkpoints under `<checkpoint_root>/<key>/train-lora` (key: the
+            inputs), shared by the JobSet's restarts and a retried task. "" = none.
+        accelerator_count: GPUs per node the profile asks for (0 = no check).
+        preflight: GPU and interconnect check on every node: fail, warn or off.
+        job_env: Extra environment of the training job (NCCL_*, ...).
+
+    The JobSet's name is a hash of the inputs, so a retried task follows the JobSet already
+    there (one that failed is replaced); a cancelled run deletes it (SIGTERM). A failed JobSet
+    fails the task with the failed pod's last log lines.
+    """
+    import json
+    import shutil
+
+    from components.common import jobset as js
+    from components.common.kube_jobs import JobSetFailed, follow_jobset, in_cluster_client
+    from components.train_lora.core import durable_checkpoint_dir
+
+    inputs = (base_model.uri, train_dataset.uri, eval_dataset.uri, dict(swift_args))
+    checkpoints = durable_checkpoint_dir(checkpoint_root, *inputs)
+    name = "vlm-lora-" + durable_checkpoint_dir("k", *inputs).split("/")[1]  # the inputs' key: one JobSet per inputs
+    _, args = js.training_command(
+        base_model.uri, train_dataset.uri, eval_dataset.uri, adapter.uri, checkpoints, dict(swift_args),
+        accelerator_count, preflight, dict(job_env), base_model.metadata.get("model_type", ""),
+    )  # fmt: skip
+    try:
+        follow_jobset(in_cluster_client(), js.with_run(jobset, name, args))
+    except JobSetFailed as exc:
+        raise SystemExit(f"train-lora: {exc}") from None
+    result = js.result_path(adapter.uri)
+    with open(result, encoding="utf-8") as f:
+        record = json.load(f)
+    for key, value in record["metrics"].items():
+        metrics.log_metric(key, value)
+    shutil.copyfile(result + ".html", loss_curve.path)
+    adapter.metadata.update(
+        {"base_model": base_model.uri, **{k: record[k] for k in ("checkpoint", "strategy", "resumed_from")}}
     )

@@ -79,6 +79,14 @@ _KNOWN_PREFIXED = (
     "TORCH_SYMM_MEM_DISABLE_MULTICAST",
     "NVSHMEM_DISABLE_NVLS",
 )
+
+
+def _launch_vars() -> tuple[str, ...]:
+    from components.train_lora._launch import JOBSET_VARS  # _launch imports torch-free modules only
+
+    return JOBSET_VARS
+
+
 _RESERVED = {
     "CUDA_VISIBLE_DEVICES": "Vertex and torchrun give each process its GPUs",
     "CLUSTER_SPEC": "Vertex sets it",
@@ -87,6 +95,7 @@ _RESERVED = {
         for name in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "RANK", "WORLD_SIZE")
     },
     "LOCAL_RANK": "torchrun sets it",
+    **{name: "Kubernetes and the JobSet manifest set it" for name in _launch_vars()},
     TABLE_ENV: "train-lora sets it, for the plugin's start-up table",
 }
 _SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}

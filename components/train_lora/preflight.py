@@ -1046,8 +1046,10 @@ def run_worker(opts: Options, environ: Mapping[str, str] | None = None) -> int:
 
 
 def cluster_hosts(environ: Mapping[str, str]) -> list[str]:
-    """The hosts of CLUSTER_SPEC in node-rank order (chief first); [] without one."""
+    """The hosts of CLUSTER_SPEC (or of a JobSet's pods) in node-rank order (chief first); [] without one."""
     text = environ.get("CLUSTER_SPEC", "").strip()
+    if not text and environ.get("JOBSET_NAME", "").strip():
+        return _launch.parse_jobset_env(environ)[2]
     if not text:
         return []
     chief, workers, _, _ = _launch.parse_cluster_spec(text)
