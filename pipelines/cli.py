@@ -27,7 +27,9 @@ say so in one line (exit 2) when it is missing.
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
+import os
 import re
 import shutil
 import sys
@@ -183,8 +185,34 @@ def exit_for_missing_extra(exc: ImportError, command: str) -> int:
     return 2
 
 
+# Exit codes at the edges, as a shell's own commands end: 128 + the signal's number.
+EXIT_BROKEN_PIPE = 141  # SIGPIPE: `vlm-lora ls | head -1`
+EXIT_INTERRUPTED = 130  # SIGINT: Ctrl-C
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _detach_stdout() -> None:
+    """Points standard output at /dev/null, so that the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's capture): nothing to flush
+        pass
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # stderr is gone too: the exit code is all that is left
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Runs one subcommand: `vlm-lora COMMAND [options]`.
+    """Runs one subcommand: `vlm-lora COMMAND [options]`, ending at the edges with one line, never a traceback.
+
+    A closed pipe (`vlm-lora ls | head -1`) ends quietly with 141, a full disk on the output
+    (`vlm-lora ls > /dev/full`) with one line and 1, Ctrl-C with one line and 130.
 
     Args:
         argv: The words after `vlm-lora`. Default `sys.argv[1:]`.
@@ -192,6 +220,31 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The subcommand's exit code; 2 for an unknown command or a missing `train` extra.
     """
+    name = f"vlm-lora {argv[0] if argv else sys.argv[1] if len(sys.argv) > 1 else ''}".strip()
+    try:
+        try:
+            code = _dispatch(argv)
+        except SystemExit:  # argparse's --help and usage errors: their output is flushed here too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # a write error of buffered output surfaces here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _detach_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        _say(f"{name}: interrupted (Ctrl-C); nothing more was done")
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        _detach_stdout()
+        where = exc.filename or "standard output"
+        _say(f"{name}: cannot write {where}: {os.strerror(exc.errno)}; free some space or write elsewhere")
+        return 1
+
+
+def _dispatch(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())

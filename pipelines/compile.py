@@ -61,6 +61,9 @@ def compile_pipeline(
         check_vertex_roots(cfg)
     suffix = "" if target == "vertex" else f"-{target}"
     out = Path(output or f"build/{cfg.pipeline.name}{suffix}.yaml")
+    problem = output_problem(out)
+    if problem:
+        raise ConfigError(f"--output {out}: {problem}")
     if output is None:
         check_not_another_configs(out, cfg.path)
     pipeline = build_pipeline(cfg, target)
@@ -69,6 +72,15 @@ def compile_pipeline(
     if output is None:
         write_source_note(out, cfg.path)
     return out
+
+
+def output_problem(out: Path) -> str | None:
+    """Why the compiled YAML cannot be written to `out` (checked before compiling), or None."""
+    if out.is_dir():
+        return "is a folder; name the file to write in it, e.g. --output " + str(out / "pipeline.yaml")
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        return "the pipeline is written as YAML: name a file ending in .yaml (e.g. build/pipeline.yaml)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ from typing import Any
 
 import yaml
 
-from components.common import data_policy
+from components.common import data_policy, secrets
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
 from components.common.model_fit import (
@@ -75,6 +75,9 @@ from components.common.tracking import ENV_EXPERIMENT, ENV_REQUIRED, ENV_URI, Se
 from components.train_lora.job_env import JobEnvError, check_job_env
 from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
+from pipelines._config_secrets import secret_problem
+from pipelines._load_checks import budget_problem, gate_problem, pipeline_name_problem, swift_choice_problem
+from pipelines._yaml_forms import ambiguous_form
 from pipelines.gke_section import GkeSection, gke_problems
 from pipelines.job_rules import job_rule_problems
 
@@ -770,11 +773,21 @@ def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader refuses control characters (a NUL byte) here
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        code = exc.character if isinstance(exc.character, int) else -1
+        what = "a NUL byte" if code == 0 else f"the control character #x{code:04x}" if code >= 0 else "a byte"
+        raise ConfigError(
+            f"{path}:{line}: not valid YAML: {what} is not allowed in a config; remove it (a binary file, or a "
+            "copy-paste accident?)"
+        ) from None
     try:
         node = loader.get_single_node()
+        form = ambiguous_form(node)
         duplicate = _duplicate_key(loader, node) if node is not None else None
-        if duplicate is None:
+        if duplicate is None and form is None:
             raw = loader.construct_document(node) if node is not None else None
     except _YamlTooBig as exc:
         fix = (
@@ -798,7 +811,15 @@ def _read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     if duplicate is not None:
         key, line, first = duplicate
         raise ConfigError(f"{path}:{line}: duplicate key '{key}' (first at {first}); keep one")
+    if form is not None:
+        line, key, written, problem = form
+        raise ConfigError(f"{path}:{line}: '{key}: {written}' is {problem}")
     return raw, node
+
+
+def _override_of(key: str, overridden: Mapping[str, Any]) -> str:
+    """The override `key` (or a key under it, `register.serving_env.X`) came from, else `key`."""
+    return next((k for k in overridden if key == k or key.startswith(k + ".")), key)
 
 
 def _number_problem(value: Any) -> str | None:
@@ -994,12 +1015,17 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(
-                f"override {item!r}: expected section.key=value (e.g. eval.max_samples=4 or swift.lora_rank=16)"
+                f"override {secrets.redact(repr(item))}: expected section.key=value (e.g. eval.max_samples=4 or "
+                "swift.lora_rank=16)"
             )
         try:
             value = yaml.safe_load(text) if text.strip() else ""
+            form = ambiguous_form(yaml.compose(text, Loader=yaml.SafeLoader)) if text.strip() else None
         except (yaml.YAMLError, ValueError) as exc:  # ValueError: a date that is none (2026-13-01), a huge number
-            raise ConfigError(f"override {item!r}: the value is not YAML ({str(exc).splitlines()[0]})") from None
+            first = secrets.redact(str(exc).splitlines()[0])
+            raise ConfigError(f"override {secrets.redact(repr(item))}: the value is not YAML ({first})") from None
+        if form:
+            raise ConfigError(f"override {key}={secrets.redact(form[2])}: the value is {form[3]}")
         out[key] = value
     return out
 
@@ -1037,10 +1063,15 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         raw[section] = {**(raw.get(section) or {}), name: value}
 
     def where(key: str) -> str:
-        if key in overridden:
-            return f"{path} (override {key}={json.dumps(overridden[key], default=str)})"
+        if key in overridden:  # quoted with any secret in it masked (the sweep below refuses it)
+            return f"{path} (override {key}={secrets.redact(json.dumps(overridden[key], default=str))})"
         line = lines.get(key) or lines.get(key.split(".")[0])
         return f"{path}:{line}" if line else str(path)
+
+    found = secret_problem(raw)
+    if found:
+        key = _override_of(found[0], overridden)
+        raise ConfigError(f"{f'{path} (override {key}=...)' if key in overridden else where(key)}: {found[1]}")
 
     sections = _SECTIONS
     unknown = sorted(map(str, set(raw) - set(sections) - {"swift", "environment"}))  # YAML keys may be non-strings
@@ -1077,6 +1108,8 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     _scan_values(raw, "", where)
     _check_ranges(cfg, where)
     _check_swift(cfg.swift, where)
+    if found := swift_choice_problem(cfg.swift):
+        raise ConfigError(f"{where(found[0])}: {found[1]}")
     cfg = _check_quantization(cfg, where)
     _check_parameter_targets(cfg.swift, where)
     _check_packing(cfg.swift, where)
@@ -1184,7 +1217,6 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
         ("eval.metric", e.metric in _GATE_METRICS, "one of " + ", ".join(_GATE_METRICS)),
         ("eval.quantization", e.quantization in QUANTIZATIONS, "one of " + ", ".join(QUANTIZATIONS)),
         ("eval.gate_on", e.gate_on in ("point", "lower_bound"), "point or lower_bound"),
-        ("pipeline.name", _valid_name(cfg.pipeline.name), "lowercase letters, digits and '-', starting with a letter"),
         ("model.source", bool(cfg.model.source.strip()), "a model folder or URI"),
         ("model.cache", bool(cfg.model.cache.strip()), "a folder or gs:// URI"),
         ("data.train", bool(cfg.data.train.strip()), "a JSONL file, folder / prefix or glob (local or gs://)"),
@@ -1194,6 +1226,11 @@ def _check_ranges(cfg: Config, where: typing.Callable[[str], str]) -> None:
             section, name = key.split(".")
             value = getattr(getattr(cfg, section), name)
             raise ConfigError(f"{where(key)}: '{key}' must be {expected}, got {value!r}")
+    if problem := pipeline_name_problem(cfg.pipeline.name):
+        raise ConfigError(f"{where('pipeline.name')}: {problem}")
+    for found in (gate_problem(e.metric, e.min_value, e.min_margin), budget_problem(e.max_new_tokens, cfg.swift)):
+        if found:
+            raise ConfigError(f"{where(found[0])}: {found[1]}")
     problem = reference_problem(e.reference)
     if problem:
         raise ConfigError(f"{where('eval.reference')}: 'eval.reference' {e.reference!r}: {problem}")
@@ -1630,7 +1667,3 @@ def _check_token_ref(ref: str, where: typing.Callable[[str], str]) -> None:
         "'projects/P/secrets/S[/versions/V]' (a reference, never the token itself); got a value that is "
         "neither (not echoed)"
     )
-
-
-def _valid_name(name: str) -> bool:
-    return bool(name) and name[0].isalpha() and all(c.islower() or c.isdigit() or c == "-" for c in name)

@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from components.common import cli_numbers
 from pipelines.cli import program
 from pipelines.config import Config, load_config, parse_overrides
 from pipelines.vertex import PLACEHOLDER_MARKERS, VertexError, command_errors, console_link, init_vertex
@@ -719,15 +720,32 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--config", required=True, help="config YAML or shipped config name")
         p.add_argument("--project", default=None, help="project ID (default: the config's vertex.project)")
         if action == "ls":
-            p.add_argument("--limit", type=int, default=20, help="newest N runs (default 20; 0 = all)")
+            p.add_argument(
+                "--limit", type=cli_numbers.non_negative(int), default=20, help="newest N runs (default 20; 0 = all)"
+            )
         else:
             p.add_argument("run", nargs="?", default=None, help="run ID or resource name (default: the newest run)")
         if action == "logs":
             p.add_argument("--task", default=None, help="only this task's entries (e.g. train-lora)")
             p.add_argument("--follow", "-f", action="store_true", help="keep printing new entries until the run ends")
-            p.add_argument("--lines", type=int, default=100, help="newest N entries first (default 100; 0 = all)")
-            p.add_argument("--poll", type=float, default=10.0, help="seconds between polls with --follow (default 10)")
-            p.add_argument("--follow-for", type=float, default=6 * 3600, help="longest follow, s (default 21600)")
+            p.add_argument(
+                "--lines",
+                type=cli_numbers.non_negative(int),
+                default=100,
+                help="newest N entries first (default 100; 0 = all)",
+            )
+            p.add_argument(
+                "--poll",
+                type=cli_numbers.positive(float, "a positive number of seconds"),
+                default=10.0,
+                help="seconds between polls with --follow (default 10)",
+            )
+            p.add_argument(
+                "--follow-for",
+                type=cli_numbers.positive(float, "a positive number of seconds"),
+                default=6 * 3600,
+                help="longest follow, s (default 21600)",
+            )
         if action == "fetch":
             p.add_argument("--dest", default=None, help="local folder (default: ./runs/<run id>)")
             p.add_argument("--only", default=",".join(DEFAULT_KINDS), help=f"comma-separated: {', '.join(KINDS)}")

@@ -1039,6 +1039,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     args = parser.parse_args(argv)
+    vertex_only = [flag for flag, used in (("--wait", args.wait), ("--project", args.project is not None)) if used]
+    if args.local and vertex_only:  # else silently ignored: the user thinks they asked for something
+        print(
+            f"error: {' and '.join(vertex_only)} {'is' if len(vertex_only) == 1 else 'are'} for a Vertex run; "
+            "drop it with --local (or drop --local to submit to Vertex AI)",
+            file=sys.stderr,
+        )
+        return 2
     if args.dry_run:
         return _main_dry_run(args)
     if not args.local:
@@ -1073,6 +1081,9 @@ def _main_dry_run(args: argparse.Namespace) -> int:
     with command_errors(failures=(RunError,)) as outcome:
         cfg = load_config(args.config or DEFAULT_LOCAL_CONFIG, parse_overrides(args.overrides))
         cfg = with_local_root(cfg, args.root) if args.local and args.root else _with_flags(cfg, args)
+        if args.local:  # what the real local run refuses before any task (run_local), without building inputs
+            check_local_dirs(cfg, root_from="--root" if args.root else "")
+            preflight_local(cfg)
         problems = dry_run(cfg, local=args.local, enable_caching=False if args.no_cache else None)
         if problems:
             raise VertexError(

@@ -16,6 +16,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from components.common import cli_numbers
 from pipelines.cli import program
 from pipelines.config import Config, cron_problem, load_config, parse_overrides
 from pipelines.vertex import VertexError, command_errors, console_link, init_vertex, pipeline_job, preflight
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="schedule ID or resource name (pause/resume/delete)")
     parser.add_argument("--cron", default=None, help="cron expression (default: the config's schedule.cron)")
     parser.add_argument("--time-zone", default=None, help="IANA time zone (default: schedule.time_zone)")
-    parser.add_argument("--max-concurrent", type=int, default=None, help="runs at the same time")
+    parser.add_argument("--max-concurrent", type=cli_numbers.positive(int), default=None, help="runs at the same time")
     parser.add_argument("--start", default=None, help="first run not before, RFC 3339")
     parser.add_argument("--end", default=None, help="no run after, RFC 3339")
     parser.add_argument("--project", default=None, help="project ID (default: the config's vertex.project)")

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from components.common import cli_numbers
 from components.deploy.core import DeployError, LocalServer, load_rows, smoke_test
 from pipelines.cli import exit_for_missing_extra, program, require_modules
 
@@ -97,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local", action="store_true", help="serve on 127.0.0.1: the only mode, so optional")
     parser.add_argument("--model", default="", help="merged model folder; default the newest under --root")
     parser.add_argument("--root", default="runs", help="local pipeline root (default runs)")
-    parser.add_argument("--port", type=int, default=0, help="TCP port; default a free one")
+    parser.add_argument(
+        "--port",
+        type=cli_numbers.ranged(int, 0, 65535, "0 (a free port) or a port 1..65535"),
+        default=0,
+        help="TCP port; default a free one",
+    )
     parser.add_argument("--name", default="tuned", help="served model name (default tuned)")
     parser.add_argument("--smoke", action="store_true", help="run the smoke test, then exit 0 / 1")
     parser.add_argument(
@@ -105,9 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         help="smoke-test task: detection, key_value, json or '' (default: the task the model's data was validated "
         "for, from its lineage)",
     )  # fmt: skip
-    parser.add_argument("--rows", type=int, default=3, help="smoke-test rows (default 3)")
-    parser.add_argument("--max-tokens", type=int, default=512, help="smoke-test answer length limit (default 512)")
-    parser.add_argument("--start-timeout", type=float, default=300, help="seconds to wait for health (default 300)")
+    parser.add_argument("--rows", type=cli_numbers.positive(int), default=3, help="smoke-test rows (default 3)")
+    parser.add_argument(
+        "--max-tokens", type=cli_numbers.positive(int), default=512, help="smoke-test answer length limit (default 512)"
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=cli_numbers.positive(float, "a positive number of seconds"),
+        default=300,
+        help="seconds to wait for health (default 300)",
+    )
     parser.add_argument("--log", default="", help="server log file; default <model>/../serve.log")
     args = parser.parse_args(argv)
     try:

@@ -17,6 +17,8 @@ import math
 import re
 from typing import Any
 
+from components.common import bounded_json
+
 # A fenced block: three backticks, an optional info string (a word such as
 # ``json``), the body, then closing backticks or the end of the text.
 FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
@@ -74,6 +76,8 @@ def first_json(text: str, kind: type, *, finite: bool = True) -> Any:
     Prose around it is fine. With `finite` (default), NaN and Infinity make a candidate invalid.
     """
     decoder = json.JSONDecoder(parse_constant=_reject_constant) if finite else json.JSONDecoder()
+    if bounded_json.depth(text) > bounded_json.MAX_DEPTH:  # raw_decode would recurse past Python's limit
+        return None
     opener = "[" if kind is list else "{"
     start = text.find(opener)
     while start != -1:
@@ -133,7 +137,7 @@ def parse_findings(text: str) -> tuple[list[dict] | None, str | None]:
     if candidate is None:
         return None, "no JSON list found (no ```json fence and no '[...]')"
     try:
-        data = json.loads(candidate, parse_constant=_reject_constant)
+        data = bounded_json.loads(candidate, parse_constant=_reject_constant)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         in_prose = not FENCE_RE.search(text) and not text.strip().startswith(("[", "{"))
         data = first_json(text, list) if in_prose else None

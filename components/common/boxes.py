@@ -22,12 +22,13 @@ staged model from its architecture; `iou` compares two boxes of one convention. 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from components.common import bounded_json
 
 CONVENTIONS = ("pixel", "norm1000", "resized_pixel")
 AUTO = "auto"
@@ -114,7 +115,7 @@ class ResizeRule:
         cfg = None
         if model_dir:
             try:
-                cfg = json.loads((Path(model_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
+                cfg = bounded_json.loads((Path(model_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 cfg = None
         if not isinstance(cfg, dict):

@@ -25,6 +25,8 @@ from components.common import retry
 SCHEMES = ("hf", "ms", "gs")
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SECRET = re.compile(r"^projects/[^/]+/secrets/[^/]+(/versions/[^/]+)?$")
+# Secret Manager's REST API (v1). Tests point it at a local fake of the service.
+SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
 
 
 class SourceError(ValueError):
@@ -146,7 +148,7 @@ def _access_secret(name: str) -> str:
     from google.auth.transport.requests import AuthorizedSession
 
     def attempt():
-        resp = session.get(f"https://secretmanager.googleapis.com/v1/{name}:access", timeout=30)
+        resp = session.get(f"{SECRET_MANAGER_URL}/v1/{name}:access", timeout=30)
         if retry.is_transient(resp.status_code):
             resp.raise_for_status()  # an HTTPError carrying the status: retried
         return resp

@@ -337,3 +337,58 @@ def swift_arg_problem(key: str, known: set[str], version: str = "") -> str:
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `swift sft --help`"
     release = f" {version}" if version else ""
     return f"'swift.{key}' is not an argument of ms-swift{release} `swift sft`{hint}"
+
+
+# The choices ms-swift's `swift sft` parser enforces (its `Literal` arguments) and those of the
+# transformers enums it takes (optimizer, scheduler, strategies), plus the attention kernels, pinned
+# like the names so that `swift.optim: bogus` is refused at load, not in the GPU job; a test keeps
+# the file equal to the installed ms-swift and transformers (`installed_sft_choices`).
+SFT_CHOICES_FILE = Path(__file__).with_name("swift_sft_choices.json")
+
+
+def pinned_sft_choices() -> dict[str, list]:
+    """Returns {argument: its allowed values} of the pinned ms-swift (`SFT_CHOICES_FILE`)."""
+    return json.loads(SFT_CHOICES_FILE.read_text(encoding="utf-8"))["choices"]
+
+
+def installed_sft_choices() -> dict[str, list]:
+    """The same table read from the installed ms-swift and transformers (imports both: seconds)."""
+    import dataclasses
+    import typing
+
+    from swift.arguments import SftArguments
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    def literal_values(tp: Any) -> list | None:
+        if typing.get_origin(tp) is typing.Literal:
+            return [v for v in typing.get_args(tp) if v is not None]
+        if typing.get_origin(tp) is typing.Union:
+            parts = [literal_values(a) for a in typing.get_args(tp) if a is not type(None)]
+            return None if any(p is None for p in parts) else [v for p in parts for v in p]
+        return None
+
+    hints = typing.get_type_hints(SftArguments)
+    out = {f.name: v for f in dataclasses.fields(SftArguments) if (v := literal_values(hints[f.name]))}
+    out["optim"] = [o.value for o in OptimizerNames]
+    out["lr_scheduler_type"] = [s.value for s in SchedulerType]
+    out["save_strategy"] = [s.value for s in SaveStrategy]
+    out["eval_strategy"] = out["logging_strategy"] = [s.value for s in IntervalStrategy]
+    kernels = sorted({*ALL_ATTENTION_FUNCTIONS, "eager", "flash_attn"})  # flash_attn: ms-swift's alias
+    out["attn_impl"] = sorted({*kernels, *(f"paged|{k}" for k in kernels if "|" not in k)})
+    return dict(sorted(out.items()))
+
+
+def choice_problem(key: str, value: Any, choices: dict[str, list]) -> str:
+    """Why `swift.<key>: value` is not one of ms-swift's choices ("" when it is, or the key has none).
+
+    A Hub kernel (`kernels-community/flash-attn`, a name with '/') is left to transformers.
+    """
+    allowed = choices.get(key)
+    if allowed is None or value in allowed or (key == "attn_impl" and isinstance(value, str) and "/" in value):
+        return ""
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    shown = ", ".join(map(str, allowed[:12])) + (f", ... ({len(allowed)} in all)" if len(allowed) > 12 else "")
+    return f"'swift.{key}' must be one of {shown}; got {value!r}{hint}"

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.common import boxes
+from components.common import bounded_json, boxes
 from components.common.answers import (
     FENCE_RE,
     extract_fenced,
@@ -319,7 +319,7 @@ def parse_json(text: str) -> tuple[Any, str | None]:
     if candidate is None:
         return None, "no JSON found (no ```json fence and no '[...]')"
     try:
-        return json.loads(candidate), None
+        return bounded_json.loads(candidate), None
     except ValueError as exc:
         return None, f"invalid JSON: {exc}"
 
@@ -329,7 +329,7 @@ def _check_json(text: str) -> str:
     if body is None:
         return "has no ```json fenced block"
     try:
-        json.loads(body)
+        bounded_json.loads(body)
     except ValueError as exc:
         return f"invalid JSON in the fence: {exc}"
     return ""
@@ -392,7 +392,7 @@ def _json_object(text: str) -> tuple[dict | None, str | None]:
     candidate = extract_json_text(text)
     if candidate is not None:
         try:
-            data = json.loads(candidate)
+            data = bounded_json.loads(candidate)
         except ValueError as exc:
             data = first_json(text, dict, finite=False)  # prose or a cut-off answer around an object
             return (data, None) if data is not None else (None, f"invalid JSON: {exc}")
@@ -577,7 +577,7 @@ def _gold_json(text: str) -> tuple[Any, GoldProblem | None]:
             "the JSON, as the model must learn to write it",
         )  # fmt: skip
     try:
-        return json.loads(block.group(2), object_pairs_hook=_no_repeats), None
+        return bounded_json.loads(block.group(2), object_pairs_hook=_no_repeats), None
     except _RepeatedKey as exc:
         return None, GoldProblem(
             "E_GOLD_DUPLICATE_KEY", f"key {exc.key!r} appears twice in one object; a JSON reader keeps only the "

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from components.common import secrets
 from components.common.snapshot import LINEAGE_FILE
 from components.common.storage import from_fuse_path
 
@@ -172,6 +173,9 @@ def redact_uri(uri: str) -> str:
 
 def _looks_secret(value: str) -> bool:
     mixed = any(c.isdigit() for c in value) and any(c.isupper() for c in value) and any(c.islower() for c in value)
+    found = secrets.find_secret(value)  # the one detector: prefixes, URL query tokens (user info: redact_uri)
+    if found and not found[0].startswith("credentials in a URL (user"):
+        return True
     return value.startswith(_SECRET_PREFIXES) or (bool(_TOKEN_LIKE.fullmatch(value)) and mixed and "/" not in value)
 
 

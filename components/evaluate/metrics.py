@@ -41,6 +41,9 @@ GATE_METRICS: tuple[str, ...] = (
 )
 """Metrics of :func:`aggregate` that :func:`gate` can compare."""
 
+GATE_METRIC_RANGES: dict[str, tuple[float, float]] = {name: (0.0, 1.0) for name in GATE_METRICS}
+"""Each gate metric's range: all are rates (F1, precision, recall, valid / exact-match fractions) in [0, 1]."""
+
 GATE_TOLERANCE: float = 1e-9
 """Slack in :func:`gate` comparisons, to absorb float rounding (0.7 - 0.6)."""
 

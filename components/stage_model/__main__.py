@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 
+from components.common import cli_numbers
 from components.stage_model.core import StageError, result_summary, stage_model, verify_entry
 
 
@@ -31,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="hub token source: env:VAR or projects/P/secrets/S[/versions/V] (never the token)",
     )
-    parser.add_argument("--workers", type=int, default=8, help="files copied in parallel (default 8)")
+    parser.add_argument(
+        "--workers", type=cli_numbers.ranged(int, 1, 256), default=8, help="files copied in parallel (default 8)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)

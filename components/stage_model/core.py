@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.common import bounded_json
 from components.common.files import CopyMismatch, copy_verified, sha256_file, write_json_atomic
 from components.common.model_sources import (
     Listing,
@@ -171,7 +172,7 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
             (n,) = struct.unpack("<Q", raw_len)
             if n > 100 * 1024 * 1024 or n > path.stat().st_size - 8:
                 raise ValueError(f"header length {n} exceeds the file")
-            header = json.loads(f.read(n))
+            header = bounded_json.loads(f.read(n))
             if not isinstance(header, dict):
                 raise ValueError("header is not a JSON object")
             header.pop("__metadata__", None)
@@ -201,7 +202,7 @@ _INDEX_FIX = "restore the index `save_pretrained` wrote, or delete it when the w
 def _read_json_object(path: Path, fix: str) -> dict[str, Any]:
     """A JSON file that must hold an object; StageError (naming the file and `fix`) otherwise."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise StageError(f"{path}: cannot parse ({exc}); {fix}") from None
     if not isinstance(data, dict):

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from components.common import secrets
 from components.train_lora._errors import TrainError
 from components.train_lora.speedups.registry import REMOVED_SWITCHES, SWITCHES, TABLE_ENV
 
@@ -108,7 +109,7 @@ _HEX = re.compile(r"[0-9a-fA-F]{32,}")
 def _looks_like_secret(value: str) -> bool:
     """A known key prefix, or a long token-like string: no path, no separators, and either upper and
     lower case letters and digits mixed (API keys, base64) or 32+ hex digits."""
-    if value.startswith(_SECRET_PREFIXES):
+    if value.startswith(_SECRET_PREFIXES) or secrets.find_secret(value, free_text=True):
         return True
     if not _TOKEN_CHARS.fullmatch(value) or value.startswith(("/", ".")):
         return False

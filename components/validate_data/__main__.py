@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from components.common import data_policy, manifest
+from components.common import cli_numbers, data_policy, manifest
 from components.common.lock import LockError, Taken, hold_folder, leftovers_of_dead_writers
 from components.validate_data.core import TASKS, DataError, check_paths, validate_data
 
@@ -42,9 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--eval", action="append", default=[], help="held-out JSONL (repeatable); default: hash split")
     parser.add_argument("--model", default="", help="model folder: its tokenizer counts tokens (offline)")
-    parser.add_argument("--max-length", type=int, default=0, help="largest token count of a row (0 = no check)")
     parser.add_argument(
-        "--max-pixels", type=int, default=0,
+        "--max-length",
+        type=cli_numbers.non_negative(int),
+        default=0,
+        help="largest token count of a row (0 = no check)",
+    )
+    parser.add_argument(
+        "--max-pixels", type=cli_numbers.non_negative(int), default=0,
         help="ms-swift's max_pixels of the training run (swift.max_pixels): larger images are counted scaled down "
         "to it, as ms-swift trains them (0 = none)",
     )  # fmt: skip
@@ -53,10 +58,25 @@ def main(argv: list[str] | None = None) -> int:
         "--box-convention", default="pixel", choices=("auto", "pixel", "norm1000", "resized_pixel"),
         help="what detection boxes mean (pixel); auto = the family of --model",
     )  # fmt: skip
-    parser.add_argument("--eval-fraction", type=float, default=0.1, help="held-out fraction of the split (0.1)")
-    parser.add_argument("--max-invalid-fraction", type=float, default=0.0, help="tolerated invalid fraction (0)")
+    parser.add_argument(
+        "--eval-fraction",
+        type=cli_numbers.ranged(float, 0, 1),
+        default=0.1,
+        help="held-out fraction of the split (0.1)",
+    )
+    parser.add_argument(
+        "--max-invalid-fraction",
+        type=cli_numbers.ranged(float, 0, 1),
+        default=0.0,
+        help="tolerated invalid fraction (0)",
+    )
     parser.add_argument("--split-seed", default="split-v1", help="salt of the split hash (split-v1)")
-    parser.add_argument("--fetch-timeout", type=float, default=30.0, help="seconds per image download (30)")
+    parser.add_argument(
+        "--fetch-timeout",
+        type=cli_numbers.positive(float, "a positive number of seconds"),
+        default=30.0,
+        help="seconds per image download (30)",
+    )
     parser.add_argument(
         "--leakage", default=data_policy.DEFAULT_LEAKAGE, choices=data_policy.LEAKAGE_MODES,
         help="an eval row sharing an image (or images and prompt) with a train row: quarantine it (E_LEAK), fail "

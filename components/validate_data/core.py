@@ -66,7 +66,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from components.common import data_policy, manifest
+from components.common import bounded_json, data_policy, manifest
 from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
@@ -853,7 +853,7 @@ def _box_check(task: str, convention: str, model_dir: str | None, max_pixels: in
     family = ("", "")
     if model_dir:
         try:
-            cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+            cfg = bounded_json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
             family = ((cfg.get("architectures") or [""])[0], cfg.get("model_type", ""))
         except (OSError, ValueError):
             pass
