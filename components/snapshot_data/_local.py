@@ -22,6 +22,7 @@ from typing import Any
 
 from components.common.files import sha256_file
 from components.common.snapshot import SnapshotError
+from components.snapshot_data import _hashes
 
 DATA_SUFFIX = ".jsonl"
 MAX_NOTED_LINKS = 20  # skipped symlinks noted one by one; more are counted
@@ -155,24 +156,49 @@ def entry(path: Path, assets: dict[str, Any]) -> dict[str, Any]:
 
 
 def assets(folder: Path, max_assets: int, notes: list[str]) -> dict[str, Any]:
-    """Returns {count, digest} of the non-JSONL files under a JSONL file's folder (names, sizes, mtimes).
+    """Returns {count, digest} of the non-JSONL files under a JSONL file's folder (names, sizes, contents).
+
+    Each file counts by its content hash (`_hashes`: blake2b, skipped for a file whose inode,
+    size, mtime and ctime are as last seen), so an image rewritten with the same size and
+    modification time changes the digest; a note names each file whose content changed since
+    the last listing.
 
     Raises:
-        Changed: A file disappeared while it was listed.
+        Changed: A file disappeared or changed while it was listed.
     """
     listing = walk(folder)
     notes.extend(f"{path}: {why}; skipped" for path, why in listing.broken)
+    files = [path for path in listing.files if not path.name.endswith(DATA_SUFFIX)]
+    if len(files) > max_assets:
+        notes.append(f"{folder}: more than {max_assets} files: images there are not part of the snapshot")
+        return {"count": len(files), "digest": "not-tracked"}
+    cache = _hashes.HashCache.load(folder)
     lines = []
-    for path in listing.files:
-        if path.name.endswith(DATA_SUFFIX):
-            continue
+    for path in files:
+        rel = path.relative_to(folder).as_posix()
         try:
             st = path.stat()
+            digest = cache.hash_of(rel, st)
+            after = path.stat()
         except FileNotFoundError:
             raise Changed(path, "disappeared while it was listed") from None
-        lines.append(f"{path.relative_to(folder).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
-        if len(lines) > max_assets:
-            notes.append(f"{folder}: more than {max_assets} files: images there are not part of the snapshot")
-            return {"count": len(lines), "digest": "not-tracked"}
+        except OSError as exc:
+            raise SnapshotError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (after.st_size, after.st_mtime_ns, after.st_ctime_ns):
+            raise Changed(path, "changed while it was hashed")
+        lines.append(f"{rel}\0{st.st_size}\0{digest}")
+    cache.save()
+    notes.extend(_changed_notes(folder, cache.changed))
     lines.sort()
     return {"count": len(lines), "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+
+
+def _changed_notes(folder: Path, changed: list[tuple[str, bool]]) -> list[str]:
+    notes = [
+        f"{folder / rel}: content changed since the last snapshot"
+        + (" (other bytes, same size and modification time)" if same_meta else "")
+        for rel, same_meta in changed[:MAX_NOTED_LINKS]
+    ]
+    if len(changed) > MAX_NOTED_LINKS:
+        notes.append(f"{folder}: ... and {len(changed) - MAX_NOTED_LINKS} more files whose content changed")
+    return notes
