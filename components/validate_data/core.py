@@ -74,7 +74,7 @@ from components.common.files import sha256_file
 from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
-from components.validate_data import _leakage, _sources
+from components.validate_data import _leakage, _looks, _sources
 from components.validate_data._leakage import Leak as _Leak
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -112,7 +112,8 @@ CODES = {
     "E_TOKENS": "token count (as ms-swift encodes the row, images resized by max_pixels) exceeds max_length "
     "(only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
-    "E_LEAK": "eval row shares an image (by content) or its prompt with a train row (data.leakage: quarantine)",
+    "E_LEAK": "eval row shares an image (bytes, decoded pixels or a near-duplicate) or its prompt (case and spaces "
+    "aside) with a train row (data.leakage: quarantine)",
 }
 TASKS = TASK_NAMES  # answer checks (components.common.tasks): none, fenced JSON, detection, key_value
 
@@ -295,6 +296,7 @@ class _Image:
     mode: str
     suffix: str
     exif_orientation: int = 1
+    looks: _looks.Looks | None = None  # decoded pixels' identity and pHash (leakage by what the model sees)
 
 
 _SHA_CACHE: dict[tuple[Path, int, int], str] = {}
@@ -339,11 +341,13 @@ _DECODE_BUDGET = _PixelBudget(DECODE_BUDGET_BYTES)
 
 def _decode(
     path: Path, sha: str, size: tuple[int, int], mode: str, out_dir: Path, orientation: int = 1
-) -> tuple[str, Path | None]:
-    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", the copy or None).
+) -> tuple[str, Path | None, _looks.Looks | None]:
+    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", the copy or None,
+    what the model sees of it: `_looks.looks_of` of the decoded, upright pixels).
 
-    A JPEG decodes at 1/8 scale (`Image.draft`): its whole stream is still read and
-    entropy-decoded, so truncation fails the same, with 1/64 of the pixels. A 16-bit
+    A JPEG decodes at 1/8 scale (`Image.draft`), or less reduced where that would leave a side
+    under `_looks.PHASH_MIN_SIDE` px: its whole stream is still read and entropy-decoded, so
+    truncation fails the same, with 1/64 of the pixels (its `looks.pixels` is then of that scale). A 16-bit
     grayscale image (SIXTEEN_BIT_MODES) is scaled to its top 8 bits, and an image whose EXIF
     `orientation` is not 1 is decoded in full and made upright (`ImageOps.exif_transpose`: the
     rotation / mirror applied to the pixels, the tag dropped); either is saved as a PNG
@@ -354,17 +358,18 @@ def _decode(
         try:
             with Image.open(path) as img:
                 if img.format == "JPEG" and orientation == 1:
-                    img.draft(img.mode, (size[0] // 8, size[1] // 8))
+                    img.draft(img.mode, tuple(min(n, max(n // 8, _looks.PHASH_MIN_SIDE)) for n in size))
                 img.load()
                 if not wide and orientation == 1:
-                    return "", None
+                    return "", None, _looks.looks_of(img)
                 copy = _upright(img) if orientation != 1 else img
                 if wide:
                     copy = copy.convert("I").point(lambda v: v / 256).convert("L")  # v >> 8, clipped to 0..255
                 elif copy.mode not in PNG_MODES:  # CMYK, YCbCr: what ms-swift's convert("RGB") makes of them
                     copy = copy.convert("RGB")
+                looks = _looks.looks_of(copy)
         except Exception as exc:  # noqa: BLE001 - a decoder may raise anything on hostile bytes
-            return str(exc) or type(exc).__name__, None
+            return str(exc) or type(exc).__name__, None, None
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"{sha}.png"
         tmp = _temp_name(out)
@@ -373,7 +378,7 @@ def _decode(
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
-    return "", out
+    return "", out, looks
 
 
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I", "I;16")  # modes a PNG holds as they are
@@ -415,7 +420,7 @@ class _Decoder:
 
     def __call__(
         self, path: Path, sha: str, size: tuple[int, int], mode: str, orientation: int = 1
-    ) -> tuple[str, Path | None]:
+    ) -> tuple[str, Path | None, _looks.Looks | None]:
         with self._lock:
             future = self._results.get(sha)
             mine = future is None
@@ -478,7 +483,7 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} is {width}x{height}; aspect ratio above {MAX_ASPECT_RATIO}")
     if mode not in IMAGE_MODES:
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} has mode {mode!r}, not one of {', '.join(IMAGE_MODES)}")
-    problem, copy = decoder(path, sha, (width, height), mode, orientation)
+    problem, copy, looks = decoder(path, sha, (width, height), mode, orientation)
     if problem:
         raise _Reject(
             "E_IMAGE_UNREADABLE",
@@ -490,9 +495,9 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
             width, height = height, width
         with Image.open(copy) as made:
             copy_mode = made.mode
-        return _Image(copy, sha_of_file(copy), width, height, copy_mode, ".png", orientation)
+        return _Image(copy, sha_of_file(copy), width, height, copy_mode, ".png", orientation, looks)
     suffix = path.suffix.lower() if source.kind == "file" else ""
-    return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""))
+    return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""), looks=looks)
 
 
 def _read_lines(path: Path):
