@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from components.common.files import sha256_file
+from components.common.manifest import FORMAT as MANIFEST_FORMAT
+from components.common.manifest import MANIFEST_FILE
 from components.common.snapshot import SnapshotError
 from components.snapshot_data import _hashes
 
@@ -44,11 +47,31 @@ class Listing:
         files: Regular files (symlinks to files included), in name order.
         broken: (path, why) of symlinks that lead nowhere: "dangling: ..." or "a symlink loop".
         dir_links: Symlinks to directories that were not followed.
+        outputs: Folders skipped because the project wrote them (`project_output`): a
+            validated dataset, validate-data's `--out` folder (its quarantine and both splits).
     """
 
     files: list[Path] = field(default_factory=list)
     broken: list[tuple[Path, str]] = field(default_factory=list)
     dir_links: list[Path] = field(default_factory=list)
+    outputs: list[Path] = field(default_factory=list)
+
+
+OUTPUT_LOCKS = (".validate-data.lock",)  # a folder holding one is being (or was) written by the project
+
+
+def project_output(folder: Path, names: set[str]) -> bool:
+    """Whether a folder is one of the project's own outputs: it holds our completion marker or writer lock."""
+    if any(lock in names for lock in OUTPUT_LOCKS):
+        return True
+    if MANIFEST_FILE not in names:
+        return False
+    try:
+        with open(folder / MANIFEST_FILE, encoding="utf-8") as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("format") == MANIFEST_FORMAT
 
 
 def _link_problem(path: Path, exc: OSError) -> str:
@@ -91,6 +114,9 @@ def walk(root: Path, max_depth: int | None = None, hidden: bool = False) -> List
                 f"{folder}: cannot be listed ({exc.strerror or exc}); give the pipeline read access or name "
                 "the files to use"
             ) from None
+        if project_output(folder, {e.name for e in entries}):
+            out.outputs.append(folder)  # its quarantine and splits are not data (name its data.jsonl to use it)
+            continue
         for entry in entries:
             if entry.name.startswith(".") and not hidden:
                 continue
@@ -133,6 +159,18 @@ def dir_link_notes(links: list[Path]) -> list[str]:
     ]
     if len(links) > MAX_NOTED_LINKS:
         notes.append(f"... and {len(links) - MAX_NOTED_LINKS} more symlinks to folders, not followed")
+    return notes
+
+
+def output_notes(folders: list[Path]) -> list[str]:
+    """Returns the notes for folders skipped as the project's own outputs (the first few named, the rest counted)."""
+    notes = [
+        f"{folder}: an output of this project (a validated dataset or validate-data's --out), not data: skipped; "
+        "name its data.jsonl as a source to use a validated set"
+        for folder in folders[:MAX_NOTED_LINKS]
+    ]
+    if len(folders) > MAX_NOTED_LINKS:
+        notes.append(f"... and {len(folders) - MAX_NOTED_LINKS} more output folders, skipped")
     return notes
 
 

@@ -231,6 +231,7 @@ def _local_matches(source: str, notes: list[str]) -> tuple[list[Path], str]:
             raise _local.broken_error(link, why)
         notes.append(f"{link}: {why}; skipped")
     notes.extend(_local.dir_link_notes(listing.dir_links))
+    notes.extend(_local.output_notes(listing.outputs))
     return sorted({p.resolve() for p in matched}), kind
 
 

@@ -69,10 +69,10 @@ from components.common import data_policy, manifest
 from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
-from components.common.dataset import token_stats, write_token_stats
-from components.common.files import sha256_file
+from components.common.dataset import DATA_FILE, token_stats, write_token_stats
+from components.common.files import copy_nofollow, open_nofollow, sha256_file
 from components.common.progress import Progress
-from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
+from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, strip_origin, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
 from components.validate_data import _leakage, _looks, _sources
 from components.validate_data._leakage import Leak as _Leak
@@ -97,6 +97,9 @@ CODES = {
     "E_JSON": "line is not valid JSON",
     "E_DUPLICATE_KEY": "a JSON object has the same key twice (a JSON reader keeps only the last)",
     "E_SCHEMA": "row does not match {messages: [{role, content}], images: [...]}",
+    "E_RESERVED_KEY": f"row carries {ORIGIN_KEY!r}, the origin record validate-data writes into clean sets only "
+    "(a raw row may not say where it came from)",
+    "E_MEDIA_KEY": "row has 'videos' or 'audios', which ms-swift reads but validate-data does not check yet",
     "E_ROLE": "unknown role",
     "E_ORDER": "messages out of order (alternation / last message must be the assistant's)",
     "E_IMAGE_COUNT": "number of <image> tags differs from len(images)",
@@ -374,7 +377,8 @@ def _decode(
         out = out_dir / f"{sha}.png"
         tmp = _temp_name(out)
         try:
-            copy.save(tmp, "PNG")
+            with open_nofollow(tmp, "wb") as f:
+                copy.save(f, "PNG")
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
@@ -679,8 +683,31 @@ def _load_json(text: str) -> Any:
     )
 
 
-def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
-    """Runs the text checks of one non-blank line; returns its row or raises _Reject."""
+UNSUPPORTED_MEDIA = ("videos", "audios")  # ms-swift reads them; refused by name until validate-data checks them
+
+
+def _check_keys(row: dict[str, Any], origin_ok: bool) -> None:
+    """Refuses a forged origin record (a row of a file that is not a clean set) and media keys not checked yet."""
+    if ORIGIN_KEY in row and not origin_ok:
+        raise _Reject(
+            "E_RESERVED_KEY", f"key {ORIGIN_KEY!r} is reserved: validate-data writes it into the rows of a clean "
+            "set it made, to name the user's file:line; this file is not such a set (no validate-data completion "
+            "marker beside it lists these bytes: made elsewhere, or edited since): remove the key from the row",
+        )  # fmt: skip
+    for key in UNSUPPORTED_MEDIA:
+        if key in row:
+            raise _Reject(
+                "E_MEDIA_KEY", f"field {key!r}: ms-swift would read it, but validate-data does not check {key} "
+                "(files, sizes, tokens) and evaluate does not score them yet: remove the key, or describe the "
+                "content with images",
+            )  # fmt: skip
+
+
+def _parse_line(raw: bytes, length: int, task: str, origin_ok: bool = False) -> dict[str, Any]:
+    """Runs the text checks of one non-blank line; returns its row or raises _Reject.
+
+    `origin_ok`: the file is a clean set validate-data wrote (`_is_clean_set`), whose rows may carry
+    their origin record."""
     if length > MAX_LINE_BYTES:
         raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
     try:
@@ -697,6 +724,7 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
             "that cannot be encoded as UTF-8",
         ) from None
     messages = _check_messages(row)
+    _check_keys(row, origin_ok)
     if "objects" in row:  # ms-swift's grounding form: <ref-object> / <bbox> placeholders filled from `objects`
         _check_objects(row)
     elif task:
@@ -709,6 +737,7 @@ def _parse_file(
 ) -> _ReadFile:
     """Reads one file (a snapshot `entry` when given) and runs the text checks on each of its non-blank lines."""
     path, base = _open_input(name, staging, index, entry)
+    origin_ok = _is_clean_set(name, path)
     read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
     for number, raw, length in _read_lines(path):
         read.n_read += 1
@@ -716,10 +745,12 @@ def _parse_file(
             read.n_blank += 1  # blank lines are not rows
             continue
         try:
-            row = _parse_line(raw, length, task)
+            row = _parse_line(raw, length, task, origin_ok)
             sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]  # E_IMAGE_PATH
         except _Reject as rej:
             row = _json_or_none(raw)
+            if not origin_ok and isinstance(row, dict):  # a forged origin never names the line in the quarantine
+                row = strip_origin(row)
             issue = _issue(name, number, rej, raw, row)
             read.rejected.append(_Rejected(issue, _local_images(row, base)))
             continue
@@ -727,6 +758,25 @@ def _parse_file(
     if read.n_read == read.n_blank:
         raise DataError(f"{name}: file is empty (no JSONL rows)")
     return read
+
+
+def _is_clean_set(name: str, local: Path) -> bool:
+    """Whether a data file is a clean set's `data.jsonl`: validate-data's completion marker beside it lists it
+    with these very bytes (size and sha256). Only such rows may carry an origin record (`ORIGIN_KEY`)."""
+    if name.rsplit("/", 1)[-1] != DATA_FILE:
+        return False
+    marker_uri = name.rsplit("/", 1)[0] + "/" + manifest.MANIFEST_FILE if "/" in name else manifest.MANIFEST_FILE
+    try:
+        if name.startswith("gs://"):
+            text = _sources.read_gs(marker_uri, timeout=60).decode("utf-8")
+        else:
+            text = Path(marker_uri).read_text(encoding="utf-8")
+        body = json.loads(text)
+        entry = body["files"][DATA_FILE]
+        ok = body.get("producer") == "validate-data" and entry["size"] == local.stat().st_size
+        return bool(ok and entry["sha256"] == sha256_file(local))
+    except (_Reject, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _json_or_none(raw: bytes) -> Any:
@@ -1016,7 +1066,7 @@ def _copy_file(src: Path, dst: Path) -> None:
     """Copies src to dst through a temporary file and a rename: a file hard-linked to dst is never written through."""
     tmp = _temp_name(dst)
     try:
-        shutil.copyfile(src, tmp)
+        copy_nofollow(src, tmp)  # a link planted at the temporary name is refused, never written through
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -1026,7 +1076,7 @@ def _write_text_lines(path: Path, lines: Iterator[str]) -> None:
     """Writes a text file through a temporary file and a rename (never through a hard link, never half)."""
     tmp = _temp_name(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open_nofollow(tmp, "w") as f:
             f.writelines(lines)
         os.replace(tmp, path)
     finally:
