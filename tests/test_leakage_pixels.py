@@ -135,3 +135,13 @@ def test_near_pairs_compares_across_blocks(monkeypatch):
     assert _looks.near_pairs([b, a, b], [b, near_a]) == [(0, 0), (1, 1), (2, 0)]
     assert _looks.near_pairs([a, b, near_a]) == [(0, 2)]
     assert _looks.distance(a, near_a) == 3
+
+
+def test_one_pixel_resizes_and_jpeg_copies_of_demo_drawings_stay_within_the_threshold():
+    for k in range(60):
+        a = drawing(f"rs-{k}")
+        base = _looks.looks_of(a).phash
+        for size in ((SIZE - 1, SIZE - 1), (SIZE + 1, SIZE + 1)):
+            for method in (Image.Resampling.LANCZOS, Image.Resampling.NEAREST, Image.Resampling.BICUBIC):
+                copy = _looks.looks_of(a.resize(size, method)).phash
+                assert _looks.distance(base, copy) <= _looks.NEAR_DUPLICATE_BITS, (k, size, method)

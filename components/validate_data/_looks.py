@@ -12,12 +12,15 @@ content, once decoded (validate-data decodes every image anyway), gets:
   edit, a 1-pixel resize.
 
 The threshold, measured on the demo data (`pipelines.demo.drawings.render_drawing`, 256 px,
-1,000 drawings seeded "fpr-0".."fpr-999", 499,500 pairs, 2026-12-01): distinct drawings are
-at least 20 bits apart (1 % of pairs below 54, median 64), so 12 bits gives 0 false positives
-in 499,500 pairs; a copy of one is at most 8 bits away (1-px resize: max 8, mean 2.4; JPEG
-q85: max 4; JPEG q100 and a 1-px edit: max 2; 200 drawings each). The 64-bit pHash
-(hash_size 8) cannot tell these drawings apart (a white sheet, a frame, a title block always
-bottom-right): 2.7 % of pairs within 8 bits, so it is not used.
+1,000 drawings seeded "fpr-0".."fpr-999", 2026-12-01, `looks_of` as below): distinct drawings
+are at least 20 bits apart (0.1 % of the 499,500 pairs below 54 bits, 1 % below 64, median 86),
+so 16 bits gives 0 false positives in 499,500 pairs; a copy is at most 16 bits away (1,000
+drawings each: a 1-px resize to 255 or 257 px with LANCZOS max 16, mean 4.4, 1 of 1,000 above
+12; NEAREST max 14; BICUBIC max 8; 200 drawings each: JPEG q85 max 4, JPEG q100 and a 1-px
+edit max 2). The 64-bit pHash (hash_size 8) cannot tell these drawings apart (a white sheet, a
+frame, a title block always bottom-right): 2.7 % of distinct pairs within 8 bits, so it is not
+used. On other data, distinct images closer than 17 bits would be reported as leaks: the report
+names both rows and `near:<bits>`, and `data.leakage: warn` keeps them.
 
 An image without structure (its 64x64 grayscale thumbnail's standard deviation below
 `FLAT_STD`: a blank page, a plain colour) has no meaningful pHash (every flat image hashes
@@ -37,7 +40,7 @@ import numpy as np
 from PIL import Image
 
 PHASH_SIZE = 16  # imagehash's hash_size: 16x16 = 256 bits
-NEAR_DUPLICATE_BITS = 12  # Hamming distance at or below which two images are near-duplicates (see the module doc)
+NEAR_DUPLICATE_BITS = 16  # Hamming distance at or below which two images are near-duplicates (see the module doc)
 PHASH_MIN_SIDE = 64  # pixels a side the hash needs (imagehash resizes to 4 x hash_size first)
 FLAT_STD = 2.0  # grey levels (0..255): below it the thumbnail is flat and no pHash is kept
 _BLOCK = 1 << 20  # hash pairs compared at once (x 32 bytes: 32 MB)
