@@ -193,3 +193,18 @@ def test_validate_data_temporary_files_are_never_written_through_a_link(data, ru
     with pytest.raises(SymlinkRefused):
         run([path], max_invalid_fraction=0.5)
     assert victim.read_text() == "keep me\n"
+
+
+def test_convert_never_writes_through_a_dangling_link_at_its_output(tmp_path):
+    from components.validate_data._convert import ConvertError, convert_file
+    from tests.test_validate_data_integrity import detection_file
+
+    src = detection_file(tmp_path, [[100, 100, 400, 300]])
+    out = tmp_path / "out.jsonl"
+    victim = tmp_path / "elsewhere" / "created.jsonl"
+    out.symlink_to(victim)  # dangling: exists() is False, a plain write would create the target
+    with pytest.raises(ConvertError, match="exists"):
+        convert_file(src, out, to="norm1000")
+    assert not victim.exists() and not victim.parent.exists()
+    result = convert_file(src, tmp_path / "real.jsonl", to="norm1000")
+    assert result.rows == 1 and (tmp_path / "real.jsonl").is_file()
