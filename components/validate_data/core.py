@@ -69,12 +69,12 @@ from components.common import data_policy, manifest
 from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
-from components.common.dataset import DATA_FILE, token_stats, write_token_stats
+from components.common.dataset import token_stats, write_token_stats
 from components.common.files import copy_nofollow, open_nofollow, sha256_file
 from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, strip_origin, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
-from components.validate_data import _leakage, _looks, _sources
+from components.validate_data import _leakage, _looks, _rows, _sources
 from components.validate_data._leakage import Leak as _Leak
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -683,30 +683,10 @@ def _load_json(text: str) -> Any:
     )
 
 
-UNSUPPORTED_MEDIA = ("videos", "audios")  # ms-swift reads them; refused by name until validate-data checks them
-
-
-def _check_keys(row: dict[str, Any], origin_ok: bool) -> None:
-    """Refuses a forged origin record (a row of a file that is not a clean set) and media keys not checked yet."""
-    if ORIGIN_KEY in row and not origin_ok:
-        raise _Reject(
-            "E_RESERVED_KEY", f"key {ORIGIN_KEY!r} is reserved: validate-data writes it into the rows of a clean "
-            "set it made, to name the user's file:line; this file is not such a set (no validate-data completion "
-            "marker beside it lists these bytes: made elsewhere, or edited since): remove the key from the row",
-        )  # fmt: skip
-    for key in UNSUPPORTED_MEDIA:
-        if key in row:
-            raise _Reject(
-                "E_MEDIA_KEY", f"field {key!r}: ms-swift would read it, but validate-data does not check {key} "
-                "(files, sizes, tokens) and evaluate does not score them yet: remove the key, or describe the "
-                "content with images",
-            )  # fmt: skip
-
-
 def _parse_line(raw: bytes, length: int, task: str, origin_ok: bool = False) -> dict[str, Any]:
     """Runs the text checks of one non-blank line; returns its row or raises _Reject.
 
-    `origin_ok`: the file is a clean set validate-data wrote (`_is_clean_set`), whose rows may carry
+    `origin_ok`: the file is a clean set validate-data wrote (`_rows.is_clean_set`), whose rows may carry
     their origin record."""
     if length > MAX_LINE_BYTES:
         raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
@@ -724,7 +704,7 @@ def _parse_line(raw: bytes, length: int, task: str, origin_ok: bool = False) -> 
             "that cannot be encoded as UTF-8",
         ) from None
     messages = _check_messages(row)
-    _check_keys(row, origin_ok)
+    _rows.check_keys(row, origin_ok)
     if "objects" in row:  # ms-swift's grounding form: <ref-object> / <bbox> placeholders filled from `objects`
         _check_objects(row)
     elif task:
@@ -737,7 +717,7 @@ def _parse_file(
 ) -> _ReadFile:
     """Reads one file (a snapshot `entry` when given) and runs the text checks on each of its non-blank lines."""
     path, base = _open_input(name, staging, index, entry)
-    origin_ok = _is_clean_set(name, path)
+    origin_ok = _rows.is_clean_set(name, path)
     read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
     for number, raw, length in _read_lines(path):
         read.n_read += 1
@@ -758,25 +738,6 @@ def _parse_file(
     if read.n_read == read.n_blank:
         raise DataError(f"{name}: file is empty (no JSONL rows)")
     return read
-
-
-def _is_clean_set(name: str, local: Path) -> bool:
-    """Whether a data file is a clean set's `data.jsonl`: validate-data's completion marker beside it lists it
-    with these very bytes (size and sha256). Only such rows may carry an origin record (`ORIGIN_KEY`)."""
-    if name.rsplit("/", 1)[-1] != DATA_FILE:
-        return False
-    marker_uri = name.rsplit("/", 1)[0] + "/" + manifest.MANIFEST_FILE if "/" in name else manifest.MANIFEST_FILE
-    try:
-        if name.startswith("gs://"):
-            text = _sources.read_gs(marker_uri, timeout=60).decode("utf-8")
-        else:
-            text = Path(marker_uri).read_text(encoding="utf-8")
-        body = json.loads(text)
-        entry = body["files"][DATA_FILE]
-        ok = body.get("producer") == "validate-data" and entry["size"] == local.stat().st_size
-        return bool(ok and entry["sha256"] == sha256_file(local))
-    except (_Reject, OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
 
 
 def _json_or_none(raw: bytes) -> Any:
