@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.swift import guard_descendants, release_guard
+from pipelines.cache_check import cache_entries, check_cache_entries
 from pipelines.cli import program, require_modules
 from pipelines.config import (
     DEFAULT_LOCAL_CONFIG,
@@ -415,57 +416,6 @@ def own_run_dir(root: Path, pipeline_name: str) -> Iterator[Path]:
                        "the run cannot say which folder is its own")  # fmt: skip
 
 
-def _cache_entries(cache_dir: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """(entry file, its outputs) of each readable kfp.local cache entry, in name order."""
-    for entry in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
-        try:
-            outputs = json.loads(entry.read_text())
-        except (OSError, ValueError):
-            continue  # kfp.local ignores an unreadable entry too
-        if isinstance(outputs, dict):
-            yield entry, outputs
-
-
-def check_cache_entries(cache_dir: Path, root_dir: Path) -> list[str]:
-    """Drops kfp.local cache entries whose artifact folders no longer match their completion markers.
-
-    kfp.local reuses an entry while its artifact paths exist; it never looks at the bytes. An
-    artifact folder with a completion marker (`components.common.manifest`; validate-data's
-    datasets), or whose producer recorded one (`manifest_sha256` in its metadata, kept in the
-    entry), is checked here: a file missing, truncated or changed, or the marker gone or
-    edited, drops the entry, so the task runs again (and every task after it, whose inputs
-    are then new).
-
-    Args:
-        cache_dir: kfp.local's cache folder (`<pipeline root>/.kfp_cache`); absent = nothing to do.
-        root_dir: The pipeline root: only artifacts under it are checked.
-
-    Returns:
-        One line per dropped entry: the task, the output, the file and what differs.
-    """
-    from components.common.manifest import ManifestError, verify_if_marked
-
-    lines = []
-    root = str(root_dir.resolve()) + os.sep
-    for entry, outputs in _cache_entries(cache_dir):
-        for name, value in outputs.items():
-            uri = str(value.get("uri") or "") if isinstance(value, dict) and value.get("__kfp_artifact__") else ""
-            if not uri.startswith(root) or not os.path.isdir(uri):
-                continue
-            digest = (value.get("metadata") or {}).get("manifest_sha256") or ""
-            try:
-                verify_if_marked(uri, expected_sha256=str(digest))
-            except ManifestError as exc:
-                entry.unlink(missing_ok=True)
-                task = Path(uri).parent.name
-                lines.append(
-                    f"cache: {task}'s output {name} changed since {task} wrote it ({exc.folder}/{exc.file}: "
-                    f"{exc.problem}); its cache entry {entry.stem[:12]} is dropped and {task} runs again"
-                )
-                break
-    return lines
-
-
 def read_task_outputs(run_dir: Path | None, cache_dir: Path, hits: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Returns every task's outputs, whether it ran in this run or came from the kfp.local cache.
 
@@ -519,7 +469,7 @@ def write_metrics_files(cache_dir: Path, root_dir: Path) -> list[str]:
     """
     written = []
     root = str(root_dir.resolve()) + os.sep
-    for _entry, outputs in _cache_entries(cache_dir):
+    for _entry, outputs in cache_entries(cache_dir):
         for value in outputs.values():
             if not (isinstance(value, dict) and value.get("schema_title") == "system.Metrics"):
                 continue

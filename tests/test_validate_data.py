@@ -122,6 +122,8 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         "E_DUPLICATE_KEY": '{"messages": [{"role": "user", "content": "hi", "content": "<image>hi"}], "images": []}',
         "E_CONVERT": line({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a"}], "n": 1}),
         "E_SCHEMA": line({"messages": [{"role": "user", "text": "hi"}, {"role": "assistant", "content": "a"}]}),
+        "E_RESERVED_KEY": line({**row("q", ["img/d0.png"]), ORIGIN_KEY: {"file": "/etc/passwd", "line": 1}}),
+        "E_MEDIA_KEY": line({**row("q", ["img/d0.png"]), "videos": ["clip.mp4"]}),
         "E_ROLE": line({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "a"}]}),
         "E_ORDER": line(
             {
@@ -143,6 +145,7 @@ def bad_lines(folder: Path) -> dict[str, bytes | str]:
         ),
         "E_ANSWER": line(row("q", ["img/d0.png"], answer="two holes at [1, 2]")),
         "E_GOLD_FENCE": line(row("q", ["img/d0.png"], answer='```json\n[{"label": "hole", "bbox": [1, 2, 30, 40]}]')),
+        "E_GOLD_BLOCKS": line(row("q", ["img/d0.png"], answer="```json\n[]\n```\n```json\n[]\n```")),
         "E_GOLD_DUPLICATE_KEY": line(
             row("q", ["img/d0.png"], answer='```json\n[{"label": "hole", "label": "pin", "bbox": [1, 2, 30, 40]}]\n```')
         ),

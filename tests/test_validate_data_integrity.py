@@ -223,7 +223,7 @@ def test_eval_rows_reusing_train_images_are_quarantined_as_leaks(data, run):
     assert [r["images"] for r in run.rows()[1]] == [["images/" + n.name] for n in (run.eval / "images").iterdir()]
     assert result.stats["leaks"][0] == {
         "eval": f"{evals}:2", "train": [f"{train}:2"], "shared": "image", "images": ["img/d1.png"],
-        "train_images": ["img/d1.png"],
+        "train_images": ["img/d1.png"], "match": ["bytes"],
     }  # fmt: skip
     assert [q["code"] for q in run.quarantined()] == ["E_LEAK"] * 3
 

@@ -5,6 +5,7 @@ Everything here works on local paths (a `/gcs/...` fuse path counts as local).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -12,7 +13,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 CHUNK = 8 * 1024 * 1024  # bytes read at a time when hashing
 
@@ -50,6 +51,70 @@ def sha256_file(path: str | Path, chunk: int = CHUNK) -> str:
     """
     with open(path, "rb") as f:
         return _sha256_of(f, chunk)
+
+
+_WRITE_FLAGS = {"w": os.O_TRUNC, "x": os.O_EXCL}
+
+
+def open_nofollow(path: str | Path, mode: str = "w", *, encoding: str | None = "utf-8") -> IO[Any]:
+    """Opens a file the project creates or truncates, never through a symbolic link at `path`.
+
+    `open(path, "w")` follows a link planted where an output, a lock or a temporary file
+    goes, and truncates whatever it points to (outside the output folder). Here the file
+    is opened with O_NOFOLLOW (and O_CREAT, O_CLOEXEC; O_TRUNC for "w", O_EXCL for "x"): a
+    link at `path` is refused, its target untouched. A link in a parent folder is still
+    followed (the folder is the user's choice).
+
+    Args:
+        path: The file.
+        mode: "w" / "x" (text) or "wb" / "xb" (binary). Default "w".
+        encoding: Text encoding. Default "utf-8" (ignored for binary modes).
+
+    Returns:
+        The open file object.
+
+    Raises:
+        SymlinkRefused: `path` is a symbolic link (the message names it and its target).
+        OSError: As `open` (FileExistsError for "x" on an existing file).
+    """
+    kind = mode[0]
+    if kind not in _WRITE_FLAGS or mode.lstrip("wx") not in ("", "b"):
+        raise ValueError(f"open_nofollow: mode {mode!r} is not w, x, wb or xb")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | _WRITE_FLAGS[kind]
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (kind == "x" and os.path.islink(path)):
+            raise SymlinkRefused(path) from None
+        raise
+    if "b" in mode:
+        return os.fdopen(fd, "wb")
+    return os.fdopen(fd, "w", encoding=encoding)
+
+
+class SymlinkRefused(OSError):
+    """A file the project writes is a symbolic link where it should be created: refused, its target untouched."""
+
+    def __init__(self, path: str | Path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        super().__init__(
+            errno.ELOOP,
+            f"{path} is a symbolic link (to {target}) where this program writes a file; it is not followed: "
+            "remove the link",
+        )
+        self.path = str(path)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def copy_nofollow(src: str | Path, dst: str | Path) -> None:
+    """Copies a file's bytes to `dst`, created or truncated without following a link there (`open_nofollow`)."""
+    with open(src, "rb") as f, open_nofollow(dst, "wb") as out:
+        shutil.copyfileobj(f, out, CHUNK)
 
 
 def write_text_atomic(path: str | Path, text: str, tmp_dir: str | Path | None = None) -> None:
@@ -128,7 +193,7 @@ def copy_verified(
         os.close(fd)
         target = Path(name)
     try:
-        shutil.copyfile(src, target)
+        shutil.copyfile(src, target)  # atomic: a temporary file mkstemp just created (O_EXCL, a random name)
         with open(target, "rb") as f:
             got_sha = _sha256_of(f)
             if atomic:

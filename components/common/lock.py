@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,12 +111,20 @@ def hold_folder(folder: str | Path, who: str, *, fix: str) -> Iterator[Taken]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f".{who}.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a planted symbolic link: ftruncate below would empty its target
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LockError(
+                f"{path}: the lock file is a symbolic link (to {_link_target(path)}); it is not followed: "
+                "remove the link"
+            ) from None
         raise LockError(
             f"{path}: cannot create the lock file ({exc.strerror}); write to a folder you can write"
         ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LockError(f"{path}: the lock file is not a regular file (a FIFO or device); remove it")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -142,6 +151,13 @@ def hold_folder(folder: str | Path, who: str, *, fix: str) -> Iterator[Taken]:
             os.ftruncate(fd, 0)  # a clean release: the next holder finds no dead holder's record
     finally:
         os.close(fd)  # releases the flock
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def leftovers_of_dead_writers(folder: str | Path) -> list[Path]:

@@ -4,7 +4,10 @@ A finished output folder holds `MANIFEST_FILE` (`complete.json`), written last: 
 file's relative path, size in bytes and sha256. A folder without it was interrupted (or
 written by a version without markers); a folder whose files differ from it changed after
 it was written (a truncated `data.jsonl`, a replaced image). `verify_manifest` tells which
-file and what differs.
+file and what differs. Each entry also records the file's inode, mtime_ns and ctime_ns: a
+quick check (`quick=True`, for large folders checked on every reuse) hashes only files whose
+figures changed since (ctime cannot be set from user space: any rewrite, `cp -p` or `touch`
+included, changes it) and checks the size of the others.
 
 `staging_folder` + `publish` write a folder whole: the files go into a staging folder beside
 the final one (`.<name>.staging-<pid>.<place>-<random>`: unique per process, and the tag says
@@ -91,7 +94,8 @@ def write_manifest(folder: str | Path, files: Iterable[str] | None = None, *, pr
     entries = {}
     for rel in _listed(folder, files):
         path = folder / rel
-        entries[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        st = path.stat()
+        entries[rel] = {"size": st.st_size, "sha256": sha256_file(path), "stat": _stat_key(st)}
     body = {
         "format": FORMAT,
         "producer": producer,
@@ -102,6 +106,24 @@ def write_manifest(folder: str | Path, files: Iterable[str] | None = None, *, pr
     }
     write_json_atomic(folder / MANIFEST_FILE, body, tmp_dir=folder.parent)
     return sha256_file(folder / MANIFEST_FILE)
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def total_bytes(body: dict[str, Any]) -> int:
+    """The bytes a marker's files add up to (0 for entries without a size)."""
+    return sum(int(e.get("size") or 0) for e in body.get("files", {}).values() if isinstance(e, dict))
+
+
+def read_marker(folder: str | Path) -> dict[str, Any] | None:
+    """A folder's completion marker, or None when it has none or it is not one (nothing is checked)."""
+    try:
+        body = json.loads((Path(folder) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) and isinstance(body.get("files"), dict) else None
 
 
 def _read_marker(folder: Path, expected_sha256: str, fix: str) -> dict[str, Any]:
@@ -124,7 +146,7 @@ def _read_marker(folder: Path, expected_sha256: str, fix: str) -> dict[str, Any]
 
 
 def verify_manifest(
-    folder: str | Path, *, expected_sha256: str = "", fix: str = "write the output again"
+    folder: str | Path, *, expected_sha256: str = "", fix: str = "write the output again", quick: bool = False
 ) -> dict[str, Any]:
     """Checks every file the folder's marker lists: present, same size, same sha256.
 
@@ -135,6 +157,8 @@ def verify_manifest(
         expected_sha256: The marker's own sha256 as its producer recorded it ("" = not
             checked). Default "".
         fix: How to fix a mismatch, appended to the message. Default "write the output again".
+        quick: Hash only the files whose inode, mtime or ctime differ from the marker's
+            record (the others by size). Default False: every file hashed.
 
     Returns:
         The marker's content.
@@ -151,9 +175,13 @@ def verify_manifest(
             raise ManifestError(folder, rel, "listed in the completion marker but missing", fix)
         if not isinstance(want, dict):
             raise ManifestError(folder, MANIFEST_FILE, f"its entry for {rel} is not {{size, sha256}}", fix)
-        size = path.stat().st_size
-        if size != want.get("size"):
-            raise ManifestError(folder, rel, f"size {size} bytes, the completion marker says {want.get('size')}", fix)
+        st = path.stat()
+        if st.st_size != want.get("size"):
+            raise ManifestError(
+                folder, rel, f"size {st.st_size} bytes, the completion marker says {want.get('size')}", fix
+            )
+        if quick and want.get("stat") == _stat_key(st):
+            continue
         sha = sha256_file(path)
         if sha != want.get("sha256"):
             raise ManifestError(
@@ -232,7 +260,9 @@ def discard(staging: str | Path, final: str | Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def verify_if_marked(folder: str | Path, *, expected_sha256: str = "", fix: str = "write the output again") -> bool:
+def verify_if_marked(
+    folder: str | Path, *, expected_sha256: str = "", fix: str = "write the output again", quick: bool = False
+) -> bool:
     """Checks a folder's marker when it has one, or when its producer recorded one (readers of older outputs).
 
     Args:
@@ -240,6 +270,7 @@ def verify_if_marked(folder: str | Path, *, expected_sha256: str = "", fix: str 
         expected_sha256: The marker's sha256 as its producer recorded it ("" = none recorded:
             a folder without a marker passes unchecked). Default "".
         fix: How to fix a mismatch. Default "write the output again".
+        quick: As `verify_manifest`. Default False.
 
     Returns:
         True when a marker was checked, False when the folder has none and none was recorded.
@@ -249,5 +280,5 @@ def verify_if_marked(folder: str | Path, *, expected_sha256: str = "", fix: str 
     """
     if not expected_sha256 and not (Path(folder) / MANIFEST_FILE).is_file():
         return False
-    verify_manifest(folder, expected_sha256=expected_sha256, fix=fix)
+    verify_manifest(folder, expected_sha256=expected_sha256, fix=fix, quick=quick)
     return True

@@ -533,6 +533,7 @@ TASKS: dict[str, Task] = {
 
 GOLD_CODES: dict[str, str] = {
     "E_GOLD_FENCE": "a gold answer's ```json block has no closing ``` fence",
+    "E_GOLD_BLOCKS": "a gold answer has more than one ```json block (scoring reads the first, training teaches all)",
     "E_GOLD_DUPLICATE_KEY": "a gold answer's JSON object has the same key twice (scoring would keep one)",
     "E_GOLD_KEY_COLLISION": "two key_value gold fields are one field once compared (case, spaces)",
     "E_GOLD_EMPTY_KEY": "a key_value gold field name is empty",
@@ -568,13 +569,19 @@ def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _gold_json(text: str) -> tuple[Any, GoldProblem | None]:
     """Returns the JSON of a gold answer's first ```json block, strictly: (value, None), (None, problem), or
     (None, None) when there is no such block or it is not JSON (the task's own check says so)."""
-    block = next((m for m in FENCE_RE.finditer(text) if m.group(1).strip().lower() == "json"), None)
-    if block is None:
+    blocks = [m for m in FENCE_RE.finditer(text) if m.group(1).strip().lower() == "json"]
+    if not blocks:
         return None, None
+    block = blocks[0]
     if not block.group(0).endswith("```"):
         return None, GoldProblem(
             "E_GOLD_FENCE", "the ```json block has no closing ``` fence (the answer runs to its end): add ``` after "
             "the JSON, as the model must learn to write it",
+        )  # fmt: skip
+    if len(blocks) > 1:
+        return None, GoldProblem(
+            "E_GOLD_BLOCKS", f"the answer has {len(blocks)} ```json blocks; scoring reads the first and training "
+            "teaches the model to write all of them: keep the one answer block",
         )  # fmt: skip
     try:
         return bounded_json.loads(block.group(2), object_pairs_hook=_no_repeats), None
@@ -622,7 +629,8 @@ def check_gold(task: str, text: str) -> GoldProblem | None:
     The tolerant parsers (`parse_findings`, `parse_key_value`) stay for model output; a gold
     answer must not need their tolerance, since scoring would then keep one of two readings
     without saying so. For the json, detection and key_value tasks, in this order:
-    E_GOLD_FENCE (the ```json block is not closed), E_GOLD_DUPLICATE_KEY (an object of its
+    E_GOLD_FENCE (the ```json block is not closed), E_GOLD_BLOCKS (more than one ```json block),
+    E_GOLD_DUPLICATE_KEY (an object of its
     JSON, at any depth, has a key twice); key_value: E_GOLD_EMPTY_KEY (a field name of only
     spaces), E_GOLD_KEY_COLLISION (two fields equal after `normalize_value`); detection:
     E_GOLD_MIXED_BOX_KEYS (a finding with "bbox" and a different "bbox_2d"). An answer with

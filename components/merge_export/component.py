@@ -30,7 +30,13 @@ def merge_export(
     from components.merge_export.core import merge_export as merge
 
     try:
-        result = merge(adapter.path, base_model.path, merged_model.path, tempfile.mkdtemp(prefix="merge-"))
+        result = merge(
+            adapter.path,
+            base_model.path,
+            merged_model.path,
+            tempfile.mkdtemp(prefix="merge-"),
+            adapter_marker=adapter.metadata.get("manifest_sha256", ""),
+        )
     except (MergeError, MergeDiskError) as exc:  # AdapterBaseMismatch and MergeVerificationError included
         raise SystemExit(f"merge-export: {type(exc).__name__}: {exc}") from None
     merged_model.metadata.update(

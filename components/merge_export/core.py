@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.adapter import BASE_MODEL_REF, LOG_HISTORY, summarize_log
+from components.common.manifest import ManifestError, verify_if_marked, write_manifest
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import run_command, swift_executable, to_cli
 from components.merge_export._disk import DiskPeak, plan_disk
@@ -956,6 +957,7 @@ def merge_export(
     run_id: str = "",
     metrics: dict[str, Any] | None = None,
     verify_logits: bool = True,
+    adapter_marker: str = "",
 ) -> MergeResult:
     """Merges the adapter into the base model and verifies the result.
 
@@ -967,18 +969,26 @@ def merge_export(
         run_id: Pipeline run that produced the adapter, for the lineage. Default "".
         metrics: Metrics for the model card (e.g. training figures). Default None.
         verify_logits: Compare merged logits with base + adapter (peft). Default True.
+        adapter_marker: The sha256 of the adapter's completion marker as train-lora recorded it
+            (its `manifest_sha256`). Default "": checked when the folder has a marker.
 
     Returns:
-        The MergeResult.
+        The MergeResult; its folder holds a completion marker (`components.common.manifest`)
+        written last, whose sha256 is `metadata["manifest_sha256"]`.
 
     Raises:
-        MergeError: The adapter is not one, `swift export` failed, or the result does not verify.
+        MergeError: The adapter's files differ from its completion marker (naming the file), the
+            adapter is not one, `swift export` failed, or the result does not verify.
         AdapterBaseMismatch: The adapter was trained on another base model.
         MergeVerificationError: The merged logits differ from base + adapter.
         MergeDiskError: The work folder (or the output's file system) has less free space than the
             merged model needs (`_disk.plan_disk`), checked before `swift export` starts.
     """
     adapter = Path(adapter_dir)
+    try:  # the adapter as train-lora wrote it, never a truncated or edited copy
+        verify_if_marked(adapter, expected_sha256=adapter_marker, fix="train the adapter again (--no-cache)")
+    except ManifestError as exc:
+        raise MergeError(str(exc)) from None
     staged = check_adapter_base(adapter, base_model_dir)
     check_bf16_target(base_model_dir, merged_out)
     disk = plan_disk(base_model_dir, work_dir, merged_out)
@@ -1004,6 +1014,7 @@ def merge_export(
     (out / "lineage.json").write_text(json.dumps(lineage, indent=2, sort_keys=True), encoding="utf-8")
     (out / "README.md").write_text(model_card(lineage, metrics), encoding="utf-8")
     metadata = {
+        "manifest_sha256": write_manifest(out, producer="merge-export"),  # last: a reuse checks the files
         "merge_seconds": round(seconds, 2),
         **lineage["versions"],
         **facts,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from components.common.files import sha256_file
+from components.common.manifest import FORMAT as MANIFEST_FORMAT
+from components.common.manifest import MANIFEST_FILE
 from components.common.snapshot import SnapshotError
+from components.snapshot_data import _hashes
 
 DATA_SUFFIX = ".jsonl"
 MAX_NOTED_LINKS = 20  # skipped symlinks noted one by one; more are counted
@@ -43,11 +47,31 @@ class Listing:
         files: Regular files (symlinks to files included), in name order.
         broken: (path, why) of symlinks that lead nowhere: "dangling: ..." or "a symlink loop".
         dir_links: Symlinks to directories that were not followed.
+        outputs: Folders skipped because the project wrote them (`project_output`): a
+            validated dataset, validate-data's `--out` folder (its quarantine and both splits).
     """
 
     files: list[Path] = field(default_factory=list)
     broken: list[tuple[Path, str]] = field(default_factory=list)
     dir_links: list[Path] = field(default_factory=list)
+    outputs: list[Path] = field(default_factory=list)
+
+
+OUTPUT_LOCKS = (".validate-data.lock",)  # a folder holding one is being (or was) written by the project
+
+
+def project_output(folder: Path, names: set[str]) -> bool:
+    """Whether a folder is one of the project's own outputs: it holds our completion marker or writer lock."""
+    if any(lock in names for lock in OUTPUT_LOCKS):
+        return True
+    if MANIFEST_FILE not in names:
+        return False
+    try:
+        with open(folder / MANIFEST_FILE, encoding="utf-8") as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("format") == MANIFEST_FORMAT
 
 
 def _link_problem(path: Path, exc: OSError) -> str:
@@ -90,6 +114,9 @@ def walk(root: Path, max_depth: int | None = None, hidden: bool = False) -> List
                 f"{folder}: cannot be listed ({exc.strerror or exc}); give the pipeline read access or name "
                 "the files to use"
             ) from None
+        if project_output(folder, {e.name for e in entries}):
+            out.outputs.append(folder)  # its quarantine and splits are not data (name its data.jsonl to use it)
+            continue
         for entry in entries:
             if entry.name.startswith(".") and not hidden:
                 continue
@@ -135,6 +162,18 @@ def dir_link_notes(links: list[Path]) -> list[str]:
     return notes
 
 
+def output_notes(folders: list[Path]) -> list[str]:
+    """Returns the notes for folders skipped as the project's own outputs (the first few named, the rest counted)."""
+    notes = [
+        f"{folder}: an output of this project (a validated dataset or validate-data's --out), not data: skipped; "
+        "name its data.jsonl as a source to use a validated set"
+        for folder in folders[:MAX_NOTED_LINKS]
+    ]
+    if len(folders) > MAX_NOTED_LINKS:
+        notes.append(f"... and {len(folders) - MAX_NOTED_LINKS} more output folders, skipped")
+    return notes
+
+
 def broken_error(path: Path, why: str) -> SnapshotError:
     return SnapshotError(f"{path}: {why}; point the link at the data file, or remove it")
 
@@ -155,24 +194,49 @@ def entry(path: Path, assets: dict[str, Any]) -> dict[str, Any]:
 
 
 def assets(folder: Path, max_assets: int, notes: list[str]) -> dict[str, Any]:
-    """Returns {count, digest} of the non-JSONL files under a JSONL file's folder (names, sizes, mtimes).
+    """Returns {count, digest} of the non-JSONL files under a JSONL file's folder (names, sizes, contents).
+
+    Each file counts by its content hash (`_hashes`: blake2b, skipped for a file whose inode,
+    size, mtime and ctime are as last seen), so an image rewritten with the same size and
+    modification time changes the digest; a note names each file whose content changed since
+    the last listing.
 
     Raises:
-        Changed: A file disappeared while it was listed.
+        Changed: A file disappeared or changed while it was listed.
     """
     listing = walk(folder)
     notes.extend(f"{path}: {why}; skipped" for path, why in listing.broken)
+    files = [path for path in listing.files if not path.name.endswith(DATA_SUFFIX)]
+    if len(files) > max_assets:
+        notes.append(f"{folder}: more than {max_assets} files: images there are not part of the snapshot")
+        return {"count": len(files), "digest": "not-tracked"}
+    cache = _hashes.HashCache.load(folder)
     lines = []
-    for path in listing.files:
-        if path.name.endswith(DATA_SUFFIX):
-            continue
+    for path in files:
+        rel = path.relative_to(folder).as_posix()
         try:
             st = path.stat()
+            digest = cache.hash_of(rel, st)
+            after = path.stat()
         except FileNotFoundError:
             raise Changed(path, "disappeared while it was listed") from None
-        lines.append(f"{path.relative_to(folder).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}")
-        if len(lines) > max_assets:
-            notes.append(f"{folder}: more than {max_assets} files: images there are not part of the snapshot")
-            return {"count": len(lines), "digest": "not-tracked"}
+        except OSError as exc:
+            raise SnapshotError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (after.st_size, after.st_mtime_ns, after.st_ctime_ns):
+            raise Changed(path, "changed while it was hashed")
+        lines.append(f"{rel}\0{st.st_size}\0{digest}")
+    cache.save()
+    notes.extend(_changed_notes(folder, cache.changed))
     lines.sort()
     return {"count": len(lines), "digest": hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]}
+
+
+def _changed_notes(folder: Path, changed: list[tuple[str, bool]]) -> list[str]:
+    notes = [
+        f"{folder / rel}: content changed since the last snapshot"
+        + (" (other bytes, same size and modification time)" if same_meta else "")
+        for rel, same_meta in changed[:MAX_NOTED_LINKS]
+    ]
+    if len(changed) > MAX_NOTED_LINKS:
+        notes.append(f"{folder}: ... and {len(changed) - MAX_NOTED_LINKS} more files whose content changed")
+    return notes

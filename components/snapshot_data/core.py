@@ -20,7 +20,8 @@ file that changes while it is listed makes the listing start again (see `_local`
 For gs:// only object listings are made, no object is read: one per source (names,
 generations, sizes and CRC32Cs), plus one per folder holding JSONL files (its images), each
 folder listed once. Locally a JSONL file is hashed (sha256); other files under its
-folder count by size and modification time.
+folder count by their content (blake2b, cached by inode, size, mtime and ctime: see
+`_hashes`), so an image rewritten with the same size and mtime changes the snapshot.
 
 Errors (`SnapshotError`) name the source and the fix: a source that matches no JSONL file,
 a file or bucket that does not exist, a storage error.
@@ -230,6 +231,7 @@ def _local_matches(source: str, notes: list[str]) -> tuple[list[Path], str]:
             raise _local.broken_error(link, why)
         notes.append(f"{link}: {why}; skipped")
     notes.extend(_local.dir_link_notes(listing.dir_links))
+    notes.extend(_local.output_notes(listing.outputs))
     return sorted({p.resolve() for p in matched}), kind
 
 

@@ -757,7 +757,11 @@ def _stage(
     valid, reason, manifest, _ = _check_entry(entry)
     if valid:
         return _result(entry, True, 0, manifest)
-    log.info("stage-model: staging %s into %s (%s)", source.uri, entry.uri, reason)
+    if manifest:  # a staged entry whose files changed since (a file edited, truncated or removed in the cache)
+        log.warning("stage-model: the model cache entry %s changed since it was staged (%s); staging it again",
+                    entry.uri, reason)  # fmt: skip
+    else:
+        log.info("stage-model: staging %s into %s (%s)", source.uri, entry.uri, reason)
     return _stage_locked(entry, spec, source, workers=workers, progress=progress, locking=locking)
 
 

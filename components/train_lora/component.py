@@ -106,6 +106,7 @@ def train_lora(
             "strategy": result.strategy,
             "resumed_from": result.resumed_from,
             "data_snapshot": train_dataset.metadata.get("data_snapshot", ""),
+            "manifest_sha256": result.manifest_sha256,
         }
     )
 

@@ -23,7 +23,7 @@ from typing import Any
 from components.common import cost, tracking
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.dataset import checked_rows_file, read_token_stats
-from components.common.manifest import ManifestError
+from components.common.manifest import ManifestError, write_manifest
 from components.common.provenance import strip_origin
 from components.common.quantization import quantization_of
 from components.common.snapshot import LINEAGE_FILE
@@ -68,6 +68,9 @@ class TrainResult:
         strategy: The parallelism used (single, ddp, zero2, zero3, user).
         speedups: The plugin's start-up table, one row per speed-up item (number, name, applied, outcome): what
             `loss_curve_html(..., speedups=)` shows. Empty where the table was not written (no trainer built).
+        manifest_sha256: The sha256 of the adapter folder's completion marker (`components.common.manifest`:
+            every file's size and sha256, written last), recorded in the artifact's metadata so a reuse
+            checks it ("" on a non-chief node).
     """
 
     adapter_dir: str
@@ -78,6 +81,7 @@ class TrainResult:
     resumed_from: str = ""
     strategy: str = ""
     speedups: list[dict[str, Any]] = field(default_factory=list)
+    manifest_sha256: str = ""
 
 
 def swift_arg_names() -> set[str]:
@@ -554,6 +558,8 @@ def train_lora(
     lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
     if result.is_chief and lineage.is_file():
         shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
+    if result.is_chief:  # last: a reuse of the adapter checks its files against this marker
+        result.manifest_sha256 = write_manifest(adapter_out, producer="train-lora")
     return result
 
 

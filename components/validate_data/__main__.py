@@ -9,7 +9,8 @@ Writes DIR/train/, DIR/eval/ (data.jsonl + images/, each whole with its completi
 marker), DIR/quarantine.jsonl, DIR/report.html and, last, DIR/complete.json (DIR is
 complete; a run that was killed leaves none), prints the summary, and exits 1 when the
 policy fails (or a file is missing / empty, or DIR holds an input: re-validate a clean set
-into another folder), 0 otherwise. One run writes DIR at a time: a second one into the same DIR is refused by
+into another folder, or DIR lies inside a local data file's folder, where a folder source
+would read its quarantine and splits as data), 0 otherwise. One run writes DIR at a time: a second one into the same DIR is refused by
 name (the holder's pid and host), exit 1.
 """
 
@@ -102,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"validate-data: FAILED: {exc}", file=sys.stderr)
         return 1
+    problem = _out_in_a_data_folder(out, args.data + args.eval)
+    if problem:
+        print(f"validate-data: FAILED: {problem}", file=sys.stderr)
+        return 1
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -143,6 +148,25 @@ def _clear_for_writing(out: Path, taken: Taken) -> None:
 
 # The flags checked with the config's rules (components.common.data_policy): flag -> setting
 _RULED_FLAGS = {"--eval-fraction": "eval_fraction", "--max-invalid-fraction": "max_invalid_fraction"}
+
+
+def _out_in_a_data_folder(out: Path, inputs: list[str]) -> str:
+    """Why `--out` may not go where it was asked: inside the folder of a local input file ("" when fine).
+
+    A folder source (`data.train: data/`, snapshot-data) reads every `*.jsonl` below it: DIR's
+    quarantine and both clean splits would come back as training data.
+    """
+    target = out.expanduser().resolve()
+    for name in inputs:
+        if name.startswith("gs://"):
+            continue
+        folder = Path(name).expanduser().resolve().parent
+        if target.is_relative_to(folder):
+            return (
+                f"--out {out} is inside {folder}, the folder of the data file {name}: a folder source there would "
+                "read DIR's quarantine.jsonl and both clean splits as data; pass --out a folder outside it"
+            )
+    return ""
 
 
 def _argument_problem(args: argparse.Namespace) -> str:

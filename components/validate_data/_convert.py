@@ -25,6 +25,7 @@ from PIL import Image
 
 from components.common.answers import parse_findings
 from components.common.boxes import CONVENTIONS, BoxError, ResizeRule, convert_findings, is_proper
+from components.common.files import open_nofollow
 
 SIDECAR_SUFFIX = ".boxes.json"
 
@@ -186,7 +187,7 @@ def convert_file(
     src, dst = Path(src), Path(dst)
     if to not in CONVENTIONS or source not in (*CONVENTIONS, "auto"):
         raise ConvertError(f"conventions are {', '.join(CONVENTIONS)} (--from may also be auto)")
-    if dst.exists() or dst.resolve() == src.resolve():
+    if os.path.lexists(dst) or dst.resolve() == src.resolve():  # a dangling link too: never written through
         raise ConvertError(f"{dst}: exists (or is the input); write the converted data to a new file")
     rows = _read_rows(src)
     source = _source_convention(src, rows, source)
@@ -198,8 +199,10 @@ def convert_file(
     rule = ResizeRule.from_model(model_dir, max_pixels)
     n_boxes = sum(_convert_row(src, dst, number, row, to, source, rule) for number, row in rows)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for _, row in rows), encoding="utf-8")
-    sidecar(dst).write_text(json.dumps({"convention": to, "converted_from": source, "source": str(src)}, indent=1))
+    with open_nofollow(dst, "x") as f:  # created, never through a link planted meanwhile
+        f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for _, row in rows))
+    with open_nofollow(sidecar(dst), "w") as f:
+        f.write(json.dumps({"convention": to, "converted_from": source, "source": str(src)}, indent=1))
     return ConvertResult(rows=len(rows), boxes=n_boxes, source=source, to=to)
 
 

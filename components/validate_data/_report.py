@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from components.common.boxes import BoxError, ResizeRule
+from components.common.files import write_text_atomic
 from components.common.provenance import where
 from components.common.report import (
     BLUE,
@@ -368,4 +369,4 @@ def write_report(path: str, result: ValidationResult, issues: list[tuple[Issue, 
     """Writes the HTML report to `path` (parent folders created); `kwargs` are `render_report`'s."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(result, issues, **kwargs), encoding="utf-8")
+    write_text_atomic(out, render_report(result, issues, **kwargs))  # whole, never through a planted link

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.common import retry
+from components.common.files import open_nofollow
 
 MAX_FETCH_BYTES = 64 * 1024 * 1024  # a remote image larger than this is rejected
 _BASE64_RE = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
@@ -118,7 +119,7 @@ def resolve(ref: str, base: str) -> Source:
         if joined == ".." or joined.startswith("../") or (prefix and not joined.startswith(prefix + "/")):
             raise Reject("E_IMAGE_PATH", f"image {ref!r} escapes the dataset folder {base}")
         return Source("gs", f"gs://{bucket}/{joined}")
-    if len(ref_s) > 200 and _BASE64_RE.match(ref_s) and not os.path.exists(ref_s):
+    if len(ref_s) > 200 and _BASE64_RE.match(ref_s) and not _names_a_file(ref_s, base):
         return Source("base64", ref_s)
     path = Path(ref_s)
     _check_name_lengths(ref, path)
@@ -134,6 +135,15 @@ def resolve(ref: str, base: str) -> Source:
     if not resolved.is_relative_to(base_path):
         raise Reject("E_IMAGE_PATH", f"image {ref!r} escapes the dataset folder {base}")
     return Source("file", str(resolved))
+
+
+def _names_a_file(ref: str, base: str) -> bool:
+    """Whether a reference names an existing file or link (relative to the JSONL file's folder): then it is that
+    file, whatever it looks like (a long extension-less path is also valid base64)."""
+    try:
+        return os.path.lexists(os.path.join(base, ref))
+    except (OSError, ValueError):
+        return False
 
 
 MAX_NAME_BYTES = 255  # longest file or folder name (one path component) of Linux file systems and Cloud Storage FUSE
@@ -406,6 +416,7 @@ def fetch(source: Source, ref: str, staging: Path, timeout: float) -> Path:
     path = staging / (hashlib.sha256(data).hexdigest() + suffix)
     if not path.exists():
         tmp = path.with_name(path.name + f".{threading.get_ident()}.tmp")
-        tmp.write_bytes(data)
+        with open_nofollow(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     return path

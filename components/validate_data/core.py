@@ -71,11 +71,11 @@ from components.common import snapshot as snap
 from components.common.answers import is_finite_number, parse_findings
 from components.common.boxes import BoxError, ResizeRule, box_problem, convention_for_model, resolve_convention
 from components.common.dataset import token_stats, write_token_stats
-from components.common.files import sha256_file
+from components.common.files import copy_nofollow, open_nofollow, sha256_file
 from components.common.progress import Progress
-from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, where
+from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, strip_origin, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
-from components.validate_data import _formats, _leakage, _sources
+from components.validate_data import _formats, _leakage, _looks, _rows, _sources
 from components.validate_data._leakage import Leak as _Leak
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
@@ -99,6 +99,9 @@ CODES = {
     "E_DUPLICATE_KEY": "a JSON object has the same key twice (a JSON reader keeps only the last)",
     _formats.CODE: _formats.DESCRIPTION,
     "E_SCHEMA": "row does not match {messages: [{role, content}], images: [...]}",
+    "E_RESERVED_KEY": f"row carries {ORIGIN_KEY!r}, the origin record validate-data writes into clean sets only "
+    "(a raw row may not say where it came from)",
+    "E_MEDIA_KEY": "row has 'videos' or 'audios', which ms-swift reads but validate-data does not check yet",
     "E_ROLE": "unknown role",
     "E_ORDER": "messages out of order (alternation / last message must be the assistant's)",
     "E_IMAGE_COUNT": "number of <image> tags differs from len(images)",
@@ -114,7 +117,8 @@ CODES = {
     "E_TOKENS": "token count (as ms-swift encodes the row, images resized by max_pixels) exceeds max_length "
     "(only with max_length > 0)",
     "E_DUPLICATE": "same row as an earlier line",
-    "E_LEAK": "eval row shares an image (by content) or its prompt with a train row (data.leakage: quarantine)",
+    "E_LEAK": "eval row shares an image (bytes, decoded pixels or a near-duplicate) or its prompt (case and spaces "
+    "aside) with a train row (data.leakage: quarantine)",
 }
 TASKS = TASK_NAMES  # answer checks (components.common.tasks): none, fenced JSON, detection, key_value
 
@@ -300,6 +304,7 @@ class _Image:
     mode: str
     suffix: str
     exif_orientation: int = 1
+    looks: _looks.Looks | None = None  # decoded pixels' identity and pHash (leakage by what the model sees)
 
 
 _SHA_CACHE: dict[tuple[Path, int, int], str] = {}
@@ -344,11 +349,13 @@ _DECODE_BUDGET = _PixelBudget(DECODE_BUDGET_BYTES)
 
 def _decode(
     path: Path, sha: str, size: tuple[int, int], mode: str, out_dir: Path, orientation: int = 1
-) -> tuple[str, Path | None]:
-    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", the copy or None).
+) -> tuple[str, Path | None, _looks.Looks | None]:
+    """Decodes every pixel of an image whose header passed; returns (what went wrong or "", the copy or None,
+    what the model sees of it: `_looks.looks_of` of the decoded, upright pixels).
 
-    A JPEG decodes at 1/8 scale (`Image.draft`): its whole stream is still read and
-    entropy-decoded, so truncation fails the same, with 1/64 of the pixels. A 16-bit
+    A JPEG decodes at 1/8 scale (`Image.draft`), or less reduced where that would leave a side
+    under `_looks.PHASH_MIN_SIDE` px: its whole stream is still read and entropy-decoded, so
+    truncation fails the same, with 1/64 of the pixels (its `looks.pixels` is then of that scale). A 16-bit
     grayscale image (SIXTEEN_BIT_MODES) is scaled to its top 8 bits, and an image whose EXIF
     `orientation` is not 1 is decoded in full and made upright (`ImageOps.exif_transpose`: the
     rotation / mirror applied to the pixels, the tag dropped); either is saved as a PNG
@@ -359,26 +366,28 @@ def _decode(
         try:
             with Image.open(path) as img:
                 if img.format == "JPEG" and orientation == 1:
-                    img.draft(img.mode, (size[0] // 8, size[1] // 8))
+                    img.draft(img.mode, tuple(min(n, max(n // 8, _looks.PHASH_MIN_SIDE)) for n in size))
                 img.load()
                 if not wide and orientation == 1:
-                    return "", None
+                    return "", None, _looks.looks_of(img)
                 copy = _upright(img) if orientation != 1 else img
                 if wide:
                     copy = copy.convert("I").point(lambda v: v / 256).convert("L")  # v >> 8, clipped to 0..255
                 elif copy.mode not in PNG_MODES:  # CMYK, YCbCr: what ms-swift's convert("RGB") makes of them
                     copy = copy.convert("RGB")
+                looks = _looks.looks_of(copy)
         except Exception as exc:  # noqa: BLE001 - a decoder may raise anything on hostile bytes
-            return str(exc) or type(exc).__name__, None
+            return str(exc) or type(exc).__name__, None, None
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"{sha}.png"
         tmp = _temp_name(out)
         try:
-            copy.save(tmp, "PNG")
+            with open_nofollow(tmp, "wb") as f:
+                copy.save(f, "PNG")
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
-    return "", out
+    return "", out, looks
 
 
 PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I", "I;16")  # modes a PNG holds as they are
@@ -420,7 +429,7 @@ class _Decoder:
 
     def __call__(
         self, path: Path, sha: str, size: tuple[int, int], mode: str, orientation: int = 1
-    ) -> tuple[str, Path | None]:
+    ) -> tuple[str, Path | None, _looks.Looks | None]:
         with self._lock:
             future = self._results.get(sha)
             mine = future is None
@@ -483,7 +492,7 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} is {width}x{height}; aspect ratio above {MAX_ASPECT_RATIO}")
     if mode not in IMAGE_MODES:
         raise _Reject("E_IMAGE_SIZE", f"image {ref!r} has mode {mode!r}, not one of {', '.join(IMAGE_MODES)}")
-    problem, copy = decoder(path, sha, (width, height), mode, orientation)
+    problem, copy, looks = decoder(path, sha, (width, height), mode, orientation)
     if problem:
         raise _Reject(
             "E_IMAGE_UNREADABLE",
@@ -495,9 +504,9 @@ def _inspect_image(source: _sources.Source, ref: str, staging: Path, timeout: fl
             width, height = height, width
         with Image.open(copy) as made:
             copy_mode = made.mode
-        return _Image(copy, sha_of_file(copy), width, height, copy_mode, ".png", orientation)
+        return _Image(copy, sha_of_file(copy), width, height, copy_mode, ".png", orientation, looks)
     suffix = path.suffix.lower() if source.kind == "file" else ""
-    return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""))
+    return _Image(path, sha, width, height, mode, suffix or _FORMAT_SUFFIX.get(fmt or "", ""), looks=looks)
 
 
 def _read_lines(path: Path):
@@ -681,8 +690,11 @@ def _load_json(text: str) -> Any:
     )
 
 
-def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
-    """Runs the text checks of one non-blank line; returns its row or raises _Reject."""
+def _parse_line(raw: bytes, length: int, task: str, origin_ok: bool = False) -> dict[str, Any]:
+    """Runs the text checks of one non-blank line; returns its row or raises _Reject.
+
+    `origin_ok`: the file is a clean set validate-data wrote (`_rows.is_clean_set`), whose rows may carry
+    their origin record."""
     if length > MAX_LINE_BYTES:
         raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
     try:
@@ -699,6 +711,7 @@ def _parse_line(raw: bytes, length: int, task: str) -> dict[str, Any]:
             "that cannot be encoded as UTF-8",
         ) from None
     messages = _check_messages(row)
+    _rows.check_keys(row, origin_ok)
     if "objects" in row:  # ms-swift's grounding form: <ref-object> / <bbox> placeholders filled from `objects`
         _check_objects(row)
     elif task:
@@ -713,6 +726,7 @@ def _parse_file(
     """Reads one file (a snapshot `entry` when given) through the conversion step (`_formats`) and runs the text
     checks on each of its non-blank lines."""
     path, base = _open_input(name, staging, index, entry)
+    origin_ok = _rows.is_clean_set(name, path)
     read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
     conversion = _formats.Conversion(name, path, staging / f"_formats_{index}", columns)
     try:
@@ -726,10 +740,12 @@ def _parse_file(
             continue
         try:
             raw = conversion.convert(number, raw)
-            row = _parse_line(raw, length if length > MAX_LINE_BYTES else len(raw), task)
+            row = _parse_line(raw, length if length > MAX_LINE_BYTES else len(raw), task, origin_ok)
             sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]  # E_IMAGE_PATH
         except (_Reject, _formats.ConvertReject) as rej:
             row = _json_or_none(raw)
+            if not origin_ok and isinstance(row, dict):  # a forged origin never names the line in the quarantine
+                row = strip_origin(row)
             issue = _issue(name, number, rej, raw, row)
             read.rejected.append(_Rejected(issue, _local_images(row, base)))
             continue
@@ -1027,7 +1043,7 @@ def _copy_file(src: Path, dst: Path) -> None:
     """Copies src to dst through a temporary file and a rename: a file hard-linked to dst is never written through."""
     tmp = _temp_name(dst)
     try:
-        shutil.copyfile(src, tmp)
+        copy_nofollow(src, tmp)  # a link planted at the temporary name is refused, never written through
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -1037,7 +1053,7 @@ def _write_text_lines(path: Path, lines: Iterator[str]) -> None:
     """Writes a text file through a temporary file and a rename (never through a hard link, never half)."""
     tmp = _temp_name(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open_nofollow(tmp, "w") as f:
             f.writelines(lines)
         os.replace(tmp, path)
     finally:
