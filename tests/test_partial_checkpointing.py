@@ -116,3 +116,21 @@ def test_item_19_leaves_the_vision_towers_own_checkpointing_alone():
     tower = TinyVisionModel(_tiny(3).config)
     tower.gradient_checkpointing_enable()
     assert all(layer.gradient_checkpointing for layer in checkpoint_layers.decoder_layers(tower))
+
+
+def test_a_cap_smaller_than_any_plan_names_the_base_at_its_precision_and_what_fits():
+    from tests.test_train_plan import AUTO_ARGS, QWEN3_VL_4B_CONFIG, SEED_STATS
+
+    def refuse(args):
+        with pytest.raises(_plan.PlanError) as err:
+            _plan.plan_for_run(
+                args, model_config=QWEN3_VL_4B_CONFIG, weight_bytes=8_880_000_000, token_stats=SEED_STATS,
+                gpu_bytes=int(8 * GIB), world_size=1, partial_checkpointing=True,
+            )  # fmt: skip
+        return str(err.value)
+
+    bf16 = refuse(AUTO_ARGS)
+    assert "does not fit the 7.7 GiB budget" in bf16 and "a card of at least" in bf16
+    assert "the base is 8.3 GiB in bf16; model.quantization: nf4" in bf16
+    nf4 = refuse({**AUTO_ARGS, "quant_method": "bnb", "quant_bits": 4})
+    assert "in nf4 (model.quantization)" in nf4 and "model.quantization: nf4 stores" not in nf4

@@ -434,10 +434,12 @@ def _no_fit_message(model: ModelShape, tokens: int, budget: int, liger: bool, sh
         else:
             hi = mid - 1
     base = (model.weight_bytes / max(shards, 1) + FIXED_BYTES) / GIB
+    need = predict_peak(model, 1, tokens, checkpointing=True, liger=liger, shards=shards) / GIB
     if not longest:
         return (
             f"the frozen base alone ({base:.1f} GiB with buffers) does not fit the {budget / GIB:.1f} GiB budget of one "
-            "GPU: use a larger GPU, more GPUs with swift.deepspeed: zero3, or a smaller model"
+            f"GPU; one row of {tokens} tokens with every layer checkpointed needs {need:.1f} GiB (a card of at least "
+            f"{need / 0.96:.0f} GiB): use a larger GPU, more GPUs with swift.deepspeed: zero3, or a smaller model"
         )
     return (
         f"the longest training row has {tokens} tokens; even one row per micro-batch with gradient checkpointing "
@@ -572,6 +574,31 @@ def plan_for_run(
             partial=partial_checkpointing,
         )
 
+    try:
+        return _plan_masks(plan, act_full, seeded_dropout, fused, dropout, model_config, weight_bytes, stats)
+    except PlanError as exc:
+        if "budget" not in str(exc):  # not a memory refusal (the samples do not split over the GPUs)
+            raise
+        raise PlanError(_with_precision(str(exc), swift_args, weight_bytes)) from None
+
+
+def _with_precision(message: str, swift_args: Mapping[str, Any], weight_bytes: int) -> str:
+    """A no-fit message with the base's precision and size, and QLoRA where the base is in bf16."""
+    from components.common.quantization import quantization_of
+
+    quantization = quantization_of(dict(swift_args))
+    said = f"the base is {weight_bytes / GIB:.1f} GiB " + (
+        f"in {quantization} (model.quantization)" if quantization != "none" else "in bf16"
+    )
+    # nf4 keeps 0.18-0.21 of a dense Qwen3-VL's parameters in bf16 (quantization.py): the 4B's base in ~40 %
+    hint = (
+        "; model.quantization: nf4 stores a dense model's base in about 40 % of that" if quantization == "none" else ""
+    )
+    return f"{message} ({said}{hint})"
+
+
+def _plan_masks(plan, act_full, seeded_dropout, fused, dropout, model_config, weight_bytes, stats) -> Plan:
+    """The plan with dropout masks kept, from seeds, or whichever lets the faster plan fit (`seeded_dropout`)."""
     if seeded_dropout not in ("on", "auto") or not fused or dropout <= 0 or not dropout_mask_bytes(model_config):
         return plan(act_full)
     seeded = plan(act_full - dropout_mask_bytes(model_config))
