@@ -4,6 +4,7 @@
 # split out of .whl_u1 into .whl_bnb so that each call carries at most 64 MiB) into /tmp/site or /tmp/usite.
 #
 #   phase tests  (carry .whl_bnb):         bitsandbytes; the GPU tests of the fused branch over nf4
+#   phase prep   (carry .whl_bnb .whl_u1): bitsandbytes and Unsloth's needs only (then peer carries .whl_u2 alone)
 #   phase ours   (carry .whl .whl_hf):     ms-swift, the lock's transformers; the 4B built; our runs
 #   phase peer   (carry .whl_u1 .whl_u2):  Unsloth; Unsloth's runs and ours again, in one random order
 #
@@ -23,9 +24,11 @@ install() {  # install TARGET DIR...: one pip call (a second --target --upgrade 
 }
 case "$phase" in
     tests) install /tmp/site .whl_bnb ;;
+    prep) install /tmp/site .whl_bnb && install /tmp/usite .whl_u1 ;;  # a fresh machine: bnb, Unsloth's needs
     ours) [ -x /tmp/site/bin/swift ] || install /tmp/site .whl .whl_hf ;;
-    peer) [ -d /tmp/usite/unsloth ] || install /tmp/usite .whl_u1 .whl_u2 ;;
+    peer) [ -d /tmp/usite/unsloth ] || { [ -d .whl_u1 ] && install /tmp/usite .whl_u1 .whl_u2 || install /tmp/usite .whl_u2; } ;;
 esac
+[ "$phase" = prep ] && exit 0
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 log=$OUT/$phase.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$log"

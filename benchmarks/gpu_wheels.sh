@@ -67,7 +67,7 @@ swift() {
     swift_pins=$(locked ms_swift datasets trl modelscope modelscope-hub cryptography cffi pycparser qwen-vl-utils \
         liger-kernel peft fsspec pydantic pydantic_core annotated-types typing-inspection openai jiter distro \
         sniffio fastapi starlette uvicorn zstandard nltk dill multiprocess binpacking json_repair addict dacite \
-        rouge cpm-kernels attrdict lazy-importer hjson)
+        rouge cpm-kernels attrdict lazy-importer hjson imagehash PyWavelets)
     hf_pins=$(locked transformers accelerate huggingface_hub tokenizers safetensors)
     built_pins=$(locked transformers-stream-generator deepspeed)
     # each *_pins holds several pins, one word each: split on purpose

@@ -279,6 +279,8 @@ def test_train_lora_records_gpu_hours_of_its_wall_time(tmp_path, monkeypatch, ca
     monkeypatch.setattr(core, "_final_swift_args", lambda args, *a, **k: (args, types.SimpleNamespace(name="ddp")))
     monkeypatch.setattr(core, "_micro_batch_plan", lambda *a, **k: None)
     monkeypatch.setattr(core, "_train_until_it_fits", lambda *a, **k: core._Run(wall=1700.0, resume=None, plan=None))
+    (tmp_path / "out").mkdir()  # what the faked _collect_outputs would have written the adapter into
+
     monkeypatch.setattr(core, "_collect_outputs", lambda *a, **k: core.TrainResult("a", "c", {"wall_s": 1700.0}))
     result = core.train_lora(
         str(tmp_path), "qwen3_vl", str(tmp_path), "", {}, str(tmp_path / "out"), str(tmp_path), preflight="off"

@@ -48,7 +48,15 @@ from components.common.answers import (
 
 # Optional: optimal assignment. Found, not imported: scipy.optimize takes ~1 s to import on a loaded 2-core
 # machine, and every `vlm-lora ... --help` imports this module through the config; it is imported on first match.
-HAVE_SCIPY: bool = importlib.util.find_spec("scipy") is not None
+def _have(module: str) -> bool:
+    """Whether `module` can be imported, without importing it (an import hook that refuses it: False)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+HAVE_SCIPY: bool = _have("scipy")
 MATCH_METHODS: tuple[str, ...] = ("auto", "hungarian", "greedy")
 
 

@@ -36,6 +36,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import imagehash  # at import, not per image: a missing package is not a corrupt image
 import numpy as np
 from PIL import Image
 
@@ -61,8 +62,6 @@ class Looks:
 
 def looks_of(img: Image.Image) -> Looks:
     """Returns the pixel identity and the perceptual hash of a decoded image (as ms-swift reads it: RGB)."""
-    import imagehash
-
     rgb = img if img.mode == "RGB" else img.convert("RGB")
     digest = hashlib.blake2b(f"{rgb.width}x{rgb.height}\0".encode(), digest_size=16)
     digest.update(rgb.tobytes())
