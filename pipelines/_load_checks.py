@@ -43,8 +43,8 @@ def gate_problem(metric: str, min_value: float, min_margin: float) -> tuple[str,
     span = high - low
     if not -span <= min_margin <= span:
         return "eval.min_margin", (
-            f"'eval.min_margin' is {min_margin!r}, beyond what eval.metric {metric!r} can differ by "
-            f"({-span:g} to {span:g}); give a margin in that range (negative tolerates a small drop)"
+            f"'eval.min_margin' is {min_margin!r}, beyond what eval.metric {metric!r} ({low:g} to {high:g}) can differ "
+            f"by ({-span:g} to {span:g}); give a margin in that range (negative tolerates a small drop)"
         )
     return None
 

@@ -55,15 +55,15 @@ def compile_pipeline(
     from pipelines.pipeline import build_pipeline
 
     cfg = load_config(config_path, overrides)
+    suffix = "" if target == "vertex" else f"-{target}"
+    out = Path(output or f"build/{cfg.pipeline.name}{suffix}.yaml")
+    problem = output_problem(out)  # first: a wrong --output is named whatever else the config needs
+    if problem:
+        raise ConfigError(f"--output {out}: {problem}")
     if target == "local":
         check_local_dirs(cfg)
     elif target == "vertex":
         check_vertex_roots(cfg)
-    suffix = "" if target == "vertex" else f"-{target}"
-    out = Path(output or f"build/{cfg.pipeline.name}{suffix}.yaml")
-    problem = output_problem(out)
-    if problem:
-        raise ConfigError(f"--output {out}: {problem}")
     if output is None:
         check_not_another_configs(out, cfg.path)
     pipeline = build_pipeline(cfg, target)

@@ -202,7 +202,7 @@ def test_ctrl_c_during_a_command_is_one_line_and_130(tmp_path):
     server.bind(("127.0.0.1", 0))
     server.listen(16)  # accepted by the kernel, never answered
     port = server.getsockname()[1]
-    data = tmp_path / "data.jsonl"
+    data = tmp_path / "in" / "data.jsonl"  # --out may not go inside the data file's folder
     write_lines(data, [line(row("find", [f"http://127.0.0.1:{port}/a.png"]))])
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", "validate", str(data), "--out", str(tmp_path / "out")]

@@ -195,7 +195,6 @@ def test_number_types_refuse_out_of_range(factory, text):
         (["validate", "x.jsonl", "--fetch-timeout", "nan"], "--fetch-timeout"),
         (["validate", "x.jsonl", "--max-length", "-1"], "--max-length"),
         (["validate", "x.jsonl", "--max-pixels", "-5"], "--max-pixels"),
-        (["validate", "x.jsonl", "--eval-fraction", "inf"], "--eval-fraction"),
         (["stage", "hf://a/b", "--cache", "c", "--workers", "0"], "--workers"),
         (["serve", "--port", "70000"], "--port"),
         (["serve", "--start-timeout", "-1"], "--start-timeout"),
@@ -212,6 +211,17 @@ def test_cli_numbers_are_range_checked(argv, flag, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_validate_fractions_are_refused_with_the_configs_rule(value, capsys):
+    """--eval-fraction / --max-invalid-fraction: the rule of data.* in a config, in its words (one line, exit 2)."""
+    from components.validate_data.__main__ import main as validate
+
+    assert validate(["x.jsonl", "--eval-fraction", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("validate-data: --eval-fraction must be") and "data.eval_fraction" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 # --- --dry-run checks what the run checks; Vertex-only flags with --local -----------------------

@@ -2,14 +2,37 @@
 
 `type=float` takes `nan`, `inf` and `-1`; `--fetch-timeout nan` then quarantined every row and
 `--max-length -1` did too. These refuse such values at the command line, where argparse prints
-one line (`error: argument --fetch-timeout: ...`) and exits 2.
+one line (`error: argument --fetch-timeout: ...`) and exits 2 (with `OneLineParser`; a plain
+ArgumentParser prints its usage before that line).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import typing
 from collections.abc import Callable
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (`prog: error: ...`, exit 2), not the usage and the line.
+
+    `--help` still prints the usage; a refused value names its flag and what it must be.
+    """
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def any_number(text: str) -> float:
+    """A number (nan and inf included): a setting whose range its own rule checks, with that rule's words."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+any_number.__name__ = "float"
 
 
 def _number(text: str, kind: type) -> float | int:

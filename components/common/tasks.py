@@ -46,6 +46,7 @@ from components.common.answers import (
     parse_findings,
 )
 
+
 # Optional: optimal assignment. Found, not imported: scipy.optimize takes ~1 s to import on a loaded 2-core
 # machine, and every `vlm-lora ... --help` imports this module through the config; it is imported on first match.
 def _have(module: str) -> bool:

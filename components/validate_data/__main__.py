@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         from components.validate_data._convert import main as convert
 
         return convert(argv[1:])
-    parser = argparse.ArgumentParser(
+    parser = cli_numbers.OneLineParser(  # a refused value is one line, exit 2 (--help shows the usage)
         prog=sys.argv[0] if sys.argv[0].startswith("vlm-lora ") else "python -m components.validate_data",
         description=__doc__.split("\n\n")[0],
     )
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--eval-fraction",
-        type=cli_numbers.ranged(float, 0, 1),
+        type=cli_numbers.any_number,  # its range: the config's rule (_argument_problem), in its words
         default=0.1,
         help="held-out fraction of the split (0.1)",
     )
     parser.add_argument(
         "--max-invalid-fraction",
-        type=cli_numbers.ranged(float, 0, 1),
+        type=cli_numbers.any_number,  # its range: the config's rule (_argument_problem), in its words
         default=0.0,
         help="tolerated invalid fraction (0)",
     )
