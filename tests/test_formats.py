@@ -153,7 +153,8 @@ def test_vlm_lora_validate_takes_a_column_map(tmp_path, capsys):
                   "tags": {"role_tag": "role", "content_tag": "text", "user_tag": "u", "assistant_tag": "a"}}}  # fmt: skip
     (tmp_path / "dataset_info.json").write_text(json.dumps(info))
     rows = [{"turns": [{"role": "u", "text": f"q{i}"}, {"role": "a", "text": f"r{i}"}]} for i in range(4)]
-    data = _jsonl(tmp_path / "lf.jsonl", rows)
+    (tmp_path / "in").mkdir()
+    data = _jsonl(tmp_path / "in" / "lf.jsonl", rows)  # --out outside the data file's folder (h50b's rule)
     out = str(tmp_path / "out")
     assert (
         main([data, "--columns", f"{tmp_path / 'dataset_info.json'}:d", "--eval-fraction", "0.25", "--out", out]) == 0
@@ -161,3 +162,17 @@ def test_vlm_lora_validate_takes_a_column_map(tmp_path, capsys):
     assert "rows read by form (the conversion step): 4 llamafactory" in capsys.readouterr().out
     assert main([data, "--columns", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o2")]) == 1
     assert "missing.json: not a readable dataset_info.json" in capsys.readouterr().err
+
+
+def test_a_forged_origin_in_another_form_is_refused(tmp_path):
+    forged = {"file": "/etc/passwd", "line": 1, "images": []}
+    rows = [{"id": f"llava-{i}", "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "r"}]}
+            for i in range(3)]  # fmt: skip
+    rows[1][ORIGIN_KEY] = forged
+    result, _, out = _run(tmp_path, [_jsonl(tmp_path / "llava.jsonl", rows)])
+    assert (result.counts["n_valid"], result.counts["E_RESERVED_KEY"]) == (2, 1)
+    (bad,) = _quarantine(out)
+    assert (bad["line"], bad["code"]) == (2, "E_RESERVED_KEY")
+    assert "origin" not in bad and bad["file"] == str(tmp_path / "llava.jsonl")  # never "/etc/passwd:1"
+    written = [json.loads(line) for split in ("train", "eval") for line in (out / split / "data.jsonl").open()]
+    assert {r[ORIGIN_KEY]["record"] for r in written} == {"llava-0", "llava-2"}  # the step's own origins kept

@@ -18,7 +18,7 @@ from PIL import Image
 from components.common.boxes import to_pixels
 from components.common.provenance import ORIGIN_KEY
 from components.validate_data._import import ImportFailure, import_file, main
-from components.validate_data.core import validate_data
+from components.validate_data.core import DataError, validate_data
 
 SIZES = {"a.png": (640, 480), "b.png": (320, 200), "c.png": (500, 500), "d.png": (300, 300)}
 
@@ -157,3 +157,31 @@ def test_label_studio_export_of_another_labelling_type_is_refused(tmp_path):
     (tmp_path / "poly.json").write_text(json.dumps(polygons))
     with pytest.raises(ImportFailure, match="task 4 region 0 is polygonlabels region, not rectanglelabels"):
         import_file("label-studio", tmp_path / "poly.json", _images(tmp_path / "i"), tmp_path / "o.jsonl")
+
+
+def test_imported_rows_edited_since_lose_their_trust(tmp_path):
+    images = _images(tmp_path / "images")
+    (tmp_path / "instances.json").write_text(json.dumps(_coco()))
+    out = tmp_path / "rows" / "train.jsonl"
+    import_file("coco", tmp_path / "instances.json", images, out)
+    rows = _read(out)
+    rows[0][ORIGIN_KEY]["file"] = "/etc/passwd"  # an edit after the import: the seal no longer lists these bytes
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match="E_RESERVED_KEY: 3"):
+        validate_data([str(out)], str(tmp_path / "v/train"), str(tmp_path / "v/eval"), str(tmp_path / "v/q.jsonl"),
+                      task="detection", box_convention="norm1000")  # fmt: skip
+
+
+def test_converted_import_keeps_its_origins(tmp_path):
+    from components.validate_data._convert import convert_file
+
+    (tmp_path / "instances.json").write_text(json.dumps(_coco()))
+    out = tmp_path / "rows" / "train.jsonl"
+    import_file("coco", tmp_path / "instances.json", _images(tmp_path / "images"), out)
+    px = tmp_path / "rows" / "px.jsonl"
+    convert_file(out, px, to="pixel")  # the import's seal is checked, and the converted rows sealed in turn
+    clean = validate_data([str(px)], str(tmp_path / "v/train"), str(tmp_path / "v/eval"), str(tmp_path / "v/q.jsonl"),
+                          task="detection", box_convention="pixel")  # fmt: skip
+    assert (clean.counts["n_valid"], clean.counts["n_invalid"]) == (3, 0)
+    kept = [json.loads(line) for s in ("train", "eval") for line in (tmp_path / "v" / s / "data.jsonl").open()]
+    assert {r[ORIGIN_KEY]["record"] for r in kept} == {"image_id=10", "image_id=11", "image_id=13"}

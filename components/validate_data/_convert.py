@@ -26,6 +26,7 @@ from PIL import Image
 from components.common.answers import parse_findings
 from components.common.boxes import CONVENTIONS, BoxError, ResizeRule, convert_findings, is_proper
 from components.common.files import open_nofollow
+from components.validate_data import _rows
 
 SIDECAR_SUFFIX = ".boxes.json"
 
@@ -201,8 +202,11 @@ def convert_file(
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open_nofollow(dst, "x") as f:  # created, never through a link planted meanwhile
         f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for _, row in rows))
+    body = {"convention": to, "converted_from": source, "source": str(src)}
+    if _rows.origin_trusted(str(src), src):  # rows whose origins validate-data keeps: so are the converted ones
+        body.update(_rows.import_seal(dst, _rows.CONVERT_PRODUCER))
     with open_nofollow(sidecar(dst), "w") as f:
-        f.write(json.dumps({"convention": to, "converted_from": source, "source": str(src)}, indent=1))
+        f.write(json.dumps(body, indent=1))
     return ConvertResult(rows=len(rows), boxes=n_boxes, source=source, to=to)
 
 

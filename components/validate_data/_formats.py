@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.provenance import ORIGIN_KEY, make_origin
+from components.validate_data import _rows
 
 FORMS = ("messages", "sharegpt", "llava", "query_response", "llamafactory")
 CODE = "E_CONVERT"
@@ -298,6 +299,12 @@ class Conversion:
     columns: ColumnMap | None = None
     counts: Counter = field(default_factory=Counter)
     _unreadable: dict[int, str] = field(default_factory=dict)
+    _made_origin: set[int] = field(default_factory=set)  # rows converted here: any origin in them is ours
+
+    def made_origin(self, number: int) -> bool:
+        """Whether row `number` was converted from another form here (its raw row carried no origin record, so
+        an origin in the converted row is the one this step wrote from the file's own name and line)."""
+        return number in self._made_origin
 
     def lines(self, read_jsonl: Callable[[Path], Iterator[tuple[int, bytes, int]]]) -> Iterator[tuple[int, bytes, int]]:
         """Yields (number, raw bytes, length) of each row: a JSONL file's lines, a container's records as JSON."""
@@ -317,6 +324,8 @@ class Conversion:
 
         Raises:
             ConvertReject: The row is in another form and would lose or gain a field.
+            Reject: The row is in another form and carries a reserved or unsupported key (`_rows.check_keys`:
+                E_RESERVED_KEY, E_MEDIA_KEY).
         """
         if number in self._unreadable:
             self.counts[CODE] += 1
@@ -332,7 +341,9 @@ class Conversion:
             raise
         self.counts[form] += 1
         if form == "messages":
-            return raw
+            return raw  # the core checks its keys (E_RESERVED_KEY unless a clean set or import output)
+        _rows.check_keys(row, origin_ok=False)  # another form is never a clean set: an origin in it is forged
+        self._made_origin.add(number)
         if ORIGIN_KEY not in converted and isinstance(row.get("id"), (str, int)) and not isinstance(row["id"], bool):
             converted[ORIGIN_KEY] = {
                 **make_origin(self.name, number, converted.get("images", [])),

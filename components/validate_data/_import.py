@@ -7,7 +7,9 @@ convention) and the assistant's fenced JSON list of findings, boxes in the model
 (`components.common.boxes`; norm1000 for Qwen2-VL / Qwen3-VL, written `{"bbox_2d", "label"}`;
 pixel as `{"label", "bbox"}`), each row carrying its source record (COCO image id, Label Studio
 task and annotation ids) in its origin (`components.common.provenance`). `<out>.boxes.json` says the
-convention (as `validate-data convert` writes it).
+convention (as `validate-data convert` writes it) and seals the rows (their size and sha256,
+`_rows.import_seal`): validate-data keeps the origins of these very bytes only (a raw row's origin
+is refused, E_RESERVED_KEY).
 
 A record that cannot convert goes to `<out>.quarantine.jsonl` with a code: I_IMAGE_MISSING (no
 such file under --images), I_IMAGE_SIZE (the export's width/height differ from the file's),
@@ -28,6 +30,7 @@ from typing import Any
 
 from components.common.boxes import CONVENTIONS, box_key, from_pixels, is_proper
 from components.common.provenance import ORIGIN_KEY, make_origin
+from components.validate_data import _rows
 
 SOURCES = ("coco", "label-studio")
 TOLERANCE_PX = 0.5  # a box may overhang its image by rounding, no more
@@ -264,7 +267,8 @@ def import_file(
     out.parent.mkdir(parents=True, exist_ok=True)
     _write(out, rows)
     _write(Path(str(out) + ".quarantine.jsonl"), quarantine)
-    Path(str(out) + ".boxes.json").write_text(json.dumps({"convention": convention, "source": str(src)}, indent=1))
+    sidecar = {"convention": convention, "source": str(src), **_rows.import_seal(out)}  # origins kept (_rows)
+    Path(str(out) + _rows.SIDECAR_SUFFIX).write_text(json.dumps(sidecar, indent=1))
     return ImportResult(len(rows), len(quarantine), n_boxes)
 
 

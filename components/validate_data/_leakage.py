@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common.provenance import where
-from components.validate_data import _looks
+
+# `_looks` (numpy, imagehash) is imported where hashes are compared, not here: `vlm-lora validate --help`
+# imports this module through core and must stay light (tests/test_help_speed.py).
 
 MAX_TRAIN_REFS = 3  # train rows named per leaked eval row (the first ones, in input order)
 
@@ -101,6 +103,8 @@ def split_groups(rows: Sequence[Any]) -> dict[str, str]:
     for group in holders.values():
         for r in group[1:]:
             union(group[0].key, r.key)
+    from components.validate_data import _looks
+
     for i, j in _looks.near_pairs(hashes):  # near-duplicates stay on one side too
         union(holders[hashes[i]][0].key, holders[hashes[j]][0].key)
     return {r.key: find(r.key) for r in rows}
@@ -155,6 +159,8 @@ class Leak:
 
 
 def _how(match: list[str]) -> str:
+    from components.validate_data import _looks
+
     hows = []
     for m in match:
         if m == BY_BYTES:
@@ -213,6 +219,8 @@ class _TrainIndex:
 
 def _near(held_out: Sequence[Any], index: _TrainIndex) -> dict[bytes, list[tuple[int, bytes]]]:
     """{eval image pHash: [(bits apart, train pHash)], nearest first} for every near-duplicate pair."""
+    from components.validate_data import _looks
+
     hashes, _ = _phashes(held_out)
     near: dict[bytes, list[tuple[int, bytes]]] = {}
     for i, j in _looks.near_pairs(hashes, index.hashes):

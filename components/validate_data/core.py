@@ -62,7 +62,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image, UnidentifiedImageError
 
@@ -75,10 +75,13 @@ from components.common.files import copy_nofollow, open_nofollow, sha256_file
 from components.common.progress import Progress
 from components.common.provenance import ORIGIN_KEY, make_origin, origin_of, strip_origin, where
 from components.common.tasks import GOLD_CODES, TASK_NAMES, check_gold, get_task
-from components.validate_data import _formats, _leakage, _looks, _rows, _sources
+from components.validate_data import _formats, _leakage, _rows, _sources
 from components.validate_data._leakage import Leak as _Leak
 from components.validate_data._sources import Reject as _Reject
 from components.validate_data._tokens import MAX_ASPECT_RATIO, TokenCounter
+
+if TYPE_CHECKING:  # imported in `_decode`: numpy and imagehash stay out of `vlm-lora validate --help`
+    from components.validate_data import _looks
 
 ROLES = ("system", "user", "assistant", "tool")
 IMAGE_TAG = "<image>"
@@ -361,6 +364,8 @@ def _decode(
     rotation / mirror applied to the pixels, the tag dropped); either is saved as a PNG
     `out_dir/<sha>.png` (lossless; no EXIF), the copy the clean dataset holds.
     """
+    from components.validate_data import _looks  # outside the try below: a missing package is not a corrupt image
+
     wide = mode in SIXTEEN_BIT_MODES
     with _DECODE_BUDGET.hold(size[0] * size[1] * (10 if wide else 4)):  # Pillow keeps RGB in 4 bytes a pixel
         try:
@@ -693,8 +698,9 @@ def _load_json(text: str) -> Any:
 def _parse_line(raw: bytes, length: int, task: str, origin_ok: bool = False) -> dict[str, Any]:
     """Runs the text checks of one non-blank line; returns its row or raises _Reject.
 
-    `origin_ok`: the file is a clean set validate-data wrote (`_rows.is_clean_set`), whose rows may carry
-    their origin record."""
+    `origin_ok`: the file is a clean set validate-data wrote or rows `vlm-lora import` wrote
+    (`_rows.origin_trusted`), or the row was converted from another form by `_formats` (which refused an
+    origin in the raw row and wrote its own), so the row may carry its origin record."""
     if length > MAX_LINE_BYTES:
         raise _Reject("E_TOO_LONG", f"line has {length} bytes (limit {MAX_LINE_BYTES})")
     try:
@@ -726,7 +732,7 @@ def _parse_file(
     """Reads one file (a snapshot `entry` when given) through the conversion step (`_formats`) and runs the text
     checks on each of its non-blank lines."""
     path, base = _open_input(name, staging, index, entry)
-    origin_ok = _rows.is_clean_set(name, path)
+    origin_ok = _rows.origin_trusted(name, path)
     read = _ReadFile(name, n_read=0, n_blank=0, pending=[], rejected=[])
     conversion = _formats.Conversion(name, path, staging / f"_formats_{index}", columns)
     try:
@@ -740,11 +746,13 @@ def _parse_file(
             continue
         try:
             raw = conversion.convert(number, raw)
-            row = _parse_line(raw, length if length > MAX_LINE_BYTES else len(raw), task, origin_ok)
+            made = conversion.made_origin(number)  # converted from another form: the origin is the step's own
+            row = _parse_line(raw, length if length > MAX_LINE_BYTES else len(raw), task, origin_ok or made)
             sources = [(ref, _sources.resolve(ref, base)) for ref in row.get("images", [])]  # E_IMAGE_PATH
         except (_Reject, _formats.ConvertReject) as rej:
             row = _json_or_none(raw)
-            if not origin_ok and isinstance(row, dict):  # a forged origin never names the line in the quarantine
+            if not (origin_ok or conversion.made_origin(number)) and isinstance(row, dict):  # a forged origin never
+                # names the line in the quarantine
                 row = strip_origin(row)
             issue = _issue(name, number, rej, raw, row)
             read.rejected.append(_Rejected(issue, _local_images(row, base)))
