@@ -121,3 +121,17 @@ def test_the_pods_command_names_a_model_folder_without_config_json(tmp_path, cap
     ]
     assert main(args) == 1
     assert "base model folder has no config.json; stage the model first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf", "nan"])
+def test_the_pods_command_refuses_a_checkpoint_interval_that_is_not_positive_seconds(tmp_path, capsys, value):
+    from components.train_lora.__main__ import main
+
+    args = ["--model", str(tmp_path), "--train", str(tmp_path), "--adapter", str(tmp_path / "a"),
+            "--checkpoint-interval-s", value]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--checkpoint-interval-s: expected a positive number of seconds, got {value!r}" in err
+    assert "Traceback" not in err and not (tmp_path / "a").exists()

@@ -27,7 +27,10 @@ from tests.cpu_training import cpu_swift_args
 from tests.test_gke_launch import pod_env
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 6
+STEPS = 8
+# seconds between durable-copy looks: at 0.25 a checkpoint is complete on both nodes ~1 s after it is saved, while
+# a step takes ~1 s; at the default 5 s training ended first and the kill came too late (CI, 2026-12-01)
+INTERVAL_S = "0.25"
 NAME = "run-1"
 
 
@@ -115,7 +118,8 @@ def _start_nodes(tmp_path: Path, hosts: Path, model: Path, durable: Path, tag: s
     for index in range(2):
         env = {**os.environ, "PYTHONPATH": str(ROOT), **pod_env(manifest, index)}
         env.pop("CLUSTER_SPEC", None)
-        cmd = [*_namespaced(hosts), sys.executable, *container["command"][1:], *container["args"]]
+        cmd = [*_namespaced(hosts), sys.executable, *container["command"][1:], *container["args"],
+               "--checkpoint-interval-s", INTERVAL_S]  # fmt: skip
         with open(tmp_path / f"{tag}-node{index}.log", "w") as log:
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))  # fmt: skip

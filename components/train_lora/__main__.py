@@ -43,6 +43,16 @@ def _write_whole(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m components.train_lora", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="staged base model folder")
@@ -56,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preflight", default="fail", choices=("fail", "warn", "off"))
     p.add_argument("--job-env", default="{}", help="extra environment of the job (NCCL_*, ...) as a JSON object")
     p.add_argument("--result", default="", help="JSON of the run written by the chief (and <result>.html)")
+    p.add_argument("--checkpoint-interval-s", type=_positive_seconds, default=5.0,
+                   help="seconds between looks for swift's finished checkpoints to copy durably (default 5)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -82,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             expected_gpus=args.expected_gpus,
             preflight=args.preflight,
             job_env=job_env,
+            checkpoint_interval_s=args.checkpoint_interval_s,
         )
     except TrainError as exc:
         print(f"train-lora: {exc}", file=sys.stderr, flush=True)
