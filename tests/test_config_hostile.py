@@ -279,7 +279,7 @@ def test_local_dir_problem_unwritable_folder(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()
     real_access = os.access
-    monkeypatch.setattr(config.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
     problem = config.local_dir_problem(str(ro / "runs"))
     assert f"{str(ro)!r} is not writable by this user" in problem
     assert config.local_dir_problem(str(ro / "runs"), writable=False) is None
@@ -295,7 +295,7 @@ def test_check_local_dirs_names_the_key_its_line_or_the_option(tmp_path, monkeyp
     path = write(tmp_path, text)
     cfg = load_config(path)  # loading does not check writability: the run may happen elsewhere
     real_access = os.access
-    monkeypatch.setattr(config.os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
     with pytest.raises(ConfigError, match=rf"^{path}:{line_of(text, 'root:')}: 'pipeline.root' .* is not writable"):
         config.check_local_dirs(cfg)
     with pytest.raises(ConfigError, match=r"^--root .* is not writable"):

@@ -27,7 +27,8 @@ import yaml
 
 from components.common import secrets
 from pipelines import _config_secrets
-from pipelines.config import _SECTIONS, ConfigError, load_config, parse_overrides, shipped_configs
+from pipelines.config import ConfigError, load_config, parse_overrides, shipped_configs
+from pipelines.config._schema import SECTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -132,7 +133,7 @@ def test_every_string_of_the_shipped_configs_with_each_kind_is_refused_unechoed(
 def _schema_fields() -> list[tuple[str, typing.Any]]:
     """Every string, list-of-strings and mapping field of every section of the schema."""
     out = []
-    for section, cls in _SECTIONS.items():
+    for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             tp = hints[f.name]

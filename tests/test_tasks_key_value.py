@@ -28,10 +28,10 @@ def test_registered_once_with_f1_metrics():
 
 def test_config_and_validate_data_read_the_registry():
     from components.validate_data import core as validate_core
-    from pipelines import config
+    from pipelines.config import _inputs
 
     assert validate_core.TASKS == TASK_NAMES
-    assert config.TASK_NAMES is TASK_NAMES
+    assert _inputs.TASK_NAMES is TASK_NAMES
 
 
 @pytest.mark.parametrize(

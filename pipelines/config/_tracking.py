@@ -1,0 +1,80 @@
+"""The `tracking` section: the MLflow server results go to (`components.common.tracking`, docs/tracking.md).
+
+`swift.report_to` names only what the images can serve (W&B is refused here, not in the GPU job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from components.common.tracking import ENV_EXPERIMENT, ENV_REQUIRED, ENV_URI, Settings, report_to_problem, uri_problem
+from pipelines.config._errors import ConfigError, Where
+
+
+@dataclass(frozen=True)
+class TrackingSection:
+    """Where results are tracked besides Vertex Experiments and TensorBoard (docs/tracking.md).
+
+    Attributes:
+        mlflow_uri: MLflow tracking server, http(s)://host[:port]: train-lora's curves (ms-swift's
+            report_to mlflow), evaluate's figures, the data snapshot and the lineage go to one run per
+            adapter. `environment.MLFLOW_TRACKING_URI` sets it too. "" = no MLflow. Default "".
+        experiment: MLflow experiment; "" = pipeline.name. `environment.MLFLOW_EXPERIMENT_NAME`
+            sets it too. Default "".
+        required: An MLflow server that cannot be reached stops the run before training (true), or
+            is one warning line and the run goes on without MLflow (false). Default true.
+    """
+
+    mlflow_uri: str = ""
+    experiment: str = ""
+    required: bool = True
+
+    def settings(self, pipeline_name: str) -> Settings:
+        """The components' tracking settings (`components.common.tracking.Settings`)."""
+        return Settings(self.mlflow_uri, self.experiment or pipeline_name, self.required)
+
+
+def check_tracking(
+    t: TrackingSection, environment: Mapping[str, Any], swift: Mapping[str, Any], where: Where
+) -> TrackingSection:
+    """Checks the `tracking` section and `swift.report_to`; folds environment.MLFLOW_* into `tracking`.
+
+    Args:
+        t: The `tracking` section as read.
+        environment: The `environment` section.
+        swift: The `swift` section.
+        where: `file:line` of a dotted key.
+
+    Returns:
+        The `tracking` section holding what the environment section set.
+
+    Raises:
+        ConfigError: A tracking URI that is not an http(s) server or holds credentials, a
+            `report_to` the images cannot serve (W&B and the like, or mlflow without a URI),
+            environment.MLFLOW_* that differ from `tracking`, or VLM_LORA_TRACKING_REQUIRED set by hand.
+    """
+    values = {"mlflow_uri": t.mlflow_uri, "experiment": t.experiment}
+    if ENV_REQUIRED in environment:
+        key = f"environment.{ENV_REQUIRED}"
+        raise ConfigError(f"{where(key)}: '{key}' is set by the pipeline; use tracking.required instead")
+    for name, var in (("mlflow_uri", ENV_URI), ("experiment", ENV_EXPERIMENT)):
+        if var not in environment:
+            continue
+        value = str(environment[var])
+        if values[name] and values[name] != value:
+            key = f"environment.{var}"
+            raise ConfigError(f"{where(key)}: '{key}' differs from 'tracking.{name}'; set only one of them")
+        values[name] = value
+    if values["mlflow_uri"]:
+        key = "tracking.mlflow_uri" if t.mlflow_uri else f"environment.{ENV_URI}"
+        problem = uri_problem(values["mlflow_uri"])
+        if problem:
+            raise ConfigError(f"{where(key)}: '{key}': {problem}")
+    if "report_to" in swift:
+        problem = report_to_problem(swift["report_to"], values["mlflow_uri"])
+        if problem:
+            raise ConfigError(f"{where('swift.report_to')}: 'swift.report_to' {problem}")
+    return dataclasses.replace(t, **values)
