@@ -51,7 +51,7 @@ def check_objects(row: dict[str, Any]) -> None:
     "bbox_type": "real" (pixels, default) | "norm1" ([0, 1]), "image_id": [int]}, one `<ref-object>` per ref and
     one `<bbox>` per box in the messages (ms-swift fills them in order and leaves extra tags as text).
 
-    Box ranges against the image are checked later (`BoxCheck.check_objects`), once the image size is known.
+    Box ranges against the image are checked later (`_row_checks.check_object_boxes`), once the image size is known.
     """
     objects = row["objects"]
     if not isinstance(objects, dict):

@@ -47,7 +47,7 @@ def handle_leaks(
     """Finds the eval rows a train row gives away (`_leakage.find_leaks`) and applies the leakage setting.
 
     quarantine and error: each leaked eval row goes to `rejected` (E_LEAK, naming the train
-    rows' file:line); error then fails the run in `_enforce_policy`. warn: the rows stay in
+    rows' file:line); error then fails the run in `core._enforce_policy`. warn: the rows stay in
     eval, each named in a warning. Returns (the eval rows kept, the leaks).
     """
     leaks = _leakage.find_leaks(train, held_out)

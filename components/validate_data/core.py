@@ -43,6 +43,12 @@ counts these images. Token counts are what ms-swift
 encodes: the text through the model's tokenizer, the images at the size ms-swift resizes them
 to (`max_pixels`, then smart resize; see `_tokens.py`). An HTML report (`_report.py`) shows the
 counts, distributions and the first errors with thumbnails.
+
+The phases, one module each, run in order by `_validate`: `_read` (files, lines and the text
+checks; a row's shape in `_schema`), `_paths` (no output may hold an input or an image),
+`_images` (inspection and decoding), `_row_checks` (boxes, tokens, duplicates), `_split` (the
+split and leaked eval rows), `_write` (the quarantine, both datasets, the lineage) and `_report`;
+the records they pass on are in `types`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The records of a validate-data run: its check codes, errors, results and the rows between phases.
 
-Shared by the phases (`_read`, `_images`, `_row_checks`, `split_rows`, `_write`), the run (`core`) and
+Shared by the phases (`_read`, `_images`, `_row_checks`, `_split`, `_write`), the run (`core`) and
 the report (`_report`), which import these and not each other.
 """
 
@@ -151,7 +151,7 @@ class InspectedImage:
     """One inspected image: its local file, content hash and header facts (of the upright image).
 
     `exif_orientation` is the source's EXIF Orientation (1 = upright); when it is not 1, `path`
-    is the upright copy that the clean dataset holds (`_decode`).
+    is the upright copy that the clean dataset holds (`_images._decode`).
     """
 
     path: Path
