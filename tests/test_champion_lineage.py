@@ -14,7 +14,8 @@ import pytest
 from components.common import snapshot as snap
 from components.common.snapshot import LINEAGE_FILE, SnapshotError
 from components.snapshot_data.core import snapshot_data
-from components.validate_data.core import DataError, validate_snapshot
+from components.validate_data.core import validate_snapshot
+from components.validate_data.types import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,8 @@ from PIL import Image
 
 from components.common.provenance import ORIGIN_KEY
 from components.validate_data import _formats
-from components.validate_data.core import DataError, validate_data
+from components.validate_data.core import validate_data
+from components.validate_data.types import DataError
 
 
 def _png(path: Path, shade: int) -> Path:

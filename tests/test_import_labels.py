@@ -18,7 +18,8 @@ from PIL import Image
 from components.common.boxes import to_pixels
 from components.common.provenance import ORIGIN_KEY
 from components.validate_data._import import ImportFailure, import_file, main
-from components.validate_data.core import DataError, validate_data
+from components.validate_data.core import validate_data
+from components.validate_data.types import DataError
 
 SIZES = {"a.png": (640, 480), "b.png": (320, 200), "c.png": (500, 500), "d.png": (300, 300)}
 

@@ -22,7 +22,7 @@ from components.common.lock import LockError, hold_folder
 from components.common.provenance import ORIGIN_KEY
 from components.snapshot_data.core import resolve_sources
 from components.validate_data import _sources
-from components.validate_data.core import DataError
+from components.validate_data.types import DataError
 from tests.test_validate_data import Run, good_rows, line, png, read_jsonl, row, write_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,13 +183,13 @@ def test_open_nofollow_refuses_a_link_and_writes_plain_files(tmp_path):
 
 def test_validate_data_temporary_files_are_never_written_through_a_link(data, run, monkeypatch):
     """A link planted at the quarantine's temporary name: the write is refused, the target untouched."""
-    from components.validate_data import core
+    from components.validate_data import _write
 
     victim = data.parent / "precious.txt"
     victim.write_text("keep me\n")
     path = write_lines(data / "train.jsonl", [line(r) for r in good_rows()] + ["{broken"])
     run.quarantine.parent.mkdir(parents=True)
-    core._temp_name(run.quarantine).symlink_to(victim)
+    _write.temp_name(run.quarantine).symlink_to(victim)
     with pytest.raises(SymlinkRefused):
         run([path], max_invalid_fraction=0.5)
     assert victim.read_text() == "keep me\n"

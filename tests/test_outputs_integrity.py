@@ -129,14 +129,14 @@ def test_a_second_writer_is_refused_by_name_while_the_first_holds_the_folder(tmp
 
 _KILL_AFTER_COPIES = """
 import os, signal, sys
-from components.validate_data import core
+from components.validate_data import _write
 copies = []
-def copy_then_die(src, dst, _copy=core._copy_file):
+def copy_then_die(src, dst, _copy=_write.copy_file):
     _copy(src, dst)
     copies.append(dst)
     if len(copies) == 5:
         os.kill(os.getpid(), signal.SIGKILL)
-core._copy_file = copy_then_die
+_write.copy_file = copy_then_die
 from components.validate_data.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -236,7 +236,7 @@ def test_readers_given_the_recorded_digest_refuse_a_removed_or_edited_marker(val
 
 
 def test_a_failed_write_leaves_the_previous_output_and_no_staging(validated, tmp_path, monkeypatch):
-    from components.validate_data import core
+    from components.validate_data import _write
 
     before = verify_manifest(validated / "train")["files"]
     data = _dataset(tmp_path / "other", 10, 3, "O")
@@ -244,7 +244,7 @@ def test_a_failed_write_leaves_the_previous_output_and_no_staging(validated, tmp
     def broken_copy(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(core, "_copy_file", broken_copy)
+    monkeypatch.setattr(_write, "copy_file", broken_copy)
     with pytest.raises(OSError, match="No space left"):
         validate_data([str(data[0])], str(validated / "train"), str(validated / "eval"), str(validated / "q.jsonl"),
                       [str(data[1])])  # fmt: skip

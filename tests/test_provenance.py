@@ -14,7 +14,7 @@ import pytest
 
 from components.common.provenance import ORIGIN_KEY, image_name, origin_of, where
 from components.train_lora.core import materialize_dataset
-from components.validate_data.core import DataError
+from components.validate_data.types import DataError
 from tests.test_validate_data import Run, fenced, line, png, read_jsonl, row, write_lines
 
 

@@ -18,7 +18,7 @@ from components.common import snapshot as snap
 from components.common.tasks import Geometry
 from components.snapshot_data.core import SnapshotError, snapshot_data
 from components.validate_data._regression import EmptyRegressionSet, validate_regression, validate_regression_snapshot
-from components.validate_data.core import DataError
+from components.validate_data.types import DataError
 from pipelines.config import ConfigError, load_config
 from pipelines.demo import drawings
 

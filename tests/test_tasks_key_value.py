@@ -27,10 +27,10 @@ def test_registered_once_with_f1_metrics():
 
 
 def test_config_and_validate_data_read_the_registry():
-    from components.validate_data import core as validate_core
+    from components.validate_data import types as validate_types
     from pipelines.config import _inputs
 
-    assert validate_core.TASKS == TASK_NAMES
+    assert validate_types.TASKS == TASK_NAMES
     assert _inputs.TASK_NAMES is TASK_NAMES
 
 

@@ -12,8 +12,10 @@ import pytest
 from PIL import Image
 
 from components.common.provenance import ORIGIN_KEY
-from components.validate_data import core
-from components.validate_data.core import CODES, DataError, split_key, validate_data
+from components.validate_data import _images, _read, _row_checks, _split, core
+from components.validate_data._split import split_key
+from components.validate_data.core import validate_data
+from components.validate_data.types import CODES, DataError, LineAccountingError
 
 # --- helpers -----------------------------------------------------------------------
 
@@ -178,7 +180,7 @@ def test_every_code_has_a_bad_line(data):
 
 @pytest.mark.parametrize("code", [c for c in CODES if c not in OTHER_SETUP])
 def test_each_check_fires_on_its_own_line(data, run, monkeypatch, code):
-    monkeypatch.setattr(core, "MAX_LINE_BYTES", 300)
+    monkeypatch.setattr(_read, "MAX_LINE_BYTES", 300)
     good = [line(r) for r in good_rows()]
     assert all(len(g.encode()) < 300 for g in good)
     bad = bad_lines(data)[code]
@@ -214,7 +216,7 @@ def test_each_check_fires_on_its_own_line(data, run, monkeypatch, code):
 
 
 def test_messages_name_the_problem(data, run, monkeypatch):
-    monkeypatch.setattr(core, "MAX_LINE_BYTES", 300)
+    monkeypatch.setattr(_read, "MAX_LINE_BYTES", 300)
     bad = bad_lines(data)
     good = [line(r) for r in good_rows()]
     codes = list(bad)
@@ -556,23 +558,23 @@ def test_line_accounting_holds_and_skips_blank_lines(data, run, monkeypatch):
 
 
 def _drop_a_train_row(monkeypatch):
-    split = core._split
+    split = _split.split_rows
 
     def lossy_split(checked, **kwargs):
         train, held_out = split(checked, **kwargs)
         return train[1:], held_out
 
-    monkeypatch.setattr(core, "_split", lossy_split)
+    monkeypatch.setattr(_split, "split_rows", lossy_split)
 
 
 def _drop_a_rejected_row(monkeypatch):
-    check_rows = core._check_rows
+    check_rows = _row_checks.check_rows
 
     def lossy_check_rows(*args, **kwargs):
         checked, rejected = check_rows(*args, **kwargs)
         return checked, rejected[1:]
 
-    monkeypatch.setattr(core, "_check_rows", lossy_check_rows)
+    monkeypatch.setattr(_row_checks, "check_rows", lossy_check_rows)
 
 
 @pytest.mark.parametrize("lose", [_drop_a_train_row, _drop_a_rejected_row])
@@ -580,7 +582,7 @@ def test_a_lost_row_is_a_line_accounting_error(data, run, monkeypatch, lose):
     lose(monkeypatch)
     good = [line(r) for r in good_rows()]
     path = write_lines(data / "train.jsonl", good + ["", line(row("q", ["img/nope.png"]))])
-    with pytest.raises(core.LineAccountingError) as info:
+    with pytest.raises(LineAccountingError) as info:
         run([path], max_invalid_fraction=0.5)
     message = str(info.value)
     assert "5 non-blank lines read" in message and f"{path}: 6 read, 1 blank" in message
@@ -721,9 +723,9 @@ def test_changed_image_at_the_same_path_is_hashed_again(tmp_path, data):
 
 def test_unchanged_image_is_hashed_once_per_process(tmp_path, data, monkeypatch):
     hashed = []
-    sha256_file = core.sha256_file
-    monkeypatch.setattr(core, "_SHA_CACHE", {})
-    monkeypatch.setattr(core, "sha256_file", lambda path, **kw: hashed.append(path) or sha256_file(path, **kw))
+    sha256_file = _images.sha256_file
+    monkeypatch.setattr(_images, "_SHA_CACHE", {})
+    monkeypatch.setattr(_images, "sha256_file", lambda path, **kw: hashed.append(path) or sha256_file(path, **kw))
     path = write_lines(data / "train.jsonl", [line(r) for r in good_rows(8)])  # 8 rows, 4 images
     Run(tmp_path / "one")([path])
     Run(tmp_path / "two")([path])
@@ -773,10 +775,10 @@ def test_a_convention_other_than_the_models_own_is_a_warning(tmp_path):
         json.dumps({"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl"})
     )
     with pytest.warns(UserWarning, match="trained on norm1000"):
-        check = core._box_check("detection", "pixel", str(tmp_path))
+        check = _row_checks.box_check("detection", "pixel", str(tmp_path))
     assert check.convention == "pixel"
-    assert core._box_check("detection", "auto", str(tmp_path)).convention == "norm1000"
-    assert core._box_check("json", "pixel", str(tmp_path)) is None
+    assert _row_checks.box_check("detection", "auto", str(tmp_path)).convention == "norm1000"
+    assert _row_checks.box_check("json", "pixel", str(tmp_path)) is None
 
 
 # --- ms-swift's grounding form (issue #18) ---------------------------------------------

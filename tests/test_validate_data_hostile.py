@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from components.validate_data import _report, core
-from components.validate_data.core import DataError
+from components.validate_data.types import CODES, DataError
 from tests.test_validate_data import Run, fenced, good_rows, line, png, read_jsonl, row, write_lines
 
 CLI = [sys.executable, "-m", "components.validate_data"]
@@ -87,9 +87,9 @@ def test_duplicate_key_is_quarantined_and_named(data, run, key):
 
 
 def test_duplicate_key_code_is_listed_after_the_json_check():
-    codes = list(core.CODES)
+    codes = list(CODES)
     assert codes.index("E_DUPLICATE_KEY") == codes.index("E_JSON") + 1
-    assert "key" in core.CODES["E_DUPLICATE_KEY"]
+    assert "key" in CODES["E_DUPLICATE_KEY"]
 
 
 def test_same_key_in_different_objects_is_not_a_duplicate(data, run):

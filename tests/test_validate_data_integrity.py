@@ -21,7 +21,8 @@ from PIL import Image
 from components.common.provenance import ORIGIN_KEY
 from components.validate_data import core
 from components.validate_data._convert import ConvertError, convert_file
-from components.validate_data.core import DataError
+from components.validate_data._paths import check_paths
+from components.validate_data.types import DataError, Issue, ValidationResult, invalid_fraction
 from tests.test_validate_data import Run, data, good_rows, line, png, row, run, write_lines  # noqa: F401 (fixtures)
 
 CLI = [sys.executable, "-m", "components.validate_data"]
@@ -32,7 +33,7 @@ def good_lines() -> list[str]:
     return [line(r) for r in good_rows()]
 
 
-def only_issue(result: core.ValidationResult, path: Path, code: str) -> core.Issue:
+def only_issue(result: ValidationResult, path: Path, code: str) -> Issue:
     """Returns the one quarantined line (line 5 of `path`) after checking that the four good rows were kept."""
     assert [(i.file, i.line, i.code) for i in result.issues] == [(str(path), 5, code)]
     assert result.counts["n_valid"] == 4
@@ -120,7 +121,7 @@ def _check_paths_as_nobody(inputs: list[str], out: Path) -> str:
         try:
             os.setgid(65534)
             os.setuid(65534)
-            core.check_paths(inputs, train_out=str(out / "train"), eval_out=str(out / "eval"),
+            check_paths(inputs, train_out=str(out / "train"), eval_out=str(out / "eval"),
                              quarantine_out=str(out / "quarantine.jsonl"))  # fmt: skip
         except DataError as exc:
             message = str(exc)
@@ -148,7 +149,7 @@ def test_read_only_out_is_named(data):
             message = _check_paths_as_nobody([str(lines)], out)
         else:
             with pytest.raises(DataError) as caught:
-                core.check_paths([str(lines)], train_out=str(out / "train"), eval_out=str(out / "eval"),
+                check_paths([str(lines)], train_out=str(out / "train"), eval_out=str(out / "eval"),
                                  quarantine_out=str(out / "quarantine.jsonl"))  # fmt: skip
             message = str(caught.value)
     finally:
@@ -242,7 +243,7 @@ def test_leaks_do_not_count_against_max_invalid_fraction(data, run):
     evals = held_out(data, [row("q", [own_image(data, 0)]), row("q2", ["img/d0.png"])])
     result = run([train], eval_files=[str(evals)], max_invalid_fraction=0.0)  # the default: no invalid line
     assert result.counts["n_invalid"] == 1 and result.counts["E_LEAK"] == 1
-    assert core.invalid_fraction(result.counts) == 0.0
+    assert invalid_fraction(result.counts) == 0.0
 
 
 def test_leakage_error_fails_naming_both_rows(data, run):

@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from components.validate_data.core import CODES
+from components.validate_data.types import CODES
 from tests.browser import assert_not_blank, pixels_near, screenshot
 from tests.test_validate_data import Run, fenced, line, png, row, write_lines
 
@@ -91,7 +91,7 @@ def test_one_shared_image_size_is_a_labelled_dot(tmp_path):
 
 def test_token_source_names_the_model_not_its_cache_folder(tmp_path):
     from components.validate_data import _report
-    from components.validate_data.core import ValidationResult
+    from components.validate_data.types import ValidationResult
 
     counts = {"n_lines": 1, "n_valid": 1, "n_invalid": 0, "n_train": 1, "n_eval": 1, "n_images": 0}
     stats = {

@@ -8,7 +8,8 @@ import pytest
 
 from components.common import snapshot as snap
 from components.snapshot_data.core import resolve_sources
-from components.validate_data.core import DataError, snapshot_files
+from components.validate_data.core import snapshot_files
+from components.validate_data.types import DataError
 from tests.test_validate_data import Run, line, png, row, write_lines
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from PIL import Image
 
-from components.validate_data.core import DataError
+from components.validate_data.types import DataError
 from tests.test_validate_data import Run, fenced, line, png, read_jsonl, row, write_lines
 
 

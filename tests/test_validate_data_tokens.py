@@ -13,7 +13,8 @@ import pytest
 
 from components.common.boxes import ResizeRule, smart_resize
 from components.validate_data._tokens import TokenCounter, approx_text_tokens
-from components.validate_data.core import DataError, training_max_pixels
+from components.validate_data.core import training_max_pixels
+from components.validate_data.types import DataError
 from tests.test_validate_data import Run, line, png, row, write_lines
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

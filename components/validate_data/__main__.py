@@ -23,15 +23,41 @@ from pathlib import Path
 
 from components.common import cli_numbers, data_policy, manifest
 from components.common.lock import LockError, Taken, hold_folder, leftovers_of_dead_writers
-from components.validate_data.core import TASKS, DataError, check_paths, validate_data
+from components.validate_data._paths import check_paths
+from components.validate_data.core import validate_data
+from components.validate_data.types import TASKS, DataError
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the command line: parse, check DIR, then validate into it with DIR's lock held; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["convert"]:
         from components.validate_data._convert import main as convert
 
         return convert(argv[1:])
+    args = _parser().parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:  # one line, exit 2 as argparse's own usage errors
+        print(f"validate-data: {problem}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    code = _prepare_out(args, out)
+    if code:
+        return code
+    try:  # one writer per --out: a second one is refused by name (components.common.lock)
+        with hold_folder(out, "validate-data", fix=_IN_USE_FIX) as taken:
+            _clear_for_writing(out, taken)
+            code = _validate(args, out)
+            if code == 0:  # written last: DIR is complete (train/ and eval/ carry their own markers)
+                manifest.write_manifest(out, _OUT_FILES, producer="validate-data")
+            return code
+    except LockError as exc:
+        print(f"validate-data: FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Returns the command line's parser: the data, the checks, then the split and the outputs."""
     parser = cli_numbers.OneLineParser(  # a refused value is one line, exit 2 (--help shows the usage)
         prog=sys.argv[0] if sys.argv[0].startswith("vlm-lora ") else "python -m components.validate_data",
         description=__doc__.split("\n\n")[0],
@@ -59,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         "--box-convention", default="pixel", choices=("auto", "pixel", "norm1000", "resized_pixel"),
         help="what detection boxes mean (pixel); auto = the family of --model",
     )  # fmt: skip
+    _add_split_and_output_flags(parser)
+    return parser
+
+
+def _add_split_and_output_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds the split, download, leakage, layout and output flags."""
     parser.add_argument(
         "--eval-fraction",
         type=cli_numbers.any_number,  # its range: the config's rule (_argument_problem), in its words
@@ -88,13 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         help="LLaMA-Factory dataset_info.json (FILE or FILE:NAME): its sharegpt columns / tags say how rows are laid out",
     )  # fmt: skip
     parser.add_argument("--out", default="validate-data-out", help="output folder (validate-data-out)")
-    args = parser.parse_args(argv)
-    problem = _argument_problem(args)
-    if problem:  # one line, exit 2 as argparse's own usage errors
-        print(f"validate-data: {problem}", file=sys.stderr)
-        return 2
 
-    out = Path(args.out)
+
+def _prepare_out(args: argparse.Namespace, out: Path) -> int:
+    """Checks DIR before anything in it changes and creates it; returns 1 (a message printed) or 0."""
     try:  # before the old report is removed: refused here, nothing in DIR changes
         check_paths(
             args.data + args.eval, train_out=str(out / "train"), eval_out=str(out / "eval"),
@@ -113,16 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"validate-data: FAILED: --out {out}: cannot create the folder ({exc}); pass a folder you can write",
               file=sys.stderr)  # fmt: skip
         return 1
-    try:  # one writer per --out: a second one is refused by name (components.common.lock)
-        with hold_folder(out, "validate-data", fix=_IN_USE_FIX) as taken:
-            _clear_for_writing(out, taken)
-            code = _validate(args, out)
-            if code == 0:  # written last: DIR is complete (train/ and eval/ carry their own markers)
-                manifest.write_manifest(out, _OUT_FILES, producer="validate-data")
-            return code
-    except LockError as exc:
-        print(f"validate-data: FAILED: {exc}", file=sys.stderr)
-        return 1
+    return 0
 
 
 _IN_USE_FIX = "wait for it to finish, or write to another folder (--out OTHER_DIR)"

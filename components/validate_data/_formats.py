@@ -1,6 +1,6 @@
 """The conversion step: rows in the forms users already have, read as this project's messages rows.
 
-validate-data reads every input through `Conversion` (one call, in `core._parse_file`), which
+validate-data reads every input through `Conversion` (one call, in `_read.parse_file`), which
 names the form of each row and rewrites it as an ms-swift messages row before any check:
 
 - `messages`: this project's (and ms-swift's) own form, `{"messages": [{role, content}], "images": [...]}`;

@@ -4,13 +4,13 @@ A regression row (`components.common.regression`) is a task row in form (`messag
 `images`) with a `kind`: vqa, ocr or grounding. Every non-blank line ends up in the clean
 regression dataset or in the quarantine, as for the task data:
 
-* the text checks of `core._parse_file` (E_ENCODING, E_JSON, E_DUPLICATE_KEY, E_SCHEMA, E_ROLE,
+* the text checks of `_read.parse_file` (E_ENCODING, E_JSON, E_DUPLICATE_KEY, E_SCHEMA, E_ROLE,
   E_ORDER, E_IMAGE_COUNT, E_IMAGE_PATH), with no task answer check;
 * the kind and its gold answer (`regression.row_problem`): E_REGRESSION_KIND (no kind, or an
   unknown one), E_REGRESSION_GOLD (an empty gold answer; a grounding gold that is not a
   ```json list of boxes);
 * the images (E_IMAGE_*), duplicates (E_DUPLICATE) and, for grounding rows, the boxes against
-  the image in the data's box convention (E_BOX), as `core` checks them.
+  the image in the data's box convention (E_BOX), as `_row_checks` checks them.
 
 The clean set is one dataset folder (data.jsonl + images/ + its completion marker), written
 whole or not at all. A set that quarantines to nothing is `EmptyRegressionSet`, raised
@@ -32,15 +32,27 @@ from typing import Any
 
 from components.common import manifest, regression
 from components.common import snapshot as snap
-from components.validate_data import core
+from components.validate_data import _images, _read, _row_checks, _write, types
+from components.validate_data._paths import OTHER_FOLDER, check_image_paths, is_in, local_path, output_problem
 from components.validate_data._sources import Reject
 from components.validate_data._tokens import TokenCounter
+from components.validate_data.types import (
+    CheckedRow,
+    DataError,
+    Issue,
+    LineAccountingError,
+    Outputs,
+    PendingRow,
+    ReadFile,
+    RejectedLine,
+    issue_of,
+)
 
-CODES: dict[str, str] = {**core.CODES, **regression.CODES}
+CODES: dict[str, str] = {**types.CODES, **regression.CODES}
 """The codes a regression line can be quarantined with: the task rows' and the regression set's own."""
 
 
-class EmptyRegressionSet(core.DataError):
+class EmptyRegressionSet(DataError):
     """Every row of the regression set was quarantined: evaluate would have nothing to guard with."""
 
 
@@ -60,7 +72,7 @@ class RegressionResult:
     dataset_dir: str
     quarantine: str
     counts: dict[str, int]
-    issues: list[core.Issue] = field(default_factory=list)
+    issues: list[Issue] = field(default_factory=list)
     manifest_sha256: str = ""
 
     def summary(self, max_issues: int = 10) -> str:
@@ -77,39 +89,39 @@ class RegressionResult:
 
 
 def _check_outputs(files: list[str], out: str, quarantine_out: str) -> None:
-    """Refuses outputs that cannot be written, or that would overwrite an input (as `core.check_paths`)."""
+    """Refuses outputs that cannot be written, or that would overwrite an input (as `_paths.check_paths`)."""
     for arg, name, folder in (("regression_out", out, True), ("quarantine_out", quarantine_out, False)):
-        if problem := core._output_problem(name, want_folder=folder):
-            raise core.DataError(f"{arg} {name}: {problem}")
-    real_out = core._local_path(out)
-    if core._is_in(core._local_path(quarantine_out), real_out):
-        raise core.DataError(f"quarantine_out {quarantine_out} is inside regression_out {out}: {core._OTHER_FOLDER}")
+        if problem := output_problem(name, want_folder=folder):
+            raise DataError(f"{arg} {name}: {problem}")
+    real_out = local_path(out)
+    if is_in(local_path(quarantine_out), real_out):
+        raise DataError(f"quarantine_out {quarantine_out} is inside regression_out {out}: {OTHER_FOLDER}")
     for name in files:
-        if core._is_in(core._local_path(name), real_out) or core._local_path(name) == core._local_path(quarantine_out):
-            raise core.DataError(
+        if is_in(local_path(name), real_out) or local_path(name) == local_path(quarantine_out):
+            raise DataError(
                 f"{name}: this input file is (inside) an output of the regression set's validation; it would be "
-                f"overwritten while it is read: {core._OTHER_FOLDER}"
+                f"overwritten while it is read: {OTHER_FOLDER}"
             )
 
 
 def _kind_checks(
-    files: list[core._ReadFile],
-) -> tuple[list[core._Pending], list[core._Rejected]]:
+    files: list[ReadFile],
+) -> tuple[list[PendingRow], list[RejectedLine]]:
     """Splits the rows that passed the text checks by `regression.row_problem`: (pending, rejected)."""
     pending, rejected = [], []
     for read in files:
         for p in read.pending:
             if problem := regression.row_problem(p.row):
-                issue = core._issue(p.file, p.line, Reject(*problem), p.raw, p.row)
-                rejected.append(core._Rejected(issue))
+                issue = issue_of(p.file, p.line, Reject(*problem), p.raw, p.row)
+                rejected.append(RejectedLine(issue))
             else:
                 pending.append(p)
     return pending, rejected
 
 
 def _box_checks(
-    checked: list[core._CheckedRow], box_check: core._BoxCheck | None
-) -> tuple[list[core._CheckedRow], list[core._Rejected]]:
+    checked: list[CheckedRow], box_check: _row_checks.BoxCheck | None
+) -> tuple[list[CheckedRow], list[RejectedLine]]:
     """Checks the grounding rows' gold boxes against their images (E_BOX); returns (kept, rejected)."""
     kept, rejected = [], []
     for row in checked:
@@ -118,18 +130,16 @@ def _box_checks(
                 box_check.check(row.row["messages"], row.images)
             kept.append(row)
         except Reject as rej:
-            issue = core._issue(row.file, row.line, rej, row.raw, row.row)
-            rejected.append(core._Rejected(issue, [i.path for i in row.images]))
+            issue = issue_of(row.file, row.line, rej, row.raw, row.row)
+            rejected.append(RejectedLine(issue, [i.path for i in row.images]))
     return kept, rejected
 
 
-def _counts(
-    files: list[core._ReadFile], kept: list[core._CheckedRow], rejected: list[core._Rejected]
-) -> dict[str, int]:
+def _counts(files: list[ReadFile], kept: list[CheckedRow], rejected: list[RejectedLine]) -> dict[str, int]:
     """Counts lines, rows per kind and codes; checks that every non-blank line was counted once."""
     n_lines = sum(f.n_read - f.n_blank for f in files)
     if len(kept) + len(rejected) != n_lines:
-        raise core.LineAccountingError(
+        raise LineAccountingError(
             f"validate-data lost track of regression lines (a bug, not a data problem): {n_lines} non-blank lines "
             f"read but {len(kept)} valid + {len(rejected)} quarantined"
         )
@@ -152,7 +162,7 @@ def _enforce(result: RegressionResult, max_invalid_fraction: float) -> None:
         )
     fraction = c["n_invalid"] / c["n_lines"]
     if fraction > max_invalid_fraction:
-        raise core.DataError(
+        raise DataError(
             f"regression set: {c['n_invalid']} of {c['n_lines']} lines invalid ({fraction:.1%} > "
             f"max_invalid_fraction {max_invalid_fraction:.1%}); fix them or raise data.max_invalid_fraction\n"
             + result.summary()
@@ -202,7 +212,7 @@ def validate_regression(
     _check_outputs(files, out, quarantine_out)
     entries = {e["uri"]: e for e in (snapshot or {}).get("train", [])}
     if snapshot is not None and sorted(entries) != sorted(files):
-        raise core.DataError("the regression files to validate are not the snapshot's; pass its train list")
+        raise DataError("the regression files to validate are not the snapshot's; pass its train list")
     staging = Path(tempfile.mkdtemp(prefix="validate-regression-"))
     try:
         with ThreadPoolExecutor(workers or min(32, 4 * (os.cpu_count() or 1))) as pool:
@@ -219,26 +229,30 @@ def _validate(
     """Reads, checks, writes, then applies the policy (see `validate_regression`)."""
     model_dir, box_convention, max_pixels, fetch_timeout = settings
     read = [
-        core._parse_file(name, index=i, is_eval=True, task="", staging=staging, entry=entries.get(name))
+        _read.parse_file(name, index=i, is_eval=True, task="", staging=staging, entry=entries.get(name))
         for i, name in enumerate(files)
     ]
     pending, rejected = _kind_checks(read)
-    core._check_image_paths(pending, core._Outputs(out, out, quarantine, ""))
-    inspected = core._inspect_images(pending, staging=staging, timeout=fetch_timeout, pool=pool)
-    checked, rejected_rows = core._check_rows(pending, inspected, counter=TokenCounter(None, max_pixels), max_length=0)
+    check_image_paths(pending, Outputs(out, out, quarantine, ""))
+    inspected = _images.inspect_images(pending, staging=staging, timeout=fetch_timeout, pool=pool)
+    checked, rejected_rows = _row_checks.check_rows(
+        pending, inspected, counter=TokenCounter(None, max_pixels), max_length=0
+    )
     grounding = any(r.row[regression.KIND_KEY] == "grounding" for r in checked)
-    box_check = core._box_check("detection", box_convention, model_dir, max_pixels) if grounding else None
+    box_check = _row_checks.box_check("detection", box_convention, model_dir, max_pixels) if grounding else None
     kept, rejected_boxes = _box_checks(checked, box_check)
     rejected = [r for f in read for r in f.rejected] + rejected + rejected_rows + rejected_boxes
     rejected.sort(key=lambda r: (files.index(r.issue.file), r.issue.line))
     counts = _counts(read, kept, rejected)
     quarantine.parent.mkdir(parents=True, exist_ok=True)
-    core._write_text_lines(quarantine, (json.dumps(core._record(r.issue), ensure_ascii=False) + "\n" for r in rejected))
+    _write.write_text_lines(
+        quarantine, (json.dumps(_write.quarantine_record(r.issue), ensure_ascii=False) + "\n" for r in rejected)
+    )
     result = RegressionResult(str(out), str(quarantine), counts, [r.issue for r in rejected])
     _enforce(result, max_invalid_fraction)  # nothing published for a set that fails its policy
     staged = manifest.staging_folder(out)
     try:
-        core._write_dataset(kept, staged, pool)
+        _write.write_dataset(kept, staged, pool)
         result.manifest_sha256 = manifest.publish(staged, out, producer="validate-data")
     except BaseException:
         manifest.discard(staged, out)  # whole or not at all
@@ -261,9 +275,9 @@ def validate_regression_snapshot(
         DataError: No snapshot or a malformed one, or as `validate_regression`.
     """
     if not snapshot_json.strip():
-        raise core.DataError("no regression snapshot: snapshot-data found no eval.regression sources")
+        raise DataError("no regression snapshot: snapshot-data found no eval.regression sources")
     try:
         snapshot = snap.parse(snapshot_json, where="regression snapshot")
     except snap.SnapshotError as exc:
-        raise core.DataError(str(exc)) from None
+        raise DataError(str(exc)) from None
     return validate_regression([e["uri"] for e in snapshot["train"]], out, quarantine_out, snapshot=snapshot, **kwargs)

@@ -28,7 +28,7 @@ import io
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PIL import Image
 
@@ -46,9 +46,15 @@ from components.common.report import (
     render_template,
 )
 from components.common.tasks import Geometry, Shape, get_task, parse_json
-
-if TYPE_CHECKING:
-    from components.validate_data.core import Issue, ValidationResult, _CheckedRow
+from components.validate_data._formats import FORMS
+from components.validate_data.types import (
+    CODES,
+    MAX_IMAGE_PIXELS,
+    CheckedRow,
+    Issue,
+    ValidationResult,
+    invalid_fraction,
+)
 
 EXAMPLES_PER_CODE = 3
 THUMBS_PER_EXAMPLE = 4
@@ -68,8 +74,6 @@ def _thumb(path: Path) -> dict[str, str]:
     Memory stays bounded: a JPEG decodes at a reduced scale (`Image.draft`), and an image
     still above MAX_IMAGE_PIXELS (the largest that validation decodes) is not decoded.
     """
-    from components.validate_data.core import MAX_IMAGE_PIXELS
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -193,8 +197,6 @@ def _since(stats: dict[str, Any]) -> dict[str, Any] | None:
 
 def _examples(issues: list[tuple[Issue, list[Path]]]) -> list[dict[str, Any]]:
     """Returns the first EXAMPLES_PER_CODE rejected lines of each check, in check order, with thumbnails."""
-    from components.validate_data.core import CODES
-
     by_code: dict[str, list[tuple[Issue, list[Path]]]] = {}
     for issue, paths in issues:
         by_code.setdefault(issue.code, []).append((issue, paths))
@@ -233,7 +235,7 @@ def _fields(answer: str) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in data.items()] if isinstance(data, dict) else []
 
 
-def _preview(rows: list[_CheckedRow], task: str, boxes: tuple[str, ResizeRule] | None) -> list[dict[str, Any]]:
+def _preview(rows: list[CheckedRow], task: str, boxes: tuple[str, ResizeRule] | None) -> list[dict[str, Any]]:
     """Returns the first PREVIEW_ROWS valid rows as the page shows them: where, image with boxes, prompt, answer.
 
     Args:
@@ -269,7 +271,7 @@ def _bars(counts: dict[Any, list[int]], key: str, order: list[Any]) -> list[dict
              "width": round(100 * sum(counts[k]) / top, 1)} for k in order]  # fmt: skip
 
 
-def _breakdown(rows: list[_CheckedRow], task: str) -> dict[str, Any] | None:
+def _breakdown(rows: list[CheckedRow], task: str) -> dict[str, Any] | None:
     """What the valid rows' answers hold, per split (train, eval); None for a task without labels or fields.
 
     Detection: boxes per label and rows per number of boxes in the answer. key_value: rows
@@ -311,7 +313,7 @@ def _passed(c: dict[str, int], fraction_ok: bool, leakage: str) -> bool:
 def render_report(
     result: ValidationResult,
     issues: list[tuple[Issue, list[Path]]],
-    valid: list[_CheckedRow] | None = None,
+    valid: list[CheckedRow] | None = None,
     task: str = "",
     boxes: tuple[str, ResizeRule] | None = None,
 ) -> str:
@@ -329,9 +331,6 @@ def render_report(
     Returns:
         One self-contained HTML page.
     """
-    from components.validate_data._formats import FORMS
-    from components.validate_data.core import CODES, invalid_fraction
-
     c, stats = result.counts, result.stats
     allowed = stats.get("max_invalid_fraction", 0.0)
     fraction = invalid_fraction(c)

@@ -46,7 +46,7 @@ _DATA_URI_RE = re.compile(r"^data:([^;,]*)(;[^,]*)?,(.*)$", re.DOTALL)
 
 
 class Reject(Exception):
-    """A line fails a check; `code` is one of core.CODES."""
+    """A line fails a check; `code` is one of `types.CODES`."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
