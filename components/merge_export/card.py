@@ -26,8 +26,6 @@ TRAINING_FIGURES = (
     ("samples_per_second", "train samples/s"),
     ("tokens_per_second", "train tokens/s"),
 )
-
-
 # LoRA hyper-parameters of the model card: (ms-swift argument in args.json, label).
 HYPERPARAMETERS = (
     ("lora_rank", "LoRA rank"),
@@ -44,8 +42,6 @@ HYPERPARAMETERS = (
     ("torch_dtype", "dtype"),
     ("seed", "seed"),
 )
-
-
 NOT_RECORDED = "not recorded"
 
 

@@ -27,15 +27,12 @@ from components.merge_export.errors import MergeError, MergeVerificationError
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 
-
 # dtype of the stored merged weights -> (rtol relative to max |reference logit|, atol).
 LOGIT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-4, 1e-4),
     "bfloat16": (2e-2, 1e-2),
     "float16": (5e-3, 5e-3),
 }
-
-
 # Text prompts of the probe inputs (an image prompt is added when the processor takes images).
 PROBE_TEXTS = (
     "Detect the elements of this engineering drawing. Answer with a fenced JSON list.",

@@ -47,8 +47,6 @@ class _Reader:
 
 # Stored mantissa bits by dtype, and how many rounding steps an element may be off.
 _MANTISSA_BITS = {"float32": 23, "bfloat16": 7, "float16": 10}
-
-
 _STEPS_ALLOWED = {"float32": 4, "bfloat16": 1, "float16": 1}
 
 

@@ -24,10 +24,7 @@ from components.stage_model.errors import StageError
 
 log = logging.getLogger("stage_model")
 
-
 MANIFEST = "manifest.json"
-
-
 MANIFEST_VERSION = 1
 
 

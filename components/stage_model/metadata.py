@@ -59,8 +59,6 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
 
 
 _CONFIG_FIX = "restore the model's own config.json (as its hub repo or `save_pretrained` writes it)"
-
-
 _INDEX_FIX = "restore the index `save_pretrained` wrote, or delete it when the weights are one model.safetensors"
 
 
