@@ -76,7 +76,7 @@ def build_qwen3_vl_4b(out_dir: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from pipelines.demo import tiny_model
+    from pipelines.demo import tiny_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,7 +92,7 @@ def build_qwen3_vl_4b(out_dir: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(str(out), safe_serialization=True, max_shard_size="5GB")
     del model
     # Qwen3-VL-4B-Instruct's processor limits: 64K..16M px (64..16384 merged tokens)
-    tiny_model.write_tokenizer_and_processor(out, min_pixels=65536, max_pixels=16777216)
+    tiny_tokenizer.write_tokenizer_and_processor(out, min_pixels=65536, max_pixels=16777216)
     return out
 
 

@@ -134,7 +134,7 @@ def build_random_model(name: str, out_dir: str | Path, seed: int = 0, tiny: bool
     import torch
     from transformers import GenerationConfig
 
-    from pipelines.demo import tiny_model
+    from pipelines.demo import tiny_tokenizer
 
     model_type, config_dict = ARCHITECTURES[name]
     if model_type == "qwen3_vl_moe":
@@ -165,7 +165,7 @@ def build_random_model(name: str, out_dir: str | Path, seed: int = 0, tiny: bool
     if device == "cuda":
         torch.cuda.empty_cache()
     # the Qwen3-VL processors' limits: 64K..16M px (64..16384 merged tokens)
-    tiny_model.write_tokenizer_and_processor(out, min_pixels=65536, max_pixels=16777216)
+    tiny_tokenizer.write_tokenizer_and_processor(out, min_pixels=65536, max_pixels=16777216)
     return out
 
 

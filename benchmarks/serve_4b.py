@@ -5,7 +5,7 @@ Qwen3-VL-4B-Instruct architecture with random bf16 weights (benchmarks/qwen3_vl_
 child process so that this one never holds GPU memory) as a merged-model folder, or takes
 one with `--model DIR`, then:
 
-1. starts `components.deploy.core.LocalServer` on it (`swift deploy`, transformers backend,
+1. starts `components.deploy.local_server.LocalServer` on it (`swift deploy`, transformers backend,
    served name "tuned"; it uses the GPU when one is visible) and times its start-up,
 2. sends `--requests` chat requests (one 1024x1024 synthetic drawing + the detection prompt,
    from pipelines/demo/drawings.py) one at a time through the official `openai` client and
@@ -165,7 +165,7 @@ def prepare_model(args: argparse.Namespace, out: Path) -> tuple[Path, float, str
 
 def make_rows(out: Path, n: int, image_size: int) -> list[dict[str, Any]]:
     """n synthetic drawing rows (image + detection prompt) as `load_rows` gives them."""
-    from components.deploy.core import load_rows
+    from components.deploy.smoke import load_rows
     from pipelines.demo.drawings import generate_dataset
 
     data = generate_dataset(out / "rows", n_train=0, n_eval=n, image_size=image_size, seed=0)
@@ -178,7 +178,7 @@ def timed_requests(
     """Sends n chat requests one at a time (rows in turn); per request: seconds and usage."""
     import openai
 
-    from components.deploy.core import build_messages
+    from components.deploy.smoke import build_messages
 
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", timeout=timeout_s, max_retries=0)
     results = []
@@ -293,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.requests < 1 or args.max_tokens < 1:
         parser.error("--requests and --max-tokens must be >= 1")
 
-    from components.deploy.core import LocalServer, SmokeTestError, openai_ask, run_smoke
+    from components.deploy.errors import SmokeTestError
+    from components.deploy.local_server import LocalServer
+    from components.deploy.smoke import openai_ask, run_smoke
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

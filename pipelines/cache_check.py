@@ -41,7 +41,7 @@ def _changed_output(uri: str, metadata: dict[str, Any]) -> tuple[str, str] | Non
     from components.common.manifest import ManifestError, read_marker, total_bytes, verify_if_marked
 
     if _is_staged(uri):
-        from components.stage_model.core import verify_entry
+        from components.stage_model.entry import verify_entry
 
         valid, reason = verify_entry(uri)
         return None if valid else (f"{uri}/{reason.split(':', 1)[0]}", reason)

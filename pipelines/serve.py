@@ -6,7 +6,7 @@ Without `--model` it serves the newest merged model of a local run (`<root>/*/me
 merged_model`, what `make demo` makes). It prints the base URL and a ready-to-paste client
 snippet, then serves until Ctrl-C, which stops the server's whole process group. `--smoke`
 sends a few held-out rows (the same run's validated eval dataset) through the smoke test of
-`components.deploy.core` and exits 0 when every answer parses for the task, 1 otherwise.
+`components.deploy.smoke` and exits 0 when every answer parses for the task, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 from components.common import cli_numbers
-from components.deploy.core import DeployError, LocalServer, load_rows, smoke_test
+from components.deploy.errors import DeployError
+from components.deploy.local_server import LocalServer
+from components.deploy.smoke import load_rows, smoke_test
 from pipelines.cli import exit_for_missing_extra, program, require_modules
 
 SNIPPET = """\

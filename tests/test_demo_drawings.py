@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from pipelines.demo import drawings
-from pipelines.demo.drawings import LABELS, PROMPT, generate_dataset
+from pipelines.demo.drawing_render import LABELS, render_drawing
+from pipelines.demo.drawings import PROMPT, generate_dataset
 
 FENCE_START, FENCE_END = "```json\n", "\n```"
 
@@ -131,7 +132,7 @@ def test_bboxes_touch_ink(dataset):
 def test_labels_variety():
     rows = []
     for i in range(20):
-        _, findings = drawings.render_drawing(256, random.Random(i))
+        _, findings = render_drawing(256, random.Random(i))
         rows.append(findings)
     seen = {item["label"] for findings in rows for item in findings}
     assert seen == set(LABELS)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from components.deploy.container import ModelCopyError, copy_model, serving_command
-from components.deploy.core import load_rows, smoke_test, wait_healthy
+from components.deploy.local_server import wait_healthy
+from components.deploy.smoke import load_rows, smoke_test
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,18 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from components.deploy.core import (
-    LocalServer,
-    ServerNotHealthyError,
-    SmokeTestError,
-    build_deploy_command,
-    build_messages,
-    check_answer,
-    load_rows,
-    run_smoke,
-    smoke_test,
-    wait_healthy,
-)
+from components.deploy.errors import ServerNotHealthyError, SmokeTestError
+from components.deploy.local_server import LocalServer, build_deploy_command, wait_healthy
+from components.deploy.smoke import build_messages, check_answer, load_rows, run_smoke, smoke_test
 
 GOOD = '```json\n[{"label": "hole", "bbox": [1, 2, 30, 40]}]\n```'
 PROMPT = "<image>Detect the holes. Answer with a JSON list."

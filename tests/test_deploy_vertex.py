@@ -13,16 +13,8 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.types import AcceleratorType
 
-from components.deploy.core import (
-    DeployError,
-    DeployPlan,
-    EndpointLocationError,
-    SmokeTestError,
-    check_plan,
-    deploy_to_vertex,
-    shifted_split,
-    vertex_invoke_ask,
-)
+from components.deploy.core import DeployPlan, check_plan, deploy_to_vertex, shifted_split, vertex_invoke_ask
+from components.deploy.errors import DeployError, EndpointLocationError, SmokeTestError
 from components.register.core import RegisterError, build_upload_request, promote_version, register_model
 from pipelines.vertex import init_vertex
 from tests.test_vertex_submit import PARENT, api  # noqa: F401 (fixture)

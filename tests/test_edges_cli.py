@@ -76,7 +76,8 @@ def test_validate_data_quarantines_a_deep_answer_with_a_code(tmp_path):
 
 
 def test_stage_model_names_a_deeply_nested_config_json(tmp_path):
-    from components.stage_model.core import StageError, stage_model
+    from components.stage_model.core import stage_model
+    from components.stage_model.errors import StageError
     from tests.test_stage_model import make_model
 
     model = make_model(tmp_path / "src" / "tiny")

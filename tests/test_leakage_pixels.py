@@ -1,7 +1,7 @@
 """Issue 50, leakage by what the model sees: re-encoded, JPEG, edited and resized copies of a train image,
 and prompts that differ in case or spaces only, are reported as leaks (E_LEAK) by validate-data.
 
-Real `validate_data` runs on demo drawings (`pipelines.demo.drawings.render_drawing`: images with
+Real `validate_data` runs on demo drawings (`pipelines.demo.drawing_render.render_drawing`: images with
 structure, as the pHash threshold was measured on).
 """
 
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from components.validate_data import _looks
-from pipelines.demo.drawings import render_drawing
+from pipelines.demo.drawing_render import render_drawing
 from tests.test_validate_data import Run, fenced, line, row, write_lines
 
 SIZE = 256

@@ -14,17 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.merge_export import core
-from components.merge_export.core import (
-    AdapterBaseMismatch,
-    MergeError,
-    MergeVerificationError,
-    build_export_command,
-    check_adapter_base,
-    compare_logits,
-    compare_weights,
-    model_card,
-)
+from components.merge_export import core, lineage
+from components.merge_export.card import model_card, training_summary
+from components.merge_export.core import build_export_command
+from components.merge_export.errors import AdapterBaseMismatch, MergeError, MergeVerificationError
+from components.merge_export.inputs import check_adapter_base
+from components.merge_export.logits import compare_logits
+from components.merge_export.weights import compare_weights
 
 ARCH = "Qwen3VLForConditionalGeneration"
 
@@ -270,7 +266,7 @@ def test_data_lineage_carries_the_task_for_serve(tmp_path):
     adapter, out = tmp_path / "adapter", tmp_path / "merged"
     adapter.mkdir(), out.mkdir()
     (adapter / "data_snapshot.json").write_text(json.dumps({"task": "key_value", "n_rows": 8, "files": {}}))
-    data = core._data_lineage(adapter, out)
+    data = lineage.data_lineage(adapter, out)
     assert (data["task"], data["rows"]) == ("key_value", 8) and (out / "data_snapshot.json").is_file()
 
 
@@ -339,7 +335,7 @@ def _card_row(card: str, label: str) -> str:
 def test_training_summary_reads_log_history_and_args(tmp_path):
     (tmp_path / "log_history.json").write_text(json.dumps(LOG_HISTORY))
     (tmp_path / "args.json").write_text(json.dumps(ARGS))
-    summary = core.training_summary(tmp_path)
+    summary = training_summary(tmp_path)
     m = summary["metrics"]
     assert m["final_loss"] == 0.75 and m["train_loss"] == 1.25 and m["eval_loss"] == 0.9
     assert m["steps"] == 20 and m["samples_per_second"] == 3.5 and m["tokens_per_second"] == 400.0
@@ -369,7 +365,7 @@ def test_training_summary_reads_log_history_and_args(tmp_path):
 
 
 def test_training_summary_without_files_says_not_recorded(tmp_path):
-    summary = core.training_summary(tmp_path)
+    summary = training_summary(tmp_path)
     assert summary == {"metrics": {}, "hyperparameters": {}, "missing": ["log_history.json", "args.json"]}
     card = model_card({"base_model": {}, "training": summary})
     assert "no readable log_history.json or args.json" in card
@@ -387,7 +383,7 @@ def test_training_summary_without_files_says_not_recorded(tmp_path):
 def test_training_summary_with_partial_and_broken_files(tmp_path):
     (tmp_path / "log_history.json").write_text(json.dumps([{"loss": 1.5, "step": 3}]))  # no eval, no summary
     (tmp_path / "args.json").write_text("{not json")
-    summary = core.training_summary(tmp_path)
+    summary = training_summary(tmp_path)
     assert summary["missing"] == ["args.json"]
     card = model_card({"base_model": {}, "training": summary})
     assert _card_row(card, "train loss (last logged step)").endswith("| 1.5 |")
@@ -396,11 +392,11 @@ def test_training_summary_with_partial_and_broken_files(tmp_path):
     assert _card_row(card, "train tokens/s").endswith("| not recorded |")
     assert _card_row(card, "LoRA rank").endswith("| not recorded |")
     (tmp_path / "log_history.json").write_text(json.dumps({"not": "a list"}))
-    assert core.training_summary(tmp_path)["missing"] == ["log_history.json", "args.json"]
+    assert training_summary(tmp_path)["missing"] == ["log_history.json", "args.json"]
 
 
 def test_library_versions():
-    versions = core.library_versions()
+    versions = lineage.library_versions()
     assert set(versions) == {"transformers", "peft", "ms_swift", "torch"}
     assert versions["transformers"] and versions["peft"]
 

@@ -23,7 +23,8 @@ from components.common.model_fit import (
     known_model_bytes,
     smallest_fitting_profile,
 )
-from components.merge_export.core import MergeVerificationError, compare_weights
+from components.merge_export.errors import MergeVerificationError
+from components.merge_export.weights import compare_weights
 from pipelines.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -95,7 +95,8 @@ def test_the_tuned_demo_model_serves_and_its_answers_parse(first_run, tmp_path):
     through the official `openai` client, and every answer parses as a detection list."""
     import socket
 
-    from components.deploy.core import LocalServer, load_rows, smoke_test
+    from components.deploy.local_server import LocalServer
+    from components.deploy.smoke import load_rows, smoke_test
 
     run_dir = Path(first_run["run_dir"])
     rows = load_rows(run_dir / "validate-data" / "eval_dataset", limit=2)

@@ -80,7 +80,8 @@ def test_merge_export_merges_into_the_stored_base_not_the_4bit_weights(nf4_adapt
 def test_merge_refuses_a_quantised_base_and_writing_over_the_base(nf4_adapter, tmp_path):
     import shutil
 
-    from components.merge_export.core import QuantizedMergeError, merge_export
+    from components.merge_export.core import merge_export
+    from components.merge_export.errors import QuantizedMergeError
     from pipelines.demo.tiny_model import ensure_tiny_model
 
     tmp, adapter, _ = nf4_adapter
@@ -99,7 +100,7 @@ def test_merge_refuses_a_quantised_base_and_writing_over_the_base(nf4_adapter, t
 
 
 def test_bf16_adapter_view_drops_only_the_quant_arguments(tmp_path):
-    from components.merge_export.core import bf16_adapter_view
+    from components.merge_export.inputs import bf16_adapter_view
 
     adapter = tmp_path / "a"
     adapter.mkdir()

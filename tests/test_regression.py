@@ -20,7 +20,7 @@ from components.snapshot_data.core import SnapshotError, snapshot_data
 from components.validate_data._regression import EmptyRegressionSet, validate_regression, validate_regression_snapshot
 from components.validate_data.types import DataError
 from pipelines.config import ConfigError, load_config
-from pipelines.demo import drawings
+from pipelines.demo import drawing_render, drawings
 
 BOX = '```json\n[{"label": "note", "bbox": [10, 20, 50, 30]}]\n```'
 
@@ -259,7 +259,7 @@ def test_demo_regression_set_is_deterministic_valid_and_on_drawings_of_its_own(t
     rows = [json.loads(x) for x in text.splitlines()]
     assert [r["kind"] for r in rows[:3]] == ["ocr", "vqa", "grounding"]
     # the facts are those of the drawing: the part number the title block prints, the note's ink box
-    _, _, facts = drawings.render_drawing_facts(256, random.Random("drawings:0:regression:0"))
+    _, _, facts = drawing_render.render_drawing_facts(256, random.Random("drawings:0:regression:0"))
     assert rows[0]["messages"][-1]["content"] == facts["part_number"]
     assert json.loads(rows[2]["messages"][-1]["content"].split("\n")[1])[0]["bbox"] == facts["note_bbox"]
     result = validate_regression([a["regression"]], str(tmp_path / "out"), str(tmp_path / "q.jsonl"))
@@ -268,7 +268,7 @@ def test_demo_regression_set_is_deterministic_valid_and_on_drawings_of_its_own(t
 
 def test_render_drawing_is_unchanged_by_the_facts():
     """The facts draw no random numbers: the task's drawings are the bytes they were."""
-    image, findings = drawings.render_drawing(256, random.Random("drawings:0:train:3"))
-    same, same_findings, facts = drawings.render_drawing_facts(256, random.Random("drawings:0:train:3"))
+    image, findings = drawing_render.render_drawing(256, random.Random("drawings:0:train:3"))
+    same, same_findings, facts = drawing_render.render_drawing_facts(256, random.Random("drawings:0:train:3"))
     assert image.tobytes() == same.tobytes() and findings == same_findings
     assert facts["part_number"].startswith("PART-") and facts["holes"] == sum(f["label"] == "hole" for f in findings)

@@ -20,10 +20,11 @@ from PIL import Image
 
 from components.common import manifest
 from components.merge_export import core as merge_core
-from components.merge_export.core import MergeError
+from components.merge_export.errors import MergeError
 from components.snapshot_data import _hashes
 from components.snapshot_data.core import resolve_sources
-from components.stage_model.core import stage_local, verify_entry
+from components.stage_model.core import stage_local
+from components.stage_model.entry import verify_entry
 from pipelines.run import check_cache_entries
 
 ROW = b'{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "a"}], "images": ["x.png"]}\n'

@@ -366,7 +366,8 @@ def test_secret_manager_reference_is_read_over_http(secret_manager):
 
 
 def test_stage_model_resolves_the_secret_at_run_time(secret_manager, hub_server, tmp_path, capsys, caplog):
-    from components.stage_model.core import stage_model, verify_entry
+    from components.stage_model.core import stage_model
+    from components.stage_model.entry import verify_entry
     from tests.conftest import HubRepo
     from tests.test_stage_model import make_model
 

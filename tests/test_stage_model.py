@@ -12,17 +12,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from components.stage_model import core
-from components.stage_model.core import (
-    MANIFEST,
-    StageError,
-    check_model,
-    list_files,
-    result_summary,
-    stage_local,
-    stage_model,
-    verify_entry,
-)
+from components.stage_model import transfer
+from components.stage_model.core import result_summary, stage_local, stage_model
+from components.stage_model.entry import MANIFEST, verify_entry
+from components.stage_model.errors import StageError
+from components.stage_model.listing import list_files
+from components.stage_model.metadata import check_model
 
 ARCH = "Qwen3VLForConditionalGeneration"
 # 4*8 + 8 + 3*5 = 55 parameters, bf16-free: numpy has no bf16, so the mix is F32/F16.
@@ -579,7 +574,7 @@ def test_patterns_that_leave_nothing_fail(model, cache):
 
 
 def test_file_changed_while_copying_is_an_error(model, cache, monkeypatch):
-    real = core.sha256_file
+    real = transfer.sha256_file
     calls = {"n": 0}
 
     def sha_then_change(path):
@@ -590,7 +585,7 @@ def test_file_changed_while_copying_is_an_error(model, cache, monkeypatch):
             Path(path).write_bytes(Path(path).read_bytes() + b"x")
         return digest
 
-    monkeypatch.setattr(core, "sha256_file", sha_then_change)
+    monkeypatch.setattr(transfer, "sha256_file", sha_then_change)
     with pytest.raises(StageError, match="changed while being copied"):
         stage_local(model, cache)
     assert not list(cache.rglob(MANIFEST))

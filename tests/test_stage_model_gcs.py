@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from components.stage_model import _gcs, core
-from components.stage_model.core import MANIFEST, StageError, stage_model, verify_entry
+from components.common.files import sha256_file
+from components.stage_model import _gcs
+from components.stage_model.core import result_summary, stage_model
+from components.stage_model.entry import MANIFEST, verify_entry
+from components.stage_model.errors import StageError
+from components.stage_model.listing import crc32c_file
 from tests.test_stage_model import make_model
 
 
@@ -53,12 +57,12 @@ def test_stage_local_folder_into_gcs_then_hit(model, gcs_client, gcs_bucket):
     manifest = json.loads(stored[f"{prefix}/{MANIFEST}"])
     assert manifest == first.manifest
     for rel, info in manifest["files"].items():
-        assert info["crc32c"] == core.crc32c_file(model / rel)
-        assert info["sha256"] == core.sha256_file(model / rel)
+        assert info["crc32c"] == crc32c_file(model / rel)
+        assert info["sha256"] == sha256_file(model / rel)
     assert verify_entry(first.entry) == (True, "ok")
     # no lock or temporary objects are left behind
     assert sorted(objects(gcs_client, gcs_bucket)) == sorted(stored)
-    assert core.result_summary(first)["fuse_path"] == "/gcs/" + first.entry[len("gs://") :]
+    assert result_summary(first)["fuse_path"] == "/gcs/" + first.entry[len("gs://") :]
 
     second = stage_model(str(model), cache)
     assert second.cache_hit is True and second.bytes_copied == 0

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from components.stage_model import _gcs, core
+from components.stage_model import _gcs, _lock, transfer
+from components.stage_model import entry as entry_module
 from components.stage_model.__main__ import main
-from components.stage_model.core import MANIFEST, StageError, stage_model, verify_entry
+from components.stage_model.core import stage_model
+from components.stage_model.entry import MANIFEST, verify_entry
+from components.stage_model.errors import StageError
 from tests.test_stage_model import make_model, sha
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,13 +43,14 @@ def cache(tmp_path) -> Path:
 def hashed(monkeypatch) -> list[Path]:
     """Every path sha256-hashed by the core, resolved (to prove nothing outside the entry is read)."""
     seen: list[Path] = []
-    real = core.sha256_file
+    real = transfer.sha256_file
 
     def spy(path, *args, **kwargs):
         seen.append(Path(path).resolve())
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(core, "sha256_file", spy)
+    monkeypatch.setattr(entry_module, "sha256_file", spy)  # the entry checked
+    monkeypatch.setattr(transfer, "sha256_file", spy)  # the source hashed
     return seen
 
 
@@ -253,8 +257,8 @@ def test_lock_of_a_zombie_owner_is_taken_over_at_once(model, cache, tmp_path):
     while not Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
         time.sleep(0.01)
     lock = entry.parent / (entry.name + ".lock")
-    held = core._lock.record("zombie-run")
-    held.update(pid=zombie.pid, proc_start=core._lock.process_start(zombie.pid))
+    held = _lock.record("zombie-run")
+    held.update(pid=zombie.pid, proc_start=_lock.process_start(zombie.pid))
     lock.write_text(json.dumps(held))
     try:
         start = time.monotonic()
@@ -269,7 +273,7 @@ def test_lock_of_a_reused_pid_is_taken_over(model, cache):
     """The pid is alive but is another process now (start time differs): the owner is gone."""
     entry = Path(stage_model(str(model), str(cache)).entry)
     (entry / MANIFEST).unlink()
-    held = core._lock.record("old-run")
+    held = _lock.record("old-run")
     held["proc_start"] = held["proc_start"] - 1  # our own pid, started at another time
     (entry.parent / (entry.name + ".lock")).write_text(json.dumps(held))
     start = time.monotonic()
@@ -281,7 +285,7 @@ def test_live_lock_of_another_host_is_waited_for(model, cache):
     """Another host's pid means nothing here: only its heartbeat decides."""
     entry = Path(stage_model(str(model), str(cache)).entry)
     (entry / MANIFEST).unlink()
-    held = core._lock.record("remote-run")
+    held = _lock.record("remote-run")
     held.update(host="other-host", place="ffffffff", pid=999999)
     lock = entry.parent / (entry.name + ".lock")
     lock.write_text(json.dumps(held))
@@ -322,7 +326,7 @@ def two_stagers(cache: str, model: Path, stale_s: float, copying: threading.Even
 
 def test_short_stale_bound_keeps_a_live_local_lock(model, cache, monkeypatch):
     """The heartbeat beats faster than the stale bound, so a live holder is never taken over."""
-    copying = slow_first_put(monkeypatch, core.LocalEntry, 3.0)
+    copying = slow_first_put(monkeypatch, entry_module.LocalEntry, 3.0)
     first, second = two_stagers(str(cache), model, stale_s=1.0, copying=copying)
     assert first.cache_hit is False and second.cache_hit is True and second.bytes_copied == 0
 
@@ -353,7 +357,7 @@ def test_gcs_lock_of_a_dead_stager_on_this_host_is_taken_over_at_once(model, gcs
     gcs.bucket.blob(gcs.prefix + "/" + MANIFEST).delete()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    held = core._lock.record("dead-run")
+    held = _lock.record("dead-run")
     held.update(pid=dead.pid, proc_start=None)
     gcs.bucket.blob(gcs.prefix + ".lock").upload_from_string(json.dumps(held))
     start = time.monotonic()
@@ -395,7 +399,7 @@ def test_full_disk_while_writing_the_manifest_is_a_named_error(model, cache, mon
     def full(self, manifest, replace_generation=None):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path / MANIFEST))
 
-    monkeypatch.setattr(core.LocalEntry, "write_manifest", full)
+    monkeypatch.setattr(entry_module.LocalEntry, "write_manifest", full)
     with pytest.raises(StageError) as info:
         stage_model(str(model), str(cache))
     msg = str(info.value)

@@ -10,8 +10,10 @@ import pytest
 
 from components.common import model_sources as _sources
 from components.common.model_sources import parse_source, read_token
-from components.stage_model import core
-from components.stage_model.core import MANIFEST, StageError, result_summary, stage_model, verify_entry
+from components.stage_model import sources
+from components.stage_model.core import result_summary, stage_model
+from components.stage_model.entry import MANIFEST, verify_entry
+from components.stage_model.errors import StageError
 from tests.conftest import HubRepo
 from tests.test_stage_model import make_model
 
@@ -224,14 +226,14 @@ def test_gated_repo_with_token_succeeds_and_token_never_leaks(hub, tmp_path, mon
 
 
 def test_download_size_mismatch_is_detected(hub, tmp_path, monkeypatch):
-    real = core.resolve_hf
+    real = sources.resolve_hf
 
     def lying(spec, token):
         listing = real(spec, token)
         listing.files["config.json"] += 1
         return listing
 
-    monkeypatch.setattr(core, "resolve_hf", lying)
+    monkeypatch.setattr(sources, "resolve_hf", lying)
     with pytest.raises(StageError, match="config.json downloaded .* expected"):
         stage_model("hf://org/tiny", str(tmp_path / "cache"))
     assert not list((tmp_path / "cache").rglob(MANIFEST)) if (tmp_path / "cache").exists() else True

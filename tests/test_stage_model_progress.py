@@ -7,7 +7,7 @@ import re
 import time
 
 from components.common.progress import Progress, format_bytes, tree_bytes
-from components.stage_model import core
+from components.stage_model import transfer
 from components.stage_model.core import stage_model
 from tests.test_stage_model import make_model
 
@@ -42,7 +42,7 @@ def test_one_large_file_shows_progress_while_it_is_written(tmp_path, monkeypatch
     """With `measure`, the bytes written so far count, not only finished files."""
     lines: list[str] = []
     fast = functools.partial(Progress, every_s=0, every_fraction=0.2, emit=lines.append)
-    monkeypatch.setattr(core, "Progress", fast)
+    monkeypatch.setattr(transfer, "Progress", fast)
     folder = tmp_path / "work"
     folder.mkdir()
 
@@ -55,7 +55,7 @@ def test_one_large_file_shows_progress_while_it_is_written(tmp_path, monkeypatch
         (folder / (rel + ".incomplete")).rename(folder / rel)
         return 800
 
-    core._parallel(fetch, ["big"], 1, 800, True, "download x", measure=lambda: tree_bytes(folder), every_s=0.02)
+    transfer.parallel(fetch, ["big"], 1, 800, True, "download x", measure=lambda: tree_bytes(folder), every_s=0.02)
     done = [int(m.group(1)) for m in map(re.compile(r": (\d+) B / 800 B").search, lines) if m]
     assert done[0] == 0 and done[-1] == 800
     assert any(0 < n < 800 for n in done), lines  # seen while the one file was still being written

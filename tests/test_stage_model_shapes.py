@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from components.stage_model.core import MANIFEST, StageError, stage_model
+from components.stage_model.core import stage_model
+from components.stage_model.entry import MANIFEST
+from components.stage_model.errors import StageError
 from tests.test_stage_model import ARCH, make_model
 
 ROOT = Path(__file__).resolve().parents[1]

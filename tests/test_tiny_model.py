@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from pipelines.demo import tiny_model as tm  # noqa: E402
+from pipelines.demo import tiny_tokenizer  # noqa: E402
 
 REAL_SPECIAL_IDS = {
     "<|endoftext|>": 151643,
@@ -83,7 +84,7 @@ def test_special_token_ids(model_dir: Path):
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     text = '```json\n[{"label": "title_block", "bbox": [10, 20, 100, 200]}]\n```'
     ids = tok.encode(text, add_special_tokens=False)
-    assert max(ids) < tm.BPE_VOCAB_SIZE
+    assert max(ids) < tiny_tokenizer.BPE_VOCAB_SIZE
     assert tok.decode(ids) == text
     # Decoding arbitrary ids (what a random model emits) must not fail.
     tok.decode([0, 5000, 151642, 151643, 151700, 151935])

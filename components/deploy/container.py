@@ -23,7 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from components.deploy.core import DeployError, build_deploy_command, model_type_of, trained_max_pixels
+from components.deploy.errors import DeployError
+from components.deploy.local_server import build_deploy_command, model_type_of, trained_max_pixels
 
 DEFAULT_MODEL_DIR = "/tmp/model"
 

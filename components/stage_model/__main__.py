@@ -14,7 +14,8 @@ import logging
 import sys
 
 from components.common import cli_numbers
-from components.stage_model.core import StageError, result_summary, stage_model, verify_entry
+from components.stage_model.core import StageError, result_summary, stage_model
+from components.stage_model.entry import verify_entry
 
 
 def main(argv: list[str] | None = None) -> int:

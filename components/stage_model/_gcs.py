@@ -26,7 +26,7 @@ log = logging.getLogger("stage_model")
 
 
 class GcsEntry:
-    """A cache entry under gs://bucket/prefix/ (see LocalEntry in core.py for the contract)."""
+    """A cache entry under gs://bucket/prefix/ (see LocalEntry in entry.py for the contract)."""
 
     heartbeat_min_s = 1.0  # Cloud Storage takes about one write a second to one object name
 

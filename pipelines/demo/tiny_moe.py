@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from pipelines.demo import tiny_model as tm
+from pipelines.demo import tiny_tokenizer as tt
 
 NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
@@ -50,22 +51,22 @@ def build_tiny_moe_model(out_dir: str | Path, seed: int = 0) -> Path:
     config = Qwen3VLMoeConfig(
         text_config=text,
         vision_config=dict(tm.VISION_CONFIG),
-        image_token_id=tm.IMAGE_PAD_ID,
-        video_token_id=tm.VIDEO_PAD_ID,
-        vision_start_token_id=tm.VISION_START_ID,
-        vision_end_token_id=tm.VISION_END_ID,
+        image_token_id=tt.IMAGE_PAD_ID,
+        video_token_id=tt.VIDEO_PAD_ID,
+        vision_start_token_id=tt.VISION_START_ID,
+        vision_end_token_id=tt.VISION_END_ID,
         tie_word_embeddings=False,
     )
     config.architectures = ["Qwen3VLMoeForConditionalGeneration"]
-    tm.write_tokenizer_and_processor(out)
+    tt.write_tokenizer_and_processor(out)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3VLMoeForConditionalGeneration(config).to(torch.float32)
     model.config.dtype = "float32"
     model.generation_config = GenerationConfig(
-        bos_token_id=tm.ENDOFTEXT_ID,
-        pad_token_id=tm.ENDOFTEXT_ID,
-        eos_token_id=[tm.IM_END_ID, tm.ENDOFTEXT_ID],
+        bos_token_id=tt.ENDOFTEXT_ID,
+        pad_token_id=tt.ENDOFTEXT_ID,
+        eos_token_id=[tt.IM_END_ID, tt.ENDOFTEXT_ID],
         do_sample=False,
     )
     model.save_pretrained(str(out), safe_serialization=True)
