@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from components.train_lora import _plan
-from components.train_lora.speedups import registry
+from speedups import registry
 
 DISTRIBUTIONS = ("transformers", "peft", "accelerate", "ms-swift", "liger-kernel", "torch", "triton")
 SEED_TOKENS = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}

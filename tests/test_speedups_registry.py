@@ -1,4 +1,4 @@
-"""The speed-ups' registry (components/train_lora/speedups/registry.py) and the plugin's walk over it (plugin.py):
+"""The speed-ups' registry (speedups/registry.py) and the plugin's walk over it (plugin.py):
 each item declared once; a version outside its verified range, a target renamed or missing, nothing found in the
 model and an exception each skip the item with a line, never a crash; the start-up table reaches train-lora's
 Metrics; the planner's view follows the same records; the lock's versions lie inside every item's ranges."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.train_lora.speedups import patching, plugin, registry
-from components.train_lora.speedups.registry import ITEMS, Outcome, Table
+from speedups import patching, plugin, registry
+from speedups.registry import ITEMS, Outcome, Table
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_a_target_replaced_after_the_plugin_loaded_is_said_at_the_trainer(monkey
 def test_an_exception_while_installing_skips_the_item_and_puts_back_what_it_replaced(monkeypatch):
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    from components.train_lora.speedups import autocast_input
+    from speedups import autocast_input
 
     own = BaseTunerLayer._cast_input_dtype
 
@@ -261,7 +261,7 @@ def test_a_liger_outside_its_range_is_skipped_with_the_line_in_a_fresh_plugin(tm
     from tests.test_plugin_switches import _run_with_fake_liger
 
     code = """
-from components.train_lora.speedups import swift_plugin as entry
+from speedups import swift_plugin as entry
 from liger_kernel.transformers.model import loss_utils
 loaded = entry.CONTEXT.loaded
 print(loaded[5].line(), "|", loaded[18].line(), "|", hasattr(loss_utils.fixed_fused_linear_cross_entropy, "_vlm_lora_label_rows"))

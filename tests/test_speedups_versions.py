@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import speedups_versions as sv
-from components.train_lora.speedups import registry
+from speedups import registry
 
 INSTALLED_VERSION = registry.installed_version  # as imported, before any planner call
 

@@ -120,7 +120,7 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
 
 def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():
     from components.train_lora._plan import dropout_mask_bytes, plan_for_run
-    from components.train_lora.speedups.registry import planned
+    from speedups.registry import planned
 
     def _seeded_dropout(args, env):  # what the task asks the planner for (the registry's reading of the switches)
         return planned(env, 1, args, {}, gpu=False).seeded_dropout
@@ -355,7 +355,7 @@ def test_a_multi_node_run_does_not_replan_alone(tmp_path, monkeypatch):
 
 
 def test_the_task_knows_when_attention_gets_a_padding_mask():
-    from components.train_lora.speedups.registry import planned
+    from speedups.registry import planned
 
     def _padding_mask_attention(args, env):  # item 6 applied or not, as the planner sees it
         return planned(env, 1, args, {}, gpu=False).memory_flags()["padding_mask"]

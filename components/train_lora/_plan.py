@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from components.train_lora._errors import TrainError
-from components.train_lora.speedups.swiglu import silu_mul_bytes
+from speedups.swiglu import silu_mul_bytes
 
 AUTO = "auto"
 GIB = 1024**3

@@ -39,10 +39,10 @@ from components.train_lora import _checkpoints, _input_checks, _launch, _plan
 from components.train_lora import preflight as gpu_check
 from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
-from components.train_lora.speedups import registry
+from speedups import registry
 
 # Set by the task from its inputs; a config that sets them is refused.
-PLUGIN = str(Path(__file__).parent / "speedups" / "swift_plugin.py")
+PLUGIN = str(Path(registry.__file__).parent / "swift_plugin.py")
 # Printed when SIGTERM arrives: what the task does next.
 _SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
 # How long each node's preflight waits for every rank to join, seconds: the ranks of one

@@ -93,8 +93,8 @@ def install(ctx):
     item 7 gathered them)."""
     from transformers import masking_utils
 
-    from components.train_lora.speedups import patching, registry
-    from components.train_lora.speedups.vision_seqlens import known_right_aligned
+    from speedups import patching, registry
+    from speedups.vision_seqlens import known_right_aligned
 
     def wrap(original):
         return right_padded_causal_skip(original, known_right_aligned)
@@ -105,7 +105,7 @@ def install(ctx):
 
 
 def check(ctx, trainer):
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     changed = patching.not_ours(registry.item(6))
     if changed:

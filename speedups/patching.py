@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from components.train_lora.speedups.registry import Item, Target, loaded_modules
+from speedups.registry import Item, Target, loaded_modules
 
 MISSING = object()
 # (id(owner), attribute) -> (owner, attribute, what the owner held itself before any item ran: MISSING if nothing),

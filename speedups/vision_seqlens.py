@@ -463,7 +463,7 @@ def install_item(ctx):
     import importlib
     import sys
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     try:
         from transformers import vision_utils
@@ -487,7 +487,7 @@ def install_item(ctx):
     facts = registry.option_on("VLM_LORA_FORWARD_FACTS", ctx.environ)
     host_of = None
     if registry.option_on("VLM_LORA_BATCH_FACTS", ctx.environ):  # item 16 keeps the host copies
-        from components.train_lora.speedups.batch_facts import COPIES
+        from speedups.batch_facts import COPIES
 
         host_of = COPIES.host_of
     grid = install_grid([vision_utils, *qwen3_vl], facts=facts, host_of=host_of)
@@ -498,7 +498,7 @@ def install_item(ctx):
 def check(ctx, trainer):
     from transformers import vision_utils
 
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     if not patching.ours(getattr(vision_utils, "get_vision_attention_seqlens", None)):
         return registry.target_missing(

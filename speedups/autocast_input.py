@@ -11,7 +11,7 @@ changes. VLM_LORA_PEFT_INPUT_CAST=1 restores peft's behaviour.
 
 from __future__ import annotations
 
-from components.train_lora.speedups import patching, registry
+from speedups import patching, registry
 
 
 def install(ctx) -> registry.Outcome:

@@ -116,7 +116,7 @@ def with_ddp_comm(original, environ=None):
     import functools
     import os
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     environ = os.environ if environ is None else environ
 
@@ -150,7 +150,7 @@ def with_ddp_comm(original, environ=None):
 def install(ctx):
     from transformers import Trainer
 
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     def wrap(original):
         return with_ddp_comm(original, ctx.environ)
@@ -161,7 +161,7 @@ def install(ctx):
 
 
 def check(ctx, trainer):
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     changed = patching.not_ours(registry.item(14))
     if changed:

@@ -91,7 +91,7 @@ def install(ctx):
     """Wraps `transformers.trainer.apply_liger_kernel`: torch's fused RMSNorm right after Liger's is applied."""
     from transformers import trainer
 
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     if not patching.wrap_once(trainer, "apply_liger_kernel", _after_liger, "_vlm_lora_torch_rms_norm"):
         return registry.target_missing("transformers.trainer.apply_liger_kernel", version_of="transformers")
@@ -99,7 +99,7 @@ def install(ctx):
 
 
 def check(ctx, trainer):
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     changed = patching.not_ours(registry.item(9))
     if changed:

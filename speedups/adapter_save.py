@@ -93,7 +93,7 @@ def install(ctx):
     from accelerate import Accelerator
     from transformers import Trainer
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     saving = _SAVING_ADAPTER
     original_save, original_state = getattr(Trainer, "save_model", None), getattr(Accelerator, "get_state_dict", None)
@@ -133,7 +133,7 @@ def install(ctx):
 
 
 def check(ctx, trainer):
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     changed = patching.not_ours(registry.item(12))
     if changed:

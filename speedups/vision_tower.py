@@ -189,7 +189,7 @@ def check(ctx, trainer) -> Any:
     import importlib
     import sys
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     kernels = None
     if torch.cuda.is_available():

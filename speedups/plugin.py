@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.train_lora.speedups import patching, registry
-from components.train_lora.speedups.registry import ITEMS, Item, Outcome, Table
+from speedups import patching, registry
+from speedups.registry import ITEMS, Item, Outcome, Table
 
 PREFIX = "train-lora plugin: "
 
@@ -155,7 +155,7 @@ def _quantization(trainer: Any) -> str:
     model = getattr(trainer, "model", None)
     if model is None:
         return "none"
-    from components.train_lora.speedups.quantized_lora import quantization_of_model
+    from speedups.quantized_lora import quantization_of_model
 
     return quantization_of_model(model)
 
@@ -171,7 +171,7 @@ def check_model(model: Any, training_args: Any = None) -> dict[int, Outcome]:
 
 def _add_census(ctx: Context, trainer: Any) -> None:
     """The garbage-collection census every rank logs at the end of training (item 16's lookups with it)."""
-    from components.train_lora.speedups.gc_census import gc_callback
+    from speedups.gc_census import gc_callback
 
     if hasattr(trainer, "add_callback"):
         trainer.add_callback(gc_callback(ctx.environ, batch_facts=ctx.on(16)))

@@ -97,7 +97,7 @@ def install(model: torch.nn.Module) -> int:
 
 def check(ctx, trainer) -> Any:
     """Gives the trainer's model the index-based deepstack addition."""
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     install(trainer.model)
     count = sum(

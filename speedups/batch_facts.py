@@ -162,7 +162,7 @@ def install_readers() -> int:
     so a trainer's creation tries again; how many are wrapped."""
     import sys
 
-    from components.train_lora.speedups.patching import wrap_once
+    from speedups.patching import wrap_once
 
     marker = "_vlm_lora_batch_facts"
     wrapped = sum(
@@ -175,7 +175,7 @@ def install_readers() -> int:
 
 
 def install(ctx):
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     return registry.pending(f"{install_readers()} readers wrapped so far")
 
@@ -183,7 +183,7 @@ def install(ctx):
 def check(ctx, trainer):
     import sys
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     wrapped = install_readers()
     if swift_mixin() is None:

@@ -132,7 +132,7 @@ def check(ctx, trainer):
     Adam / AdamW still take `found_inf`; otherwise ms-swift's own check stays (and says so)."""
     import sys
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     cls = getattr(sys.modules.get("swift.trainers.mixin"), "SwiftMixin", None)
     if cls is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 
-from components.train_lora.speedups import registry
+from speedups import registry
 
 LAYERS = "VLM_LORA_CHECKPOINT_LAYERS"
 OFFLOAD = "VLM_LORA_CHECKPOINT_OFFLOAD"

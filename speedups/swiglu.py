@@ -119,7 +119,7 @@ def check(ctx, trainer):
     no product)."""
     import functools
 
-    from components.train_lora.speedups import fused_lora, registry
+    from speedups import fused_lora, registry
 
     training_args = getattr(trainer, "args", None)
     if not getattr(training_args, "use_liger_kernel", False):

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-PACKAGE = "components.train_lora.speedups"
+PACKAGE = "speedups"
 # The environment variable naming the file the plugin writes the start-up table to (train-lora sets it).
 TABLE_ENV = "VLM_LORA_SPEEDUPS_TABLE"
 TABLE_VERSION = 1
@@ -632,7 +632,7 @@ class _Run:
 
     @property
     def swiglu_model(self) -> bool:
-        from components.train_lora.speedups.swiglu import covers
+        from speedups.swiglu import covers
 
         return covers(dict(self.model_config))
 

@@ -171,7 +171,7 @@ def install(ctx):
     """Wraps Liger's `fixed_fused_linear_cross_entropy` in `label_rows_only`."""
     from liger_kernel.transformers.model import loss_utils
 
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     if not patching.wrap_once(loss_utils, "fixed_fused_linear_cross_entropy", label_rows_only, "_vlm_lora_label_rows"):
         return registry.target_missing(LOSS, version_of="liger-kernel")
@@ -179,7 +179,7 @@ def install(ctx):
 
 
 def check(ctx, trainer):
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     changed = patching.not_ours(registry.item(5))
     if changed:

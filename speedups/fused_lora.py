@@ -50,7 +50,7 @@ import weakref
 
 import torch
 
-from components.train_lora.speedups import quantized_lora
+from speedups import quantized_lora
 
 # without dropout under autocast: autograd's own nodes instead of the Python function (`lean_delta`);
 # VLM_LORA_LEAN_LORA=0 keeps `lora_delta` there too
@@ -706,7 +706,7 @@ def install(ctx):
     (peft's own forward where that returns None)."""
     from peft.tuners.lora.layer import Linear
 
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     if getattr(Linear, "forward", None) is None:
         return registry.target_missing("peft.tuners.lora.layer.Linear.forward", version_of="peft")
@@ -720,7 +720,7 @@ def check(ctx, trainer):
     back and the names are said); groups the layers that read one input (`SharedInput`)."""
     from peft.tuners.lora.layer import Linear
 
-    from components.train_lora.speedups import patching, registry
+    from speedups import patching, registry
 
     if not patching.ours(Linear.forward):
         return registry.target_missing("peft.tuners.lora.layer.Linear.forward", version_of="peft")

@@ -82,7 +82,7 @@ def gc_callback(environ=None, batch_facts: bool = False):
         def on_train_end(self, args, state, control, **kwargs):
             rank = environ.get("RANK", "0")
             if batch_facts:  # item 16's lookups, on every rank (one line)
-                from components.train_lora.speedups.batch_facts import COPIES
+                from speedups.batch_facts import COPIES
 
                 print(f"train-lora plugin: rank {rank}, batch facts: {COPIES.summary()}", flush=True)
             self.census.detach()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from components.train_lora.speedups import patching, registry
+from speedups import patching, registry
 
 ASYNC_TOKENS = registry.option_on("VLM_LORA_ASYNC_TOKENS")
 # transformers' methods that read the count (they wait for the counts in flight first)

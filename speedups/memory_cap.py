@@ -5,7 +5,7 @@ much of its GPU (`torch.cuda.set_per_process_memory_fraction`): the planner and 
 
 from __future__ import annotations
 
-from components.train_lora.speedups import registry
+from speedups import registry
 
 FRACTION = 0.0  # the fraction set (0 = none)
 

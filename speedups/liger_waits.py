@@ -105,8 +105,8 @@ def install(ctx):
     import importlib
     import sys
 
-    from components.train_lora.speedups import label_rows, registry
-    from components.train_lora.speedups.patching import wrap_once
+    from speedups import label_rows, registry
+    from speedups.patching import wrap_once
 
     try:
         ops = importlib.import_module(OPS)
@@ -120,7 +120,7 @@ def install(ctx):
     else:
         print("train-lora plugin: Liger's forward is not the one item 18 knows; its count reads the GPU", flush=True)
     if ctx.on(16):  # host copies kept: the labelled rows come from the labels' host copy
-        from components.train_lora.speedups.batch_facts import COPIES
+        from speedups.batch_facts import COPIES
 
         def wrap(loss_fn):
             return label_rows.host_rows_for_loss(loss_fn, COPIES.host_of)
@@ -136,7 +136,7 @@ def install(ctx):
 
 
 def check(ctx, trainer):
-    from components.train_lora.speedups import registry
+    from speedups import registry
 
     if not getattr(getattr(trainer, "args", None), "use_liger_kernel", False):
         return registry.not_applicable("use_liger_kernel off")
