@@ -1,6 +1,6 @@
 """A LoRA checkpoint under DeepSpeed ZeRO-1/2 without a host copy of the frozen base.
 
-Item 12 of the train-lora plugin (registry.py). transformers'
+Item 12 of the train-lora plugin (items.py). transformers'
 `Trainer.save_model` under DeepSpeed below ZeRO-3 takes accelerate's `Accelerator.get_state_dict`,
 which clones every tensor of the model to host memory (`clone_tensors_for_torch_save`), the frozen
 base included, and then saves a PEFT model's adapter only. On 2 x H200 with the Qwen3-VL-30B-A3B
@@ -81,7 +81,7 @@ def zero_below_3(accelerator: Any) -> bool:
     return stage != 3 and tensor_parallel <= 1
 
 
-# ---- item 12 of the plugin (registry.py) ------------------------------------------------------------------------------
+# ---- item 12 of the plugin (items.py) ---------------------------------------------------------------------------------
 
 # True while a trainer's save_model saves a LoRA adapter.
 _SAVING_ADAPTER: contextvars.ContextVar = contextvars.ContextVar("vlm_lora_saving_adapter", default=False)

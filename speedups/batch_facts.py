@@ -142,7 +142,7 @@ def logits_to_keep_from_host(prepare: Callable[..., Any], copies: HostCopies = C
     return prepare_logits_to_keep
 
 
-# ---- item 16 of the plugin (registry.py) ------------------------------------------------------------------------------
+# ---- item 16 of the plugin (items.py) ---------------------------------------------------------------------------------
 
 SWIFT_LOADERS = ("swift.dataloader.shard", "swift.dataloader.dispatcher")
 SWIFT_MIXIN = "swift.trainers.mixin"

@@ -92,7 +92,7 @@ def install(model: torch.nn.Module) -> int:
     return count
 
 
-# ---- item 10 of the plugin (registry.py) ------------------------------------------------------------------------------
+# ---- item 10 of the plugin (items.py) ---------------------------------------------------------------------------------
 
 
 def check(ctx, trainer) -> Any:

@@ -662,7 +662,7 @@ def fused_forward(layer, x, *args, **kwargs):
     return out.to(result_dtype)
 
 
-# ---- item 3 of the plugin (registry.py): peft's LoRA Linear through `fused_forward` ----------------------------------
+# ---- item 3 of the plugin (items.py): peft's LoRA Linear through `fused_forward` ----------------------------------
 
 # what `fused_forward` reads of a peft LoRA Linear (`_plain_adapter`, `fused_forward`)
 FORWARD_READS = (

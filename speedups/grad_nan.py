@@ -96,7 +96,7 @@ def device_nan_skip(swift_context: Callable[[], Any]) -> Callable[[], Any]:
     return _fix_grad_norm_nan
 
 
-# ---- item 17 of the plugin (registry.py) ------------------------------------------------------------------------------
+# ---- item 17 of the plugin (items.py) ---------------------------------------------------------------------------------
 
 
 def found_inf_problem() -> str:

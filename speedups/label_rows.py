@@ -162,7 +162,7 @@ def label_rows_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# ---- item 5 of the plugin (registry.py) -------------------------------------------------------------------------------
+# ---- item 5 of the plugin (items.py) ----------------------------------------------------------------------------------
 
 LOSS = "liger_kernel.transformers.model.loss_utils.fixed_fused_linear_cross_entropy"
 

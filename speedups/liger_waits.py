@@ -93,7 +93,7 @@ def scaled_without_wait(backward: Callable[..., Any]) -> Callable[..., Any]:
     return fused_linear_cross_entropy_backward
 
 
-# ---- item 18 of the plugin (registry.py) ------------------------------------------------------------------------------
+# ---- item 18 of the plugin (items.py) ---------------------------------------------------------------------------------
 
 LIGER_MODELS = "liger_kernel.transformers.model."
 OPS = "liger_kernel.ops.fused_linear_cross_entropy"

@@ -8,12 +8,13 @@ tests (`restore()` with no item), so that no test sees another's patches.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from speedups.registry import Item, Target, loaded_modules
+from speedups.records import Item, Target
 
 MISSING = object()
 # (id(owner), attribute) -> (owner, attribute, what the owner held itself before any item ran: MISSING if nothing),
@@ -125,3 +126,8 @@ def wrap_once(owner: Any, name: str, wrap: Callable[[Any], Any], marker: str) ->
     if not getattr(original, marker, False):
         setattr(owner, name, wrap(original))
     return True
+
+
+def loaded_modules(pattern: str) -> list[Any]:
+    """The loaded modules whose name matches `pattern` (a Target's module)."""
+    return [m for name, m in list(sys.modules.items()) if m is not None and fnmatch.fnmatchcase(name, pattern)]

@@ -85,7 +85,7 @@ def right_padded_causal_skip(
     return wrapper
 
 
-# ---- item 6 of the plugin (registry.py) -------------------------------------------------------------------------------
+# ---- item 6 of the plugin (items.py) ----------------------------------------------------------------------------------
 
 
 def install(ctx):

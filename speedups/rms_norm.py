@@ -67,7 +67,7 @@ def use_torch_rms_norm(model: torch.nn.Module) -> int:
     return count
 
 
-# ---- item 9 of the plugin (registry.py) -------------------------------------------------------------------------------
+# ---- item 9 of the plugin (items.py) ----------------------------------------------------------------------------------
 
 
 def _after_liger(original):

@@ -22,10 +22,9 @@ from typing import Any
 
 import torch
 
-# MLP classes whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, and the
-# model types (config.json `model_type`) whose language model is made of them
+# MLP classes whose forward is exactly `down_proj(act_fn(gate_proj(x)) * up_proj(x))` (the model types made of
+# them: `model_config.SWIGLU_MODEL_TYPES`)
 SWIGLU_MLP_CLASSES = frozenset({"Qwen3VLTextMLP"})
-SWIGLU_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_text"})
 # `act_fn` classes that compute F.silu (transformers' ACT2FN["silu"] is its own SiLUActivation)
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 
@@ -61,22 +60,7 @@ def fuse_silu_mul(model: torch.nn.Module, silu_mul: SiluMul, down: Down | None =
     return count
 
 
-def covers(model_config: dict[str, Any]) -> bool:
-    """Whether `fuse_silu_mul` finds MLPs to fuse in a model of this config (its `model_type`)."""
-    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
-    return model_config.get("model_type", text.get("model_type")) in SWIGLU_MODEL_TYPES
-
-
-def silu_mul_bytes(model_config: dict[str, Any]) -> float:
-    """Bytes per token x layer x hidden the fused product saves (the bf16 SiLU output autograd would keep)."""
-    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
-    inter, hidden = text.get("intermediate_size"), text.get("hidden_size")
-    if text.get("hidden_act") not in (None, "silu") or not all(isinstance(v, int) and v > 0 for v in (inter, hidden)):
-        return 0.0
-    return 2.0 * inter / hidden
-
-
-# ---- item 8 of the plugin (registry.py) -------------------------------------------------------------------------------
+# ---- item 8 of the plugin (items.py) ----------------------------------------------------------------------------------
 
 
 class _LigerSiluMul:

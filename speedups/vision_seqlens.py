@@ -448,7 +448,7 @@ def install_grid(modules: list[Any], facts: bool = True, host_of: Callable[[Any]
     return counts
 
 
-# ---- item 7 of the plugin (registry.py) -------------------------------------------------------------------------------
+# ---- item 7 of the plugin (items.py) ----------------------------------------------------------------------------------
 
 QWEN3_VL_MODELING = (
     "transformers.models.qwen3_vl.modeling_qwen3_vl",

@@ -181,7 +181,7 @@ def install(model: torch.nn.Module, modeling_modules: list[Any], kernels: Any = 
     return {k: v for k, v in counts.items() if v}
 
 
-# ---- item 13 of the plugin (registry.py) ------------------------------------------------------------------------------
+# ---- item 13 of the plugin (items.py) ---------------------------------------------------------------------------------
 
 
 def check(ctx, trainer) -> Any:

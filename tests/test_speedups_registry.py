@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedups import patching, plugin, registry
+from speedups import patching, plugin, registry, versions
 from speedups.registry import ITEMS, Outcome, Table
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
@@ -52,14 +52,14 @@ def test_a_switch_reads_its_default_and_the_multi_process_default():
 
 def test_a_version_outside_the_range_skips_the_item_with_package_version_and_range(monkeypatch):
     real = registry.installed_version
-    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
     outcome = registry.version_problem(registry.item(6), gpu=False)
     assert outcome.line() == "skipped: version outside the verified range (transformers 5.21.0, verified >=5.17,<5.20)"
     assert registry.version_problem(registry.item(2), gpu=False) is None  # peft only
-    monkeypatch.setattr(registry, "installed_version", lambda d: "2.14.1+cu130" if d == "torch" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "2.14.1+cu130" if d == "torch" else real(d))
     assert registry.version_problem(registry.item(3), gpu=False) is None  # torch gates the GPU kernels only
     assert "torch 2.14.1+cu130, verified >=2.11,<2.12" in registry.version_problem(registry.item(3), gpu=True).detail
-    monkeypatch.setattr(registry, "installed_version", lambda d: None if d == "liger-kernel" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: None if d == "liger-kernel" else real(d))
     assert registry.version_problem(registry.item(5), gpu=False).line() == (
         "skipped: not applicable (liger-kernel not installed)"
     )
@@ -69,7 +69,7 @@ def test_the_plugin_skips_items_outside_their_range_and_patches_nothing_of_their
     from transformers import Trainer, masking_utils
 
     real = registry.installed_version
-    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
     ctx = plugin.install()
     for number in (1, 6, 7, 14):
         assert ctx.loaded[number].kind == registry.VERSION, number
@@ -324,11 +324,12 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     """train-lora's planner reads the registry's view (switch, versions, targets, run), not the environment: item 6
     outside its range means a padding mask in the memory model, whatever the switch says; a memory-relevant item the
     run's table has otherwise is named after the run."""
-    from components.train_lora import _launch, _plan, core
+    from components.common import cluster
+    from components.train_lora import _plan, core
     from pipelines.demo.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
-    launch = core._Launch(_launch.LaunchPlan(), 1, 80 * 1024**3)
+    launch = core._Launch(cluster.LaunchPlan(), 1, 80 * 1024**3)
     seen = {}
 
     def plan_for_run(args, **kwargs):
@@ -340,7 +341,7 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
     assert seen["padding_mask"] is False
     real = registry.installed_version
-    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
     expected = core._planned_speedups(args, model, launch, {})
     core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {}, expected)
     assert seen["padding_mask"] is True and expected.outcomes[6].kind == registry.VERSION
@@ -376,3 +377,35 @@ def test_the_planner_expects_item_12_only_under_zero_1_or_2(deepspeed, applies):
     assert outcome.applied is applies, outcome.line()
     if not applies:
         assert outcome.line() == "skipped: not applicable (no DeepSpeed ZeRO-1/2)"
+
+
+def test_the_package_declares_its_version_and_the_union_of_its_items_ranges():
+    import speedups
+
+    assert speedups.__version__ == versions.__version__ and speedups.__version__.count(".") == 2
+    cpu = {d: s for it in ITEMS for d, s in it.verified.items()}
+    gpu = {d: s for it in ITEMS for d, s in it.gpu_verified.items()}
+    assert speedups.SUPPORTED == cpu and speedups.GPU_SUPPORTED == gpu  # one range per package, all declared
+    assert all(it.verified[d] == cpu[d] for it in ITEMS for d in it.verified)
+
+
+def test_the_package_s_imports_form_no_circle():
+    """Every import between the package's modules, those inside functions included, goes one way."""
+    import ast
+    from pathlib import Path
+
+    root = Path(registry.__file__).parent
+    edges = {}
+    for path in root.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "speedups":
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("speedups."):
+                found.add(node.module.split(".")[1])
+        edges[path.stem] = found - {path.stem}
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges.get(start, ()))
+
+    assert not [m for m in edges if reaches(m, m)]

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedups.swiglu import fuse_silu_mul, silu_mul_bytes
+from speedups.model_config import silu_mul_bytes
+from speedups.swiglu import fuse_silu_mul
 from tests.peft_routing import routed
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 from tests.tiny_text import qwen3_vl_text_model
@@ -91,10 +92,10 @@ def test_wanted_only_with_liger_on_and_its_swiglu_not_turned_off(monkeypatch):
 
 
 def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
-    from speedups import registry
+    from speedups import registry, versions
 
     real = registry.installed_version  # Liger as the training image has it (this CPU install has none)
-    monkeypatch.setattr(registry, "installed_version", lambda d: "0.8.5" if d == "liger-kernel" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "0.8.5" if d == "liger-kernel" else real(d))
 
     def _fused_silu_mul(args, env, config):  # item 8 applied or not, as the planner sees it
         return registry.planned(env, 1, args, config, gpu=False).memory_flags()["fused_silu_mul"]
@@ -105,7 +106,7 @@ def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
     assert not _fused_silu_mul({}, {}, qwen3_vl)  # no Liger
     assert not _fused_silu_mul(liger, {}, {"model_type": "qwen3_vl_moe"})  # experts, not this MLP
     assert not _fused_silu_mul(liger, {"VLM_LORA_LIGER_SWIGLU": "0"}, qwen3_vl)
-    monkeypatch.setattr(registry, "installed_version", lambda d: "0.9.0" if d == "liger-kernel" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "0.9.0" if d == "liger-kernel" else real(d))
     assert not _fused_silu_mul(liger, {}, qwen3_vl)  # a Liger outside the verified range: the item is skipped
 
 
