@@ -66,6 +66,7 @@ from components.common.model_fit import (
     check_fits,
     known_model_bytes,
 )
+from components.common.preflight import MODES as PREFLIGHT_MODES
 from components.common.quantization import QUANTIZATIONS, known_quantized_bytes, swift_conflict, swift_quant_args
 from components.common.reference import CHAMPION, reference_problem
 from components.common.regression import max_drop_problem, max_drops
@@ -73,7 +74,6 @@ from components.common.swift import pinned_sft_args, swift_arg_problem
 from components.common.tasks import TASK_NAMES
 from components.common.tracking import ENV_EXPERIMENT, ENV_REQUIRED, ENV_URI, Settings, report_to_problem, uri_problem
 from components.train_lora.job_env import JobEnvError, check_job_env
-from components.train_lora.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
 from pipelines._config_secrets import secret_problem
 from pipelines._load_checks import budget_problem, gate_problem, pipeline_name_problem, swift_choice_problem

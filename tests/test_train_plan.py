@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from components.common import cluster
 from components.train_lora._plan import (
     GIB,
     ModelShape,
@@ -289,7 +290,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     """`_train_until_it_fits` with a swift that runs out of memory above `fits` rows per micro-batch."""
     import sys
 
-    from components.train_lora import _launch, core
+    from components.train_lora import core
 
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "swift"
@@ -300,7 +301,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     work.mkdir()
     (work / "train.jsonl").write_text("{}\n")
     inputs = core._Inputs(work, work / "train.jsonl", "", 1)
-    launch = core._Launch(_launch.LaunchPlan(nnodes=nnodes), 1, H100)
+    launch = core._Launch(cluster.LaunchPlan(nnodes=nnodes), 1, H100)
     durable = core._Durability(None, 5.0, 2, 60.0, 5.0, 10.0)
     plan = plan or plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
     run = core._train_until_it_fits(

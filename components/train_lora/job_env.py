@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common import secrets
-from components.train_lora._errors import TrainError
+from components.common.errors import TrainError
 from speedups.registry import REMOVED_SWITCHES, SWITCHES, TABLE_ENV
 
 
@@ -83,7 +83,7 @@ _KNOWN_PREFIXED = (
 
 
 def _launch_vars() -> tuple[str, ...]:
-    from components.train_lora._launch import JOBSET_VARS  # _launch imports torch-free modules only
+    from components.common.cluster import JOBSET_VARS  # _launch imports torch-free modules only
 
     return JOBSET_VARS
 
