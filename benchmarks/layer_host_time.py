@@ -16,12 +16,12 @@ installed, sdpa, bf16 autocast as in training), forward and backward, three ways
 Variants: peft's own LoRA forward; the train-lora plugin's LoRA function (`lora_delta`); without
 dropout its lean path (`lean_delta`: autograd's own nodes); with the seed's dropout 0.05; the frozen
 layer without LoRA (`nolora`); `...norm`: with torch's fused RMSNorm in place of Liger's
-(components/train_lora/speedups/rms_norm.py); `group`: the lean path with q/k/v's and gate/up's rank-r products in one
+(speedups/rms_norm.py); `group`: the lean path with q/k/v's and gate/up's rank-r products in one
 matmul each; `functionapart`: the LoRA function after the frozen layer (not with it in one node,
 `_LoraLinear`); `...copy`: that, with the LoRA product added out of place (a copy of the layer's output first);
 `functiontorch`: the LoRA function with PyTorch's kernels for its dropout backward (not the plugin's Triton ones);
 `functionnormold`: `functionnorm` with the adapters cast in every forward and LoRA's scaling as kernels of its own
-(components/train_lora/speedups/fused_lora.py: `CAST_CACHE`, `FOLD` off). `--cprofile` adds where the host time goes (cProfile, own time per
+(speedups/fused_lora.py: `CAST_CACHE`, `FOLD` off). `--cprofile` adds where the host time goes (cProfile, own time per
 function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
@@ -63,11 +63,11 @@ def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool
     if liger:
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-        from components.train_lora.speedups.swiglu import fuse_silu_mul
+        from speedups.swiglu import fuse_silu_mul
 
         fuse_silu_mul(holder, LigerSiLUMulFunction.apply)
     if torch_norm:
-        from components.train_lora.speedups.rms_norm import use_torch_rms_norm
+        from speedups.rms_norm import use_torch_rms_norm
 
         use_torch_rms_norm(holder)
     if not lora:  # the frozen layer alone: its input still gets gradients
@@ -78,7 +78,7 @@ def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool
         if "lora_" in name:
             param.data = param.data.float()
     if group:
-        from components.train_lora.speedups.fused_lora import group_shared_inputs
+        from speedups.fused_lora import group_shared_inputs
 
         group_shared_inputs(model)
     model.train()
@@ -212,7 +212,7 @@ def _is_gemm(name: str) -> bool:
 def _set_variant(variant: str) -> None:
     from peft.tuners.lora.layer import Linear
 
-    from components.train_lora.speedups import fused_lora
+    from speedups import fused_lora
 
     original = getattr(Linear.forward, "_vlm_lora_original", Linear.forward)
     if variant == "peft":
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         del model, layer, rotary
         torch.cuda.empty_cache()
-    from components.train_lora.speedups.rms_norm import fused_op_on
+    from speedups.rms_norm import fused_op_on
 
     summary = {
         "device": torch.cuda.get_device_name(),

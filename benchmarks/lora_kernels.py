@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--rows {args.rows} / --rank {args.rank}: both must be at least 1")
     import torch
 
-    from components.train_lora.speedups import lora_triton as lt
+    from speedups import lora_triton as lt
 
     if not torch.cuda.is_available():
         raise SystemExit("lora_kernels: needs a CUDA GPU")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of train-lora's preflight (components/train_lora/preflight.py) on one machine.
+# GPU check of train-lora's preflight (components/common/preflight/) on one machine.
 #
 # Run from the repository root on a GPU machine (torch importable as python3, nothing to
 # install):
@@ -37,7 +37,7 @@ else
     NPROC=2
     VISIBLE=0
 fi
-PF=(-m components.train_lora.preflight --device "$DEVICE")
+PF=(-m components.common.preflight --device "$DEVICE")
 FAILED=()
 
 now() { date +%s.%N; }

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from components.train_lora import _plan
-from components.train_lora.speedups import registry
+from speedups import registry
+from speedups import versions as speedup_versions
 
 DISTRIBUTIONS = ("transformers", "peft", "accelerate", "ms-swift", "liger-kernel", "torch", "triton")
 SEED_TOKENS = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
@@ -80,12 +81,12 @@ def planner_side(weights: int, gpu_gib: float, pins: dict[str, str]) -> dict[str
     """The planner's view of the one-GPU 4B job, torch / Triton as `pins` say: outcomes, memory flags, its plan."""
     from benchmarks.qwen3_vl_4b import QWEN3_VL_4B_CONFIG
 
-    args, real = gpu_args(), registry.installed_version  # the registry's one source of versions
-    registry.installed_version = lambda name: pins.get(name) or real(name)
+    args, real = gpu_args(), speedup_versions.installed_version  # the package's one source of versions
+    speedup_versions.installed_version = lambda name: pins.get(name) or real(name)
     try:
         planned = registry.planned(dict(os.environ), 1, args, QWEN3_VL_4B_CONFIG, gpu=True)
     finally:
-        registry.installed_version = real
+        speedup_versions.installed_version = real
     flags = planned.memory_flags()
     try:
         plan = _plan.plan_for_run(

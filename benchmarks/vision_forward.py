@@ -1,4 +1,4 @@
-"""The frozen vision tower's forward of one micro-step, by way of running it (components/train_lora/speedups/vision_tower.py).
+"""The frozen vision tower's forward of one micro-step, by way of running it (speedups/vision_tower.py).
 
 The 4B's vision tower (random bf16 weights, sdpa, bf16 autocast as in training, the train-lora plugin's host
 sequence boundaries) over `--images` drawings of `--size`² pixels (16 × 1024² = the planner's H100 micro-step):
@@ -52,7 +52,7 @@ def install_host_seqlens() -> None:
     from transformers import vision_utils
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import vision_seqlens
+    from speedups import vision_seqlens
 
     vision_seqlens.install([vision_utils, modeling_qwen3_vl])
 
@@ -136,7 +136,7 @@ def apply_variant(tower, name: str) -> dict[str, int]:
     """The variant's changes on a fresh tower (`fast`: all of them, as the train-lora plugin installs them)."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import vision_tower, vision_triton
+    from speedups import vision_tower, vision_triton
 
     modeling_qwen3_vl.apply_rotary_pos_emb_vision = TRANSFORMERS_ROTARY  # not an earlier variant's
     if name == "liger":

@@ -12,7 +12,7 @@ train-lora, merge-export, evaluate). Which image a compiled pipeline uses, first
 `TAG` is derived from what the images hold, so that Vertex's cache (keyed on the component
 spec, which names the image) never reuses a result made by other code: `<version>-<hash>`,
 the project version and 12 hex digits of a sha256 over `TAG_INPUTS` (the project's code
-and package data under components/ and pipelines/, pyproject.toml, setup.py, requirements.lock
+and package data under components/, pipelines/ and speedups/, pyproject.toml, setup.py, requirements.lock
 and the Dockerfiles), each file's relative path and bytes as they are on disk, in path order.
 Not hashed: `__pycache__`, `*.pyc` and every file git ignores (the build context leaves
 them out too), README.md (copied for the package metadata only; nothing runs it). Where
@@ -57,6 +57,7 @@ REGISTRY = "us-docker.pkg.dev/YOUR_PROJECT/vlm-lora"
 TAG_INPUTS = (
     "components",
     "pipelines",
+    "speedups",
     "pyproject.toml",
     "setup.py",
     "requirements.lock",
@@ -73,7 +74,7 @@ NOT_HASHED = ("README.md",)
 # Written by setup.py into the built package (never into the tree): {"tag": TAG, "deps_tag": DEPS_TAG}.
 BAKED_TAGS = "_image_tags.json"
 # Skipped where git cannot list the files (inside an image, an unpacked archive); the same
-# things .gitignore and .dockerignore leave out under components/ and pipelines/.
+# things .gitignore and .dockerignore leave out under components/, pipelines/ and speedups/.
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".venv"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 _SCHEME = b"vlm-lora image tag v2\n"  # change to change every tag when the hashing itself changes

@@ -6,7 +6,7 @@ import contextlib
 
 from peft.tuners.lora.layer import Linear as LoraLinear
 
-from components.train_lora.speedups import fused_lora
+from speedups import fused_lora
 
 
 def peft_forward():

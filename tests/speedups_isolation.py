@@ -17,7 +17,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def restored_speedups():
-    from components.train_lora.speedups import plugin
+    from speedups import plugin
 
     plugin.reset()
     yield
@@ -27,6 +27,6 @@ def restored_speedups():
 @pytest.fixture
 def plugin_context():
     """The plugin installed in this process for the test (its context), and taken out after it."""
-    from components.train_lora.speedups import swift_plugin
+    from speedups import swift_plugin
 
     return swift_plugin.CONTEXT

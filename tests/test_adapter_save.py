@@ -1,5 +1,5 @@
 """A LoRA checkpoint under DeepSpeed ZeRO-1/2 copies only the adapter's tensors to host memory
-(components/train_lora/speedups/adapter_save.py through the train-lora plugin), and the adapter file is the
+(speedups/adapter_save.py through the train-lora plugin), and the adapter file is the
 same as with the whole model copied.
 
 The last test runs the real `swift sft` with DeepSpeed ZeRO-2 on the CPU (DeepSpeed's CPU
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.train_lora.speedups import adapter_save
+from speedups import adapter_save
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +107,7 @@ def _zero2_run(tmp_path: Path, train_jsonl: Path, name: str, switch: str) -> tup
     args = {
         "model": ensure_tiny_model(), "model_type": "qwen3_vl", "dataset": train_jsonl, "output_dir": out,
         "add_version": "false", "check_model": "false", "tuner_type": "lora",
-        "external_plugins": ROOT / "components/train_lora/speedups/swift_plugin.py", "lora_rank": 4, "lora_alpha": 8,
+        "external_plugins": ROOT / "speedups/swift_plugin.py", "lora_rank": 4, "lora_alpha": 8,
         "target_modules": "all-linear", "freeze_vit": "true", "max_steps": 2, "save_steps": 1,
         "per_device_train_batch_size": 1, "max_length": 512, "torch_dtype": "float32", "fp16": "false",
         "bf16": "false", "logging_steps": 1, "dataloader_num_workers": 0, "report_to": "none", "seed": 42,

@@ -1,4 +1,4 @@
-"""The batch's host copies (components/train_lora/speedups/batch_facts.py, plugin item 16): kept for the very device tensor
+"""The batch's host copies (speedups/batch_facts.py, plugin item 16): kept for the very device tensor
 made from each, read by ms-swift's logits_to_keep and by the model forward's facts instead of the GPU.
 
 "Device" tensors here are on PyTorch's meta device where the code must not read them: a meta tensor has no values,
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.train_lora.speedups import batch_facts, vision_seqlens
+from speedups import batch_facts, vision_seqlens
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -188,7 +188,7 @@ def test_a_missing_host_copy_sends_the_facts_to_the_device_path(monkeypatch):
 
 GPU_CODE = """
 import torch
-from components.train_lora.speedups import batch_facts, deepstack, swift_plugin
+from speedups import batch_facts, deepstack, swift_plugin
 from swift.dataloader.shard import DataLoaderShard
 from tests.gpu_waits import gpu_waits
 from tests.test_vision_seqlens import _batch, _qwen3_vl_model
@@ -245,7 +245,7 @@ def test_the_plugin_wraps_ms_swift_s_readers_once_they_are_loaded():
     code = """
 import sys
 import torch
-from components.train_lora.speedups import plugin
+from speedups import plugin
 ctx = plugin.install()
 loaded_before = "swift.trainers.mixin" in sys.modules
 from swift.trainers.mixin import SwiftMixin

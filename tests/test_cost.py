@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.common import cost
+from components.common import cluster, cost
 from components.common.cost import CostError, Profile, Workload, estimate
 from pipelines.config import ConfigError, load_config, parse_overrides
 from pipelines.estimate import config_estimate, data_figures, estimate_lines
@@ -268,11 +268,11 @@ def test_train_lora_records_gpu_hours_of_its_wall_time(tmp_path, monkeypatch, ca
     """gpu_hours = the task's wall time x GPUs, whatever ran inside (swift itself is faked here)."""
     import types
 
-    from components.train_lora import _launch, core
+    from components.train_lora import core
 
     clock = iter([1000.0, 1000.0 + 1800.0])  # the task starts, then ends half an hour later
     monkeypatch.setattr(core, "time", types.SimpleNamespace(time=lambda: next(clock)))
-    launch = core._Launch(_launch.launch_plan({}, 2), 2, 80 * 1024**3)
+    launch = core._Launch(cluster.launch_plan({}, 2), 2, 80 * 1024**3)
     monkeypatch.setattr(core, "_plan_launch", lambda *a, **k: launch)
     monkeypatch.setattr(core, "run_node_preflight", lambda *a, **k: {})
     monkeypatch.setattr(core, "_materialize_inputs", lambda *a, **k: None)

@@ -1,4 +1,4 @@
-"""DDP's communication for LoRA (components/train_lora/speedups/ddp_comm.py, plugin item 14).
+"""DDP's communication for LoRA (speedups/ddp_comm.py, plugin item 14).
 
 The bucket size is checked where it matters: two real processes (gloo on the CPU) run DDP with the
 settings and DDP's own logging data says how many buckets it reduced, and where the gradients lie; the plugin
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from components.train_lora.speedups import ddp_comm
+from speedups import ddp_comm
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -172,7 +172,7 @@ def _built(tmp_path, environ: dict, **training_args):
     """accelerate's DDP arguments that transformers' Trainer builds, through the plugin's wrapper, and the log."""
     from transformers import Trainer, TrainingArguments
 
-    from components.train_lora.speedups import swift_plugin  # noqa: F401 (installs its wrappers)
+    from speedups import swift_plugin  # noqa: F401 (installs its wrappers)
 
     assert getattr(Trainer._build_accelerator_args, "_vlm_lora_ddp_comm", False)  # installed on import
     plain = Trainer._build_accelerator_args.__wrapped__
@@ -221,7 +221,7 @@ def _trainer_worker(rank: int, port: int, out_dir: str, environ: dict, out) -> N
     )
     from transformers import Trainer, TrainingArguments
 
-    from components.train_lora.speedups import swift_plugin as plugin  # installs its wrappers, as `swift sft` loads it
+    from speedups import swift_plugin as plugin  # installs its wrappers, as `swift sft` loads it
 
     assert plugin.CONTEXT.loaded[14].state == ("skipped" if environ.get("VLM_LORA_DDP_COMM") == "0" else "pending")
     torch.manual_seed(0)

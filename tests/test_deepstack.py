@@ -1,11 +1,11 @@
-"""Qwen3-VL's deepstack additions by position (components/train_lora/speedups/deepstack.py)."""
+"""Qwen3-VL's deepstack additions by position (speedups/deepstack.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from components.train_lora.speedups import deepstack
+from speedups import deepstack
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 from tests.tiny_text import qwen3_vl_text_model
 
@@ -78,7 +78,7 @@ def test_installed_in_the_text_model_gives_the_same_outputs_and_gradients():
 
 
 def test_the_plugin_patches_the_trainers_model_unless_switched_off(monkeypatch):
-    from components.train_lora.speedups import plugin
+    from speedups import plugin
 
     model = qwen3_vl_text_model(2)
     monkeypatch.setenv("VLM_LORA_INDEX_DEEPSTACK", "0")
@@ -92,7 +92,7 @@ def test_the_plugin_patches_the_trainers_model_unless_switched_off(monkeypatch):
 
 def test_a_model_without_deepstack_is_said_to_have_none(monkeypatch):
     """Item 10 finds nothing in a model without Qwen3-VL's text model: it says so (it used to log nothing)."""
-    from components.train_lora.speedups import plugin
+    from speedups import plugin
 
     outcome = plugin.check_model(torch.nn.Sequential(torch.nn.Linear(2, 2)))[10]
     assert outcome.skipped and outcome.kind == "found nothing in the model" and "deepstack count 0" in outcome.detail

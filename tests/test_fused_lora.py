@@ -1,4 +1,4 @@
-"""The fused LoRA branch (components/train_lora/speedups/fused_lora.py) against peft's own forward."""
+"""The fused LoRA branch (speedups/fused_lora.py) against peft's own forward."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
 
-from components.train_lora.speedups import fused_lora
+from speedups import fused_lora
 from tests.peft_routing import peft_forward as _peft_forward
 from tests.peft_routing import routed
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
@@ -242,7 +242,7 @@ def test_no_grad_several_adapters_and_zero3_stay_on_peft():
 
 
 def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base):
-    from components.train_lora.speedups import swift_plugin
+    from speedups import swift_plugin
 
     assert not swift_plugin.CONTEXT.loaded[3].skipped  # the fused_base fixture set FUSED_BASE on the one copy
     assert getattr(LoraLinear.forward, "_vlm_lora_fused", False)
@@ -258,7 +258,7 @@ def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base
 def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch):
     """On CUDA nn.Dropout runs the same native_dropout kernel: the same masks from the same seed (with the seeded
     masks turned off; they are checked against autograd in tests/test_lora_triton.py)."""
-    from components.train_lora.speedups import swift_plugin
+    from speedups import swift_plugin
 
     monkeypatch.setattr(fused_lora, "SEEDED", False)
     assert not swift_plugin.CONTEXT.loaded[2].skipped  # peft's dropout runs on the bf16 input, as in training

@@ -14,7 +14,7 @@ bnb = pytest.importorskip("bitsandbytes")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora import bnb as peft_bnb  # noqa: E402
 
-from components.train_lora.speedups import fused_lora, quantized_lora  # noqa: E402
+from speedups import fused_lora, quantized_lora  # noqa: E402
 from tests.speedups_isolation import restored_speedups  # noqa: E402, F401 (autouse: no plugin left behind)
 
 D, D_OUT = 64, 96  # multiples of bitsandbytes' 64-element nf4 blocks
@@ -205,7 +205,7 @@ def test_int8_matches_its_dequantised_weight_and_trains_like_peft():
 
 
 def test_the_plugin_routes_bitsandbytes_lora_and_says_so_in_its_table():
-    from components.train_lora.speedups import plugin, registry
+    from speedups import plugin, registry
 
     model, _ = _lora("nf4")
     outcomes = plugin.check_model(model)

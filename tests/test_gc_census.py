@@ -1,4 +1,4 @@
-"""The garbage-collection census every rank logs at the end of training (components/train_lora/speedups/gc_census.py).
+"""The garbage-collection census every rank logs at the end of training (speedups/gc_census.py).
 
 Item 15 (collections at step ends on every rank) was deleted on 2026-11-28: it gained nothing beyond the spread on
 two H200s (benchmarks/README.md). The collector is the real one, and the plugin's callback runs inside a real
@@ -12,8 +12,8 @@ import gc
 import pytest
 import torch
 
-from components.train_lora.speedups import gc_census
-from components.train_lora.speedups.registry import ITEMS
+from speedups import gc_census
+from speedups.registry import ITEMS
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -53,7 +53,7 @@ def _train(tmp_path, steps: int = 4, evaluate: bool = False, accumulate: int = 1
     was on at each step's start, and the callbacks. `evaluate`: 3 batches of evaluation after step 2."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from components.train_lora.speedups import swift_plugin  # noqa: F401 (installs the plugin, as swift sft does)
+    from speedups import swift_plugin  # noqa: F401 (installs the plugin, as swift sft does)
 
     seen: list[bool] = []
 

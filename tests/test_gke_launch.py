@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from components.common import cluster
 from components.common import jobset as js
-from components.train_lora import _launch as la
 from components.train_lora.job_env import JobEnvError, check_job_env
 from pipelines.config import load_config
 
@@ -38,7 +38,7 @@ def test_each_pod_of_the_jobset_gets_its_rank_and_the_chiefs_host(tmp_path):
 
     cfg = load_config(TWO_NODE)
     manifest = js.build_jobset(jobset_spec(cfg, "img", "run-1", ["python3"], []))
-    plans = [la.launch_plan(pod_env(manifest, i), 8) for i in range(2)]
+    plans = [cluster.launch_plan(pod_env(manifest, i), 8) for i in range(2)]
     assert [p.node_rank for p in plans] == [0, 1] and [p.is_chief for p in plans] == [True, False]
     for p in plans:
         # JobSet's pod host: <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>
@@ -49,14 +49,14 @@ def test_each_pod_of_the_jobset_gets_its_rank_and_the_chiefs_host(tmp_path):
 def test_the_chief_host_follows_another_subdomain():
     env = {"JOB_COMPLETION_INDEX": "0", "JOBSET_NAME": "a", "REPLICATED_JOB_NAME": "w", "JOBSET_NNODES": "3",
            "JOBSET_MASTER_PORT": "1234", "JOBSET_SUBDOMAIN": "svc"}  # fmt: skip
-    assert la.launch_plan(env, 0).master_addr == "a-w-0-0.svc"
-    assert la.parse_jobset_env(env)[2] == ["a-w-0-0.svc", "a-w-0-1.svc", "a-w-0-2.svc"]
+    assert cluster.launch_plan(env, 0).master_addr == "a-w-0-0.svc"
+    assert cluster.parse_jobset_env(env)[2] == ["a-w-0-0.svc", "a-w-0-1.svc", "a-w-0-2.svc"]
 
 
 def test_a_single_pod_jobset_is_a_single_node():
     env = {"JOB_COMPLETION_INDEX": "0", "JOBSET_NAME": "a", "REPLICATED_JOB_NAME": "node", "JOBSET_NNODES": "1",
            "JOBSET_MASTER_PORT": "29500"}  # fmt: skip
-    plan = la.launch_plan(env, 1)
+    plan = cluster.launch_plan(env, 1)
     assert (plan.nnodes, plan.env) == (1, {})
 
 
@@ -73,13 +73,13 @@ def test_a_single_pod_jobset_is_a_single_node():
 def test_a_broken_jobset_environment_is_a_named_error(change, match):
     env = {"JOB_COMPLETION_INDEX": "1", "JOBSET_NAME": "a", "REPLICATED_JOB_NAME": "node", "JOBSET_NNODES": "2",
            "JOBSET_MASTER_PORT": "29500", **change}  # fmt: skip
-    with pytest.raises(la.JobSetEnvError, match=match):
-        la.launch_plan(env, 1)
+    with pytest.raises(cluster.JobSetEnvError, match=match):
+        cluster.launch_plan(env, 1)
 
 
 def test_vertex_cluster_spec_still_reads_as_before():
     spec = {"cluster": {"workerpool0": ["chief:2222"], "workerpool1": ["w:2222"]}, "task": {"type": "workerpool1"}}
-    plan = la.launch_plan({"CLUSTER_SPEC": json.dumps(spec)}, 2)
+    plan = cluster.launch_plan({"CLUSTER_SPEC": json.dumps(spec)}, 2)
     assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port) == (2, 1, "chief", 2222)
 
 

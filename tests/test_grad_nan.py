@@ -1,4 +1,4 @@
-"""ms-swift's NaN-gradient skip decided on the GPU (components/train_lora/speedups/grad_nan.py, plugin item 17): the fused
+"""ms-swift's NaN-gradient skip decided on the GPU (speedups/grad_nan.py, plugin item 17): the fused
 optimizer's `found_inf` leaves everything as ms-swift's skip (every gradient None) does, with no `.item()`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.train_lora.speedups import grad_nan
+from speedups import grad_nan
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -136,7 +136,7 @@ def test_the_plugin_wraps_ms_swift_s_context_once_its_trainers_are_loaded():
 
     code = """
 import torch
-from components.train_lora.speedups import plugin
+from speedups import plugin
 before = plugin.check_model(torch.nn.Linear(2, 2))[17]  # as at a trainer's creation
 from swift.trainers.mixin import SwiftMixin
 after, again = (plugin.check_model(torch.nn.Linear(2, 2))[17] for _ in range(2))
@@ -159,7 +159,7 @@ def test_where_fused_adam_stops_taking_found_inf_ms_swift_s_own_check_stays_with
     assert grad_nan.found_inf_problem() == ""  # this torch takes it
     code = """
 import torch
-from components.train_lora.speedups import grad_nan, plugin
+from speedups import grad_nan, plugin
 from swift.trainers.mixin import SwiftMixin
 grad_nan.found_inf_problem = lambda: "torch.optim.adam._fused_adam(found_inf=)"  # as a torch without it
 outcome = plugin.check_model(torch.nn.Linear(2, 2))[17]

@@ -38,6 +38,7 @@ TINY = {
     "components/evaluate/report.html.jinja": "<p>{{ score }}</p>\n",
     "pipelines/__init__.py": "",
     "pipelines/pipeline.py": "STEPS = 3\n",
+    "speedups/__init__.py": "",
     "pyproject.toml": '[project]\nname = "vlm-lora-pipeline"\nversion = "0.1.0"\n',
     "setup.py": "from setuptools import setup\n\nsetup()\n",
     "requirements.lock": "kfp==2.17.0\n",
@@ -92,6 +93,7 @@ def test_the_tag_is_stable_and_the_same_at_another_path(tmp_path, git):
         "pyproject.toml",
         "requirements.lock",
         "setup.py",
+        "speedups/__init__.py",
     ]
 
 
@@ -269,8 +271,9 @@ def test_without_a_source_tree_the_module_imports_and_refuses_only_a_default_ima
     (site / "components").mkdir(parents=True)
     shutil.copy(ROOT / "components" / "__init__.py", site / "components")
     shutil.copy(ROOT / "components" / "images.py", site / "components")
-    (site / "pipelines").mkdir()
-    (site / "pipelines" / "__init__.py").write_text("")
+    for package in ("pipelines", "speedups"):
+        (site / package).mkdir()
+        (site / package / "__init__.py").write_text("")
     code = (
         "from components import images as m\n"
         "print(m.TAG, m.LIGHT_IMAGE)\n"

@@ -1,4 +1,4 @@
-"""The LM head and its loss on labelled positions only (components/train_lora/speedups/label_rows.py)."""
+"""The LM head and its loss on labelled positions only (speedups/label_rows.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.train_lora.speedups.label_rows import (
+from speedups.label_rows import (
     host_rows_for_loss,
     label_rows,
     label_rows_only,

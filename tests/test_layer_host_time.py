@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import benchmarks.layer_host_time as bench
-from components.train_lora.speedups import fused_lora
+from speedups import fused_lora
 
 
 @pytest.fixture(autouse=True)

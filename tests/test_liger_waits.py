@@ -1,4 +1,4 @@
-"""Liger's fused linear cross-entropy without its reads of the GPU (components/train_lora/speedups/liger_waits.py, plugin
+"""Liger's fused linear cross-entropy without its reads of the GPU (speedups/liger_waits.py, plugin
 item 18).
 
 On the CPU the recompilation runs on a module shaped like Liger's (its count line verbatim); targets on PyTorch's
@@ -15,8 +15,8 @@ import traceback
 import pytest
 import torch
 
-from components.train_lora.speedups import liger_waits
-from components.train_lora.speedups.label_rows import host_rows_for_loss, label_rows_only, selected_target
+from speedups import liger_waits
+from speedups.label_rows import host_rows_for_loss, label_rows_only, selected_target
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 LIGER_LIKE = '''

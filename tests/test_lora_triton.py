@@ -1,4 +1,4 @@
-"""The Triton kernels of LoRA's backward with dropout (components/train_lora/speedups/lora_triton.py).
+"""The Triton kernels of LoRA's backward with dropout (speedups/lora_triton.py).
 
 On the CPU they run under Triton's interpreter, in a process of their own (tests/triton_interpret_checks.py);
 on a GPU (skipped without one) the compiled kernels are checked the same way.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from components.train_lora import job_env
-from components.train_lora.speedups import fused_lora
+from speedups import fused_lora
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 pytest.importorskip("triton")
@@ -226,7 +226,7 @@ def test_the_switch_is_allowed_with_its_values(name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_the_compiled_kernels_equal_float64():
-    from components.train_lora.speedups import lora_triton
+    from speedups import lora_triton
     from tests.triton_interpret_checks import kernel_cases
 
     torch.manual_seed(7)
@@ -235,7 +235,7 @@ def test_on_a_gpu_the_compiled_kernels_equal_float64():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_the_seeded_kernels_agree_and_drop_at_the_rate_asked():
-    from components.train_lora.speedups import lora_triton
+    from speedups import lora_triton
     from tests.triton_interpret_checks import seeded_kernel_cases, seeded_layer_case, seeded_mask_stats
 
     torch.manual_seed(7)

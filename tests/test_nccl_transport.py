@@ -1,9 +1,9 @@
-"""NCCL's INFO lines -> the transport and plugin it chose (components.train_lora.nccl_transport).
+"""NCCL's INFO lines -> the transport and plugin it chose (components.common.preflight.nccl_transport).
 
 The lines are NCCL 2.21-2.27's own wording, with the `host:pid:tid [dev] NCCL INFO` prefix, as
 preflight's torchrun prints them on A3 Ultra / A4 (gIB, RoCE), A3 Mega (TCPXO) and a plain VPC."""
 
-from components.train_lora.nccl_transport import parse_nccl_log, seen
+from components.common.preflight.nccl_transport import parse_nccl_log, seen
 
 A4_GIB = """\
 a4-0:412:412 [0] NCCL INFO Bootstrap : Using eth0:10.128.0.12<0>

@@ -92,7 +92,12 @@ def built(tmp_path_factory):
 def test_the_wheel_carries_the_trees_image_tags_and_the_configs_under_pipelines(built):
     tree, wheel, target = built
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"components", "pipelines", "vlm_lora_pipeline-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {
+        "components",
+        "pipelines",
+        "speedups",
+        "vlm_lora_pipeline-0.1.0.dist-info",
+    }
     tags = json.loads((target / "components" / "_image_tags.json").read_text())
     assert tags == {"tag": source_tag(tree), "deps_tag": deps_tag(tree)}
     assert tags["tag"] == source_tag(ROOT)  # the same hash `make image-tag` prints for this code

@@ -8,7 +8,7 @@ import torch
 
 from components.train_lora import _plan
 from components.train_lora._plan import GIB, ModelShape, TokenStats, plan_micro_batch, predict_peak
-from components.train_lora.speedups import checkpoint_layers, plugin, registry
+from speedups import checkpoint_layers, plugin, registry
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 # Qwen3-VL-4B in bf16 with the fused branch, Liger, seeded masks and the SiLU product not kept: 51.0 - 2 x 7.6

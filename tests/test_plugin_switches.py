@@ -1,4 +1,4 @@
-"""The train-lora plugin (components/train_lora/speedups/swift_plugin.py) installs each of its patches when
+"""The train-lora plugin (speedups/swift_plugin.py) installs each of its patches when
 imported by `swift sft`, and each switch in the job environment turns its own off. Two fresh
 interpreters (the plugin patches libraries at import): every switch at its default, then every one
 flipped. A stand-in Liger (its call structure, and a distribution record of its version) stands for the
@@ -61,8 +61,8 @@ import inspect
 import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl  # loaded first, without the function: untouched
 from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as before
-from components.train_lora.speedups import swift_plugin as entry
-from components.train_lora.speedups import fused_lora, token_count
+from speedups import swift_plugin as entry
+from speedups import fused_lora, token_count
 from transformers.models.qwen3_vl import modeling_qwen3_vl as after
 from transformers import Trainer, masking_utils
 from liger_kernel.transformers.model import loss_utils, qwen3_vl as liger_qwen3_vl
@@ -171,7 +171,7 @@ def test_the_loss_s_waits_have_their_own_switch(tmp_path):
 def test_torch_rms_norm_is_on_by_default_with_more_than_one_process(tmp_path, env, expected):
     code = """
 import transformers.trainer
-from components.train_lora.speedups import swift_plugin as plugin
+from speedups import swift_plugin as plugin
 print(not plugin.CONTEXT.loaded[9].skipped,
       bool(getattr(transformers.trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm", False)))
 """
@@ -180,7 +180,7 @@ print(not plugin.CONTEXT.loaded[9].skipped,
 
 def test_the_grid_switch_leaves_the_boundaries_on_the_host(tmp_path):
     code = """
-from components.train_lora.speedups import swift_plugin as plugin
+from speedups import swift_plugin as plugin
 from transformers.models.qwen3_vl import modeling_qwen3_vl as m
 seqlens, grid = plugin.CONTEXT.state["host_vision"]
 print(seqlens > 0, grid, getattr(m.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid", False))

@@ -1,4 +1,4 @@
-"""The GPU and interconnect preflight (`components.train_lora.preflight`) and the job environment.
+"""The GPU and interconnect preflight (`components.common.preflight`) and the job environment.
 
 Thresholds, messages and the job environment are tested as pure functions; the measuring
 code runs for real on CPU: gloo all-reduce and a DDP step across two processes started by
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from components.common import cluster
+from components.common import preflight as pf
+from components.common.cluster import LaunchPlan
 from components.train_lora import core
-from components.train_lora import preflight as pf
-from components.train_lora._launch import LaunchPlan
 from components.train_lora.job_env import JobEnvError, check_job_env, job_env_strings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +190,7 @@ def test_launch_command_is_a_standalone_torchrun_on_the_preflight_port():
     cmd = pf.launch_command(opts, plan, 2223, ["chief", "w0"], python="py")
     assert cmd[:6] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8"]
     text = " ".join(cmd)
-    assert "-m components.train_lora.preflight --nnodes 2 --node-rank 1 --master-addr chief --master-port 2223" in text
+    assert "-m components.common.preflight --nnodes 2 --node-rank 1 --master-addr chief --master-port 2223" in text
     assert "--hosts chief,w0" in text and "--expect-gpus 8" in text and "--expected-tflops 900" in text
     assert "--json /w/p.json" in text and "--sizes-mb 4,32,256" in text
 
@@ -199,8 +200,8 @@ def test_cluster_hosts_in_node_rank_order():
         "cluster": {"workerpool0": ["c:2222"], "workerpool1": ["w0:2222", "w1:2222"]},
         "task": {"type": "workerpool0"},
     }
-    assert pf.cluster_hosts({"CLUSTER_SPEC": json.dumps(spec)}) == ["c", "w0", "w1"]
-    assert pf.cluster_hosts({}) == []
+    assert cluster.cluster_hosts({"CLUSTER_SPEC": json.dumps(spec)}) == ["c", "w0", "w1"]
+    assert cluster.cluster_hosts({}) == []
 
 
 # --- job environment ----------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def _free_port() -> int:
 def _cli(args, env_extra=None, timeout=60):
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "components.train_lora.preflight", *args],
+        [sys.executable, "-m", "components.common.preflight", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -373,7 +374,7 @@ def test_two_nodes_on_one_host_pass_across_node_ranks(tmp_path):
         ]
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "components.train_lora.preflight", *args],
+                [sys.executable, "-m", "components.common.preflight", *args],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -452,7 +453,7 @@ def test_the_wall_clock_bound_kills_a_hung_preflight(tmp_path):
 
 def test_under_torchrun_directly(tmp_path):
     out = tmp_path / "pf.json"
-    args = ["--nproc-per-node", "2", "-m", "components.train_lora.preflight", "--device", "cpu", "--sizes-mb", "1"]
+    args = ["--nproc-per-node", "2", "-m", "components.common.preflight", "--device", "cpu", "--sizes-mb", "1"]
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", *args, "--budget-s", "0.2", "--json", str(out)],
         cwd=ROOT,
@@ -565,8 +566,8 @@ def test_kill_9_of_the_task_stops_the_preflight_it_started(tmp_path):
     marker = str(tmp_path / "orphan-check.json")
     runner = (
         "import sys\n"
-        "from components.train_lora import preflight as pf\n"
-        "from components.train_lora._launch import LaunchPlan\n"
+        "from components.common import preflight as pf\n"
+        "from components.common.cluster import LaunchPlan\n"
         "plan = LaunchPlan(nnodes=2, node_rank=0, master_addr='127.0.0.1', master_port=int(sys.argv[2]), "
         "nproc_per_node=1)\n"
         "pf.run_launch(pf.Options(device='cpu', timeout_s=120, json_path=sys.argv[1]), plan, log=print)\n"

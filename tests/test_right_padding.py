@@ -1,4 +1,4 @@
-"""Causal attention without a mask for right-padded training batches (components/train_lora/speedups/right_padding.py)."""
+"""Causal attention without a mask for right-padded training batches (speedups/right_padding.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import masking_utils
 
-from components.train_lora.speedups.right_padding import right_aligned, right_padded_causal_skip
+from speedups.right_padding import right_aligned, right_padded_causal_skip
 
 ORIGINAL = getattr(masking_utils._ignore_causal_mask_sdpa, "__wrapped__", masking_utils._ignore_causal_mask_sdpa)
 

@@ -1,10 +1,10 @@
-"""torch's fused RMSNorm in place of Liger's (components/train_lora/speedups/rms_norm.py)."""
+"""torch's fused RMSNorm in place of Liger's (speedups/rms_norm.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from components.train_lora.speedups import rms_norm
+from speedups import rms_norm
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -70,7 +70,7 @@ def test_fused_op_is_detected_per_device():
 
 
 def test_wanted_with_more_than_one_process_unless_switched_off():
-    from components.train_lora.speedups.registry import SWITCHES
+    from speedups.registry import SWITCHES
 
     def wanted(environ, world_size):
         return SWITCHES["VLM_LORA_TORCH_RMS_NORM"].on(environ, world_size)

@@ -1,4 +1,4 @@
-"""The speed-ups' registry (components/train_lora/speedups/registry.py) and the plugin's walk over it (plugin.py):
+"""The speed-ups' registry (speedups/registry.py) and the plugin's walk over it (plugin.py):
 each item declared once; a version outside its verified range, a target renamed or missing, nothing found in the
 model and an exception each skip the item with a line, never a crash; the start-up table reaches train-lora's
 Metrics; the planner's view follows the same records; the lock's versions lie inside every item's ranges."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.train_lora.speedups import patching, plugin, registry
-from components.train_lora.speedups.registry import ITEMS, Outcome, Table
+from speedups import patching, plugin, registry, versions
+from speedups.registry import ITEMS, Outcome, Table
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,14 +52,14 @@ def test_a_switch_reads_its_default_and_the_multi_process_default():
 
 def test_a_version_outside_the_range_skips_the_item_with_package_version_and_range(monkeypatch):
     real = registry.installed_version
-    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
     outcome = registry.version_problem(registry.item(6), gpu=False)
     assert outcome.line() == "skipped: version outside the verified range (transformers 5.21.0, verified >=5.17,<5.20)"
     assert registry.version_problem(registry.item(2), gpu=False) is None  # peft only
-    monkeypatch.setattr(registry, "installed_version", lambda d: "2.14.1+cu130" if d == "torch" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "2.14.1+cu130" if d == "torch" else real(d))
     assert registry.version_problem(registry.item(3), gpu=False) is None  # torch gates the GPU kernels only
     assert "torch 2.14.1+cu130, verified >=2.11,<2.12" in registry.version_problem(registry.item(3), gpu=True).detail
-    monkeypatch.setattr(registry, "installed_version", lambda d: None if d == "liger-kernel" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: None if d == "liger-kernel" else real(d))
     assert registry.version_problem(registry.item(5), gpu=False).line() == (
         "skipped: not applicable (liger-kernel not installed)"
     )
@@ -69,7 +69,7 @@ def test_the_plugin_skips_items_outside_their_range_and_patches_nothing_of_their
     from transformers import Trainer, masking_utils
 
     real = registry.installed_version
-    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
     ctx = plugin.install()
     for number in (1, 6, 7, 14):
         assert ctx.loaded[number].kind == registry.VERSION, number
@@ -121,7 +121,7 @@ def test_a_target_replaced_after_the_plugin_loaded_is_said_at_the_trainer(monkey
 def test_an_exception_while_installing_skips_the_item_and_puts_back_what_it_replaced(monkeypatch):
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    from components.train_lora.speedups import autocast_input
+    from speedups import autocast_input
 
     own = BaseTunerLayer._cast_input_dtype
 
@@ -261,7 +261,7 @@ def test_a_liger_outside_its_range_is_skipped_with_the_line_in_a_fresh_plugin(tm
     from tests.test_plugin_switches import _run_with_fake_liger
 
     code = """
-from components.train_lora.speedups import swift_plugin as entry
+from speedups import swift_plugin as entry
 from liger_kernel.transformers.model import loss_utils
 loaded = entry.CONTEXT.loaded
 print(loaded[5].line(), "|", loaded[18].line(), "|", hasattr(loss_utils.fixed_fused_linear_cross_entropy, "_vlm_lora_label_rows"))
@@ -324,11 +324,12 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     """train-lora's planner reads the registry's view (switch, versions, targets, run), not the environment: item 6
     outside its range means a padding mask in the memory model, whatever the switch says; a memory-relevant item the
     run's table has otherwise is named after the run."""
-    from components.train_lora import _launch, _plan, core
+    from components.common import cluster
+    from components.train_lora import _plan, core
     from pipelines.demo.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
-    launch = core._Launch(_launch.LaunchPlan(), 1, 80 * 1024**3)
+    launch = core._Launch(cluster.LaunchPlan(), 1, 80 * 1024**3)
     seen = {}
 
     def plan_for_run(args, **kwargs):
@@ -340,7 +341,7 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
     assert seen["padding_mask"] is False
     real = registry.installed_version
-    monkeypatch.setattr(registry, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
     expected = core._planned_speedups(args, model, launch, {})
     core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {}, expected)
     assert seen["padding_mask"] is True and expected.outcomes[6].kind == registry.VERSION
@@ -376,3 +377,35 @@ def test_the_planner_expects_item_12_only_under_zero_1_or_2(deepspeed, applies):
     assert outcome.applied is applies, outcome.line()
     if not applies:
         assert outcome.line() == "skipped: not applicable (no DeepSpeed ZeRO-1/2)"
+
+
+def test_the_package_declares_its_version_and_the_union_of_its_items_ranges():
+    import speedups
+
+    assert speedups.__version__ == versions.__version__ and speedups.__version__.count(".") == 2
+    cpu = {d: s for it in ITEMS for d, s in it.verified.items()}
+    gpu = {d: s for it in ITEMS for d, s in it.gpu_verified.items()}
+    assert speedups.SUPPORTED == cpu and speedups.GPU_SUPPORTED == gpu  # one range per package, all declared
+    assert all(it.verified[d] == cpu[d] for it in ITEMS for d in it.verified)
+
+
+def test_the_package_s_imports_form_no_circle():
+    """Every import between the package's modules, those inside functions included, goes one way."""
+    import ast
+    from pathlib import Path
+
+    root = Path(registry.__file__).parent
+    edges = {}
+    for path in root.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "speedups":
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("speedups."):
+                found.add(node.module.split(".")[1])
+        edges[path.stem] = found - {path.stem}
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges.get(start, ()))
+
+    assert not [m for m in edges if reaches(m, m)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import speedups_versions as sv
-from components.train_lora.speedups import registry
+from speedups import registry, versions
 
 INSTALLED_VERSION = registry.installed_version  # as imported, before any planner call
 
@@ -38,7 +38,7 @@ def test_each_item_is_applied_or_a_named_skip_and_a_version_skip_names_the_packa
                 assert line.startswith(f"skipped: {registry.VERSION} ({outside[0]} "), (view, it.number, line)
             elif not outside:
                 assert registry.VERSION not in line, (view, it.number, line)
-    assert registry.installed_version is INSTALLED_VERSION  # the lock's torch: only inside the planner's call
+    assert versions.installed_version is INSTALLED_VERSION  # the lock's torch: only inside the planner's call
     for number in (3, 13, 17):  # gated on torch where a GPU runs them: the lock's torch is in their range
         assert "(torch " not in side["lock_torch"]["expected"][str(number)]
 

@@ -1,4 +1,4 @@
-"""Liger's fused SiLU-multiply in Qwen3-VL's MLPs (components/train_lora/speedups/swiglu.py)."""
+"""Liger's fused SiLU-multiply in Qwen3-VL's MLPs (speedups/swiglu.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.train_lora.speedups.swiglu import fuse_silu_mul, silu_mul_bytes
+from speedups.model_config import silu_mul_bytes
+from speedups.swiglu import fuse_silu_mul
 from tests.peft_routing import routed
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 from tests.tiny_text import qwen3_vl_text_model
@@ -78,7 +79,7 @@ def test_silu_mul_bytes_for_the_planner():
 
 
 def test_wanted_only_with_liger_on_and_its_swiglu_not_turned_off(monkeypatch):
-    from components.train_lora.speedups.swiglu import wants_liger_swiglu
+    from speedups.swiglu import wants_liger_swiglu
 
     liger = SimpleNamespace(use_liger_kernel=True, liger_kernel_config=None)
     assert wants_liger_swiglu(liger)
@@ -91,10 +92,10 @@ def test_wanted_only_with_liger_on_and_its_swiglu_not_turned_off(monkeypatch):
 
 
 def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
-    from components.train_lora.speedups import registry
+    from speedups import registry, versions
 
     real = registry.installed_version  # Liger as the training image has it (this CPU install has none)
-    monkeypatch.setattr(registry, "installed_version", lambda d: "0.8.5" if d == "liger-kernel" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "0.8.5" if d == "liger-kernel" else real(d))
 
     def _fused_silu_mul(args, env, config):  # item 8 applied or not, as the planner sees it
         return registry.planned(env, 1, args, config, gpu=False).memory_flags()["fused_silu_mul"]
@@ -105,7 +106,7 @@ def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
     assert not _fused_silu_mul({}, {}, qwen3_vl)  # no Liger
     assert not _fused_silu_mul(liger, {}, {"model_type": "qwen3_vl_moe"})  # experts, not this MLP
     assert not _fused_silu_mul(liger, {"VLM_LORA_LIGER_SWIGLU": "0"}, qwen3_vl)
-    monkeypatch.setattr(registry, "installed_version", lambda d: "0.9.0" if d == "liger-kernel" else real(d))
+    monkeypatch.setattr(versions, "installed_version", lambda d: "0.9.0" if d == "liger-kernel" else real(d))
     assert not _fused_silu_mul(liger, {}, qwen3_vl)  # a Liger outside the verified range: the item is skipped
 
 
@@ -144,7 +145,7 @@ def test_plan_sizes_without_the_silu_output():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_liger_product_keeps_less_and_matches_gpu():
     pytest.importorskip("liger_kernel")
-    from components.train_lora.speedups.swiglu import liger_silu_mul
+    from speedups.swiglu import liger_silu_mul
 
     silu_mul, kernels = liger_silu_mul()
     torch.manual_seed(0)
@@ -169,7 +170,7 @@ def test_liger_product_keeps_less_and_matches_gpu():
     for g_fused, g_ref in zip(grads_fused, grads_ref):
         assert (g_fused - g_ref).abs().max().item() <= 0.02 * g_ref.abs().max().item()
     # the kernels the down projection calls (forward, then the backward into gate and up) against PyTorch's
-    from components.train_lora.speedups.fused_lora import TorchSiluMul
+    from speedups.fused_lora import TorchSiluMul
 
     a, b = gate.detach().view(-1, 9728), up.detach().view(-1, 9728)
     dc = torch.randn_like(a)
@@ -185,7 +186,7 @@ class _SavingSiluMul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up):
-        from components.train_lora.speedups.fused_lora import TorchSiluMul
+        from speedups.fused_lora import TorchSiluMul
 
         ctx.save_for_backward(gate, up)
         return TorchSiluMul.forward(gate, up)
@@ -216,7 +217,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
     function, the same masks from the same seed; autograd keeps one product's bytes less per MLP."""
     import functools
 
-    from components.train_lora.speedups import fused_lora
+    from speedups import fused_lora
 
     def model():
         torch.manual_seed(0)
@@ -252,7 +253,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
 
 
 def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
-    from components.train_lora.speedups import fused_lora
+    from speedups import fused_lora
 
     m = _lora(_text_model(layers=1)).train()
     mlp = m.base_model.model.layers[0].mlp
@@ -284,7 +285,7 @@ def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
 
 def test_plan_sizes_without_the_product_where_the_down_projection_recomputes_it():
     from components.train_lora._plan import GIB, plan_for_run
-    from components.train_lora.speedups.registry import planned
+    from speedups.registry import planned
 
     def _silu_mul_down(args, env):
         return planned(env, 1, args, {}, gpu=False).silu_mul_down

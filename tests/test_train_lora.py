@@ -97,7 +97,7 @@ def test_plugin_counts_tokens_without_padding():
     import torch
     from transformers import Trainer
 
-    from components.train_lora.speedups import swift_plugin
+    from speedups import swift_plugin
 
     assert swift_plugin.CONTEXT.loaded[1].state == "pending"  # installed; decided when a trainer is built
     fake = SimpleNamespace(
@@ -123,7 +123,7 @@ def test_plugin_token_counts_on_the_gpu_are_read_without_waiting_and_completed_w
     import torch
     from transformers import Trainer
 
-    from components.train_lora.speedups import swift_plugin, token_count
+    from speedups import swift_plugin, token_count
 
     class Event:  # a CUDA event: done once the GPU reaches it
         def __init__(self):
@@ -399,7 +399,7 @@ def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from components.train_lora.speedups import swift_plugin
+    from speedups import swift_plugin
 
     assert not swift_plugin.CONTEXT.loaded[2].skipped
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from components.common import cluster
 from components.train_lora import _checkpoints as ck
 from components.train_lora import _input_checks as pf
 from components.train_lora import _launch as la
@@ -32,12 +33,12 @@ def _spec(kind, index, workers=("w0:2222", "w1:2222")):
 
 def test_single_node_cpu_and_one_gpu_run_without_torchrun():
     for gpus in (0, 1):
-        plan = la.launch_plan({}, gpus)
+        plan = cluster.launch_plan({}, gpus)
         assert plan.env == {} and plan.is_chief and not plan.distributed and plan.nnodes == 1
 
 
 def test_single_node_multi_gpu_sets_only_nproc_per_node():
-    plan = la.launch_plan({}, 8)
+    plan = cluster.launch_plan({}, 8)
     assert plan.env == {"NPROC_PER_NODE": "8"} and plan.is_chief and plan.world_size == 8
 
 
@@ -50,12 +51,12 @@ def test_vertex_single_replica_cluster_spec_is_a_single_node():
             }
         )
     }
-    plan = la.launch_plan(env, 2)
+    plan = cluster.launch_plan(env, 2)
     assert plan.nnodes == 1 and plan.env == {"NPROC_PER_NODE": "2"} and plan.is_chief
 
 
 def test_chief_of_three_nodes():
-    plan = la.launch_plan(_spec("workerpool0", 0), 8)
+    plan = cluster.launch_plan(_spec("workerpool0", 0), 8)
     assert plan.is_chief and plan.node_rank == 0 and plan.nnodes == 3
     assert plan.env == {
         "NNODES": "3",
@@ -69,7 +70,7 @@ def test_chief_of_three_nodes():
 
 @pytest.mark.parametrize("index", [0, 1])
 def test_workers_rank_after_the_chief(index):
-    plan = la.launch_plan(_spec("workerpool1", index), 8)
+    plan = cluster.launch_plan(_spec("workerpool1", index), 8)
     assert not plan.is_chief and plan.node_rank == 1 + index
     assert plan.env["NODE_RANK"] == str(1 + index) and plan.env["MASTER_ADDR"] == "chief-host"
     assert plan.env["NNODES"] == "3"
@@ -91,8 +92,8 @@ def test_workers_rank_after_the_chief(index):
     ],
 )
 def test_malformed_cluster_spec_is_a_named_error(text, match):
-    with pytest.raises(la.ClusterSpecError, match=match) as info:
-        la.launch_plan({"CLUSTER_SPEC": text}, 1)
+    with pytest.raises(cluster.ClusterSpecError, match=match) as info:
+        cluster.launch_plan({"CLUSTER_SPEC": text}, 1)
     assert isinstance(info.value, TrainError)
 
 
@@ -104,7 +105,7 @@ def test_gpu_count_check():
 
 
 def test_nccl_timeout_only_for_distributed_runs_and_config_wins():
-    single, multi = la.launch_plan({}, 1), la.launch_plan({}, 2)
+    single, multi = cluster.launch_plan({}, 1), cluster.launch_plan({}, 2)
     assert la.distributed_swift_args({}, single) == {}
     assert la.distributed_swift_args({}, multi) == {"ddp_timeout": la.DEFAULT_DDP_TIMEOUT_S}
     assert la.distributed_swift_args({}, multi, 600) == {"ddp_timeout": 600}
@@ -234,7 +235,7 @@ def test_train_lora_fails_before_any_work(tmp_path):
             expected_gpus=2,
             environ={},
         )
-    with pytest.raises(la.ClusterSpecError):
+    with pytest.raises(cluster.ClusterSpecError):
         core.train_lora(
             str(m),
             "qwen3_vl",
@@ -423,7 +424,7 @@ def test_the_unused_parameter_search_stays_where_a_parameter_may_miss_a_step(arg
 
 
 def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_path, capsys):
-    launch = core._Launch(la.launch_plan({}, 2), 2, 80 * GIB)
+    launch = core._Launch(cluster.launch_plan({}, 2), 2, 80 * GIB)
     (tmp_path / "config.json").write_text(json.dumps(DENSE))
     run = dict(ddp_timeout_s=None, environ={}, checkpoint_dir=None)
     args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
@@ -432,6 +433,6 @@ def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_p
     (tmp_path / "config.json").write_text(json.dumps(MOE))
     args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
     assert strategy.name == "ddp" and "ddp_find_unused_parameters" not in args
-    one = core._Launch(la.launch_plan({}, 1), 1, 80 * GIB)
+    one = core._Launch(cluster.launch_plan({}, 1), 1, 80 * GIB)
     args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), one, **run)
     assert strategy.name == "single" and "ddp_find_unused_parameters" not in args

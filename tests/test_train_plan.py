@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from components.common import cluster
 from components.train_lora._plan import (
     GIB,
     ModelShape,
@@ -120,7 +121,7 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
 
 def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():
     from components.train_lora._plan import dropout_mask_bytes, plan_for_run
-    from components.train_lora.speedups.registry import planned
+    from speedups.registry import planned
 
     def _seeded_dropout(args, env):  # what the task asks the planner for (the registry's reading of the switches)
         return planned(env, 1, args, {}, gpu=False).seeded_dropout
@@ -289,7 +290,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     """`_train_until_it_fits` with a swift that runs out of memory above `fits` rows per micro-batch."""
     import sys
 
-    from components.train_lora import _launch, core
+    from components.train_lora import core
 
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "swift"
@@ -300,7 +301,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     work.mkdir()
     (work / "train.jsonl").write_text("{}\n")
     inputs = core._Inputs(work, work / "train.jsonl", "", 1)
-    launch = core._Launch(_launch.LaunchPlan(nnodes=nnodes), 1, H100)
+    launch = core._Launch(cluster.LaunchPlan(nnodes=nnodes), 1, H100)
     durable = core._Durability(None, 5.0, 2, 60.0, 5.0, 10.0)
     plan = plan or plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
     run = core._train_until_it_fits(
@@ -355,7 +356,7 @@ def test_a_multi_node_run_does_not_replan_alone(tmp_path, monkeypatch):
 
 
 def test_the_task_knows_when_attention_gets_a_padding_mask():
-    from components.train_lora.speedups.registry import planned
+    from speedups.registry import planned
 
     def _padding_mask_attention(args, env):  # item 6 applied or not, as the planner sees it
         return planned(env, 1, args, {}, gpu=False).memory_flags()["padding_mask"]

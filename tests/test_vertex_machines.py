@@ -70,7 +70,7 @@ def test_machine_variants_compile_to_a_custom_job_with_the_machines_default_disk
 
 def test_the_b200_profile_is_priced_and_planned():
     from components.common import cost, model_fit
-    from components.train_lora.preflight import lookup_gpu
+    from components.common.preflight import lookup_gpu
 
     assert cost.PRICES["a4-highgpu-8g"][1] < cost.PRICES["a4-highgpu-8g"][0]
     assert "NVIDIA_B200" in cost.GPU_RATIO and model_fit.GPU_MEMORY_GIB["NVIDIA_B200"] == 178.4

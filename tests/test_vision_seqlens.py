@@ -1,4 +1,4 @@
-"""The vision tower's sequence boundaries from a host copy of grid_thw (components/train_lora/speedups/vision_seqlens.py)."""
+"""The vision tower's sequence boundaries from a host copy of grid_thw (speedups/vision_seqlens.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.train_lora.speedups.vision_seqlens import host_seqlens, install
+from speedups.vision_seqlens import host_seqlens, install
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -34,7 +34,7 @@ def test_host_grids_and_flash_attention_go_through_unchanged():
 
 
 def test_a_device_grid_is_copied_to_the_host_only_for_sdpa_and_eager():
-    from components.train_lora.speedups.vision_seqlens import wants_host_copy
+    from speedups.vision_seqlens import wants_host_copy
 
     on_device = torch.empty(2, 3, dtype=torch.long, device="meta")  # stands for a GPU tensor
     assert wants_host_copy(on_device, SimpleNamespace(_attn_implementation="sdpa"))
@@ -112,7 +112,7 @@ GRIDS = [[1, 4, 6], [1, 8, 8], [2, 4, 4], [1, 8, 8], [1, 6, 4]]  # four sizes, o
 
 
 def test_device_parts_compute_once_per_key_and_keep_the_latest():
-    from components.train_lora.speedups.vision_seqlens import DeviceParts
+    from speedups.vision_seqlens import DeviceParts
 
     parts = DeviceParts(entries=2)
     calls = []
@@ -138,7 +138,7 @@ def test_device_parts_compute_once_per_key_and_keep_the_latest():
 def test_index_functions_under_a_target_equal_transformers_for_mixed_grids(mode, align_corners):
     from transformers import vision_utils
 
-    from components.train_lora.speedups.vision_seqlens import (
+    from speedups.vision_seqlens import (
         TARGET,
         DeviceParts,
         cached_interpolation,
@@ -169,7 +169,7 @@ def test_index_functions_under_a_target_equal_transformers_for_mixed_grids(mode,
 
 
 def test_index_functions_run_as_they_are_without_a_target_or_with_precomputed_values():
-    from components.train_lora.speedups.vision_seqlens import DeviceParts, cached_interpolation, cached_position_ids
+    from speedups.vision_seqlens import DeviceParts, cached_interpolation, cached_position_ids
 
     seen = []
 
@@ -187,7 +187,7 @@ def test_index_functions_run_as_they_are_without_a_target_or_with_precomputed_va
         return kwargs.pop("interp_indices"), kwargs.pop("interp_weights")
 
     given = {"interp_indices": torch.ones(1), "interp_weights": torch.ones(1)}
-    from components.train_lora.speedups.vision_seqlens import TARGET
+    from speedups.vision_seqlens import TARGET
 
     token = TARGET.set(torch.device("cpu"))
     try:
@@ -198,7 +198,7 @@ def test_index_functions_run_as_they_are_without_a_target_or_with_precomputed_va
 
 
 def test_host_grid_call_gives_a_host_copy_and_the_device_then_restores(monkeypatch):
-    from components.train_lora.speedups import vision_seqlens
+    from speedups import vision_seqlens
 
     seen = []
 
@@ -238,7 +238,7 @@ def test_image_features_from_a_host_copy_equal_the_stock_ones(monkeypatch):
     """The real Qwen3-VL tower and get_image_features with the wrappers, the grid taken for a device grid."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import vision_seqlens
+    from speedups import vision_seqlens
 
     config, tower = _qwen3_vl_tower()
     grid = torch.tensor(GRIDS)
@@ -284,7 +284,7 @@ def test_image_features_from_a_host_copy_equal_the_stock_ones(monkeypatch):
 
 
 def test_install_grid_wraps_functions_and_qwen3_vl_calls_once():
-    from components.train_lora.speedups.vision_seqlens import install_grid
+    from speedups.vision_seqlens import install_grid
 
     class Qwen3VLVisionModel:
         def forward(self, hidden, grid_thw=None):
@@ -314,7 +314,7 @@ def test_install_grid_wraps_functions_and_qwen3_vl_calls_once():
 def test_the_plugin_installs_the_grid_work_on_qwen3_vl():
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import swift_plugin
+    from speedups import swift_plugin
 
     assert swift_plugin.CONTEXT.state["host_vision"][1]
     for fn in (
@@ -331,7 +331,7 @@ def test_one_wait_for_the_whole_tower_gpu():
     """On a GPU: get_image_features of a device grid waits for the GPU once with the plugin's wrappers."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import swift_plugin  # noqa: F401 (installs the wrappers)
+    from speedups import swift_plugin  # noqa: F401 (installs the wrappers)
 
     config, tower = _qwen3_vl_tower()
     tower = tower.cuda()
@@ -436,7 +436,7 @@ def _forward(model, batch, facts: bool, monkeypatch, parts=None):
     from transformers import masking_utils
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import deepstack, right_padding, vision_seqlens
+    from speedups import deepstack, right_padding, vision_seqlens
 
     cls = modeling_qwen3_vl.Qwen3VLModel
     plain = {name: _plain(getattr(cls, name)) for name in ("forward", "get_placeholder_mask", "get_image_features")}
@@ -486,7 +486,7 @@ def test_the_forward_reads_its_inputs_once_and_computes_the_same(monkeypatch):
     the hidden states and gradients equal the stock forward's."""
     model = _qwen3_vl_model()
     batch = _batch(model.config)
-    from components.train_lora.speedups import vision_seqlens
+    from speedups import vision_seqlens
 
     stock, stock_grads, stock_reads = _forward(model, batch, False, monkeypatch)
     parts = vision_seqlens.DeviceParts()
@@ -500,7 +500,7 @@ def test_the_forward_reads_its_inputs_once_and_computes_the_same(monkeypatch):
 
 
 def test_facts_keep_the_mask_for_left_padding_and_the_check_for_mismatched_tokens(monkeypatch):
-    from components.train_lora.speedups import vision_seqlens
+    from speedups import vision_seqlens
 
     model = _qwen3_vl_model()
     batch = _batch(model.config, left_padded=True)
@@ -515,7 +515,7 @@ def test_facts_keep_the_mask_for_left_padding_and_the_check_for_mismatched_token
 
 
 def test_gathered_facts_hold_the_grids_and_nothing_off_the_device():
-    from components.train_lora.speedups import vision_seqlens
+    from speedups import vision_seqlens
 
     config = SimpleNamespace(image_token_id=3, video_token_id=4)
     ids = torch.tensor([[3, 3, 1], [4, 1, 1]])
@@ -529,7 +529,7 @@ def test_one_wait_for_the_whole_model_forward_gpu(monkeypatch):
     (the facts' copy at its start); transformers' own forward and placeholder mask wait more, the same output."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import deepstack, swift_plugin  # noqa: F401 (installs the wrappers)
+    from speedups import deepstack, swift_plugin  # noqa: F401 (installs the wrappers)
     from tests.gpu_waits import gpu_waits
 
     model = _qwen3_vl_model().cuda()

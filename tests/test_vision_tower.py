@@ -1,4 +1,4 @@
-"""The frozen vision tower in fewer kernels (components/train_lora/speedups/vision_tower.py, vision_triton.py).
+"""The frozen vision tower in fewer kernels (speedups/vision_tower.py, vision_triton.py).
 
 The patch embedding as one matmul, the 16-bit LayerNorms and the rotary kernel are checked against
 transformers' own tower: on the CPU (the kernel under Triton's interpreter, in tests/triton_interpret_checks.py's
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from components.train_lora.job_env import check_job_env
-from components.train_lora.speedups import vision_tower
+from speedups import vision_tower
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
@@ -137,7 +137,7 @@ def test_the_rotary_wrapper_takes_the_kernel_only_where_it_applies():
 
 
 def test_the_rotary_kernel_refuses_what_it_cannot_take():
-    from components.train_lora.speedups import vision_triton
+    from speedups import vision_triton
 
     q, k = torch.randn(2, 5, 3, 8).unbind(0)
     cos = sin = torch.randn(5, 8)
@@ -192,7 +192,7 @@ def test_install_reaches_only_a_qwen3_vl_vision_tower():
 def test_the_plugin_installs_it_unless_switched_off(monkeypatch):
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import plugin
+    from speedups import plugin
 
     # on a GPU the plugin wraps the modeling file's rotary: put transformers' own back afterwards
     monkeypatch.setattr(modeling_qwen3_vl, "apply_rotary_pos_emb_vision", modeling_qwen3_vl.apply_rotary_pos_emb_vision)
@@ -238,7 +238,7 @@ def interpreted():
 def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch):
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
-    from components.train_lora.speedups import vision_triton
+    from speedups import vision_triton
     from tests.triton_interpret_checks import vision_rotary_cases
 
     cases = vision_rotary_cases(vision_triton, "cuda")

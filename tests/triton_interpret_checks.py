@@ -1,4 +1,4 @@
-"""Checks of components/train_lora/speedups/lora_triton.py under Triton's interpreter, printed as one JSON line.
+"""Checks of speedups/lora_triton.py under Triton's interpreter, printed as one JSON line.
 
 Triton's interpreter replaces `triton.language` when Triton is imported, so these run in a process of
 their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
@@ -13,7 +13,7 @@ their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
 - "seeded": masks given by a seed — the forward's rank-r product and both backward kernels against float64
   with the mask written out (`kept_mask`), the drop rate and neighbouring columns' joint drops on a large
   mask, and `_LoraLinear` / `_SiluMulLoraLinear` with seeded masks against autograd on the written-out masks;
-- "vision_rotary": the vision tower's rotary kernel (components/train_lora/speedups/vision_triton.py) against
+- "vision_rotary": the vision tower's rotary kernel (speedups/vision_triton.py) against
   transformers' `apply_rotary_pos_emb_vision` on strided q / k (tests/test_vision_tower.py reads it).
 """
 
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     """All checks, or with the argument `vision` the vision rotary kernel's only."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (Triton's interpreter; the kernels run on the CPU)")
-    from components.train_lora.speedups import fused_lora, lora_triton, vision_triton
+    from speedups import fused_lora, lora_triton, vision_triton
 
     gap = interpreter_gap()
     if gap:

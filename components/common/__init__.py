@@ -15,5 +15,8 @@ Components import from here, never from each other's `core` or `_private` module
 `progress` (long steps' progress as rate-limited log lines: one per 5 % or 30 s, whichever comes later),
 `boxes` / `tasks` (box conventions, the task registry),
 `report` (the HTML reports' jinja2 templates, matplotlib figures as inline SVG, data: URIs),
-`provenance` (a clean row's origin: the user's file, line and image names).
+`provenance` (a clean row's origin: the user's file, line and image names),
+`errors` (`TrainError`, the training job's error type), `cluster` (where a node sits: Vertex's CLUSTER_SPEC or a
+JobSet's environment, the node's GPUs: train-lora's launcher and the preflight read it),
+`preflight` (the GPU / NCCL health check train-lora runs on every node: `python -m components.common.preflight`).
 """

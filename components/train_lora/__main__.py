@@ -6,7 +6,7 @@
 
 The same core as the KFP component (`components.train_lora.core.train_lora`), on folders (on GKE
 the `/gcs/<bucket>/...` paths of the FUSE mount). The node's rank and the chief come from the
-JobSet's environment (`_launch.launch_plan`). The chief writes the adapter and, with --result,
+JobSet's environment (`components.common.cluster.launch_plan`). The chief writes the adapter and, with --result,
 one JSON of the run (metrics, checkpoint, strategy, resumed_from) and the loss curve beside it
 (`<result>.html`), each whole or not at all. Exit 0 trained (or a worker node done), 1 training
 failed (one line), 2 bad arguments.

@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.common.errors import TrainError
 from components.common.files import CopyMismatch, copy_verified, sha256_file, write_json_atomic
-from components.train_lora._errors import TrainError
 
 MARKER = "COMPLETE.json"
 _CKPT = re.compile(r"checkpoint-(\d+)")

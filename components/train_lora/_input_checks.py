@@ -1,7 +1,7 @@
 """Checks of the config and the inputs that fail before the first training step, with the knob to turn.
 
 All of them read only small files (config.json, safetensors headers), never the weights.
-The hardware check (GPUs, interconnect) is `components.train_lora.preflight`.
+The hardware check (GPUs, interconnect) is `components.common.preflight`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from components.common import quantization
+from components.common.errors import TrainError
 from components.common.model_fit import LIGER_WITH_PARAMETERS
-from components.train_lora._errors import TrainError
 
 
 class InputCheckError(TrainError):

@@ -53,8 +53,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from components.train_lora._errors import TrainError
-from components.train_lora.speedups.swiglu import silu_mul_bytes
+from components.common.errors import TrainError
+from speedups.model_config import silu_mul_bytes
 
 AUTO = "auto"
 GIB = 1024**3

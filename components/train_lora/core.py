@@ -3,7 +3,7 @@
 `build_sft_command` is a pure function from the config's `swift` section (ms-swift's own
 argument names, passed through unchanged) plus the task's inputs to the command line;
 `train_lora` first runs the GPU and interconnect preflight on every node
-(`components.train_lora.preflight`, skipped without a GPU), then the command, then
+(`components.common.preflight`, skipped without a GPU), then the command, then
 collects the adapter and the training metrics (with the chief's preflight figures). Running the
 command (`components.common.swift`) and the adapter folder's layout
 (`components.common.adapter`) are shared with merge-export.
@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import cost, tracking
+from components.common import cluster, cost, tracking
+from components.common import preflight as gpu_check
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.dataset import checked_rows_file, read_token_stats
+from components.common.errors import TrainError  # re-exported: core.TrainError
 from components.common.manifest import ManifestError, write_manifest
 from components.common.provenance import strip_origin
 from components.common.quantization import quantization_of
@@ -36,13 +38,11 @@ from components.common.swift import (
     to_cli,
 )
 from components.train_lora import _checkpoints, _input_checks, _launch, _plan
-from components.train_lora import preflight as gpu_check
-from components.train_lora._errors import TrainError  # re-exported: core.TrainError
 from components.train_lora.job_env import check_job_env, job_env_strings
-from components.train_lora.speedups import registry
+from speedups import registry
 
 # Set by the task from its inputs; a config that sets them is refused.
-PLUGIN = str(Path(__file__).parent / "speedups" / "swift_plugin.py")
+PLUGIN = str(Path(registry.__file__).parent / "swift_plugin.py")
 # Printed when SIGTERM arrives: what the task does next.
 _SIGTERM_NOTICE = "stopping swift, then saving the last finished checkpoint"
 # How long each node's preflight waits for every rank to join, seconds: the ranks of one
@@ -393,7 +393,7 @@ def _preempted(sync: _checkpoints.CheckpointSync | None, checkpoint_dir: str | N
 class _Launch:
     """How this node trains: the launch plan and the GPUs it has."""
 
-    plan: _launch.LaunchPlan
+    plan: cluster.LaunchPlan
     gpu_count: int  # GPUs visible on this node
     gpu_memory: int  # bytes per GPU
 
@@ -484,7 +484,7 @@ def train_lora(
             for other nodes' markers; Vertex kills the task about 30 s after SIGTERM.
             Default 25.
         preflight: The GPU and interconnect check run on every node before `swift sft`
-            (`components.train_lora.preflight`): "fail" stops on a problem, "warn" logs it
+            (`components.common.preflight`): "fail" stops on a problem, "warn" logs it
             and trains, "off" skips it. Skipped on a node without a GPU. Default "fail".
         job_env: Extra environment variables of the preflight and `swift sft` (NCCL_*,
             TORCH_NCCL_*, TORCH_DISTRIBUTED_DEBUG, CUDA_DEVICE_MAX_CONNECTIONS, ...; see
@@ -810,9 +810,9 @@ def _plan_launch(
     """
     if not Path(model_dir, "config.json").is_file():
         raise TrainError(f"{model_dir}: base model folder has no config.json; stage the model first")
-    gpu_count, gpu_memory = _launch.detect_gpus() if gpus is None else gpus
+    gpu_count, gpu_memory = cluster.detect_gpus() if gpus is None else gpus
     _launch.check_gpu_count(expected_gpus, gpu_count)
-    plan = _launch.launch_plan(environ, gpu_count)
+    plan = cluster.launch_plan(environ, gpu_count)
     writable = {"work_dir": work_dir}
     if plan.is_chief:
         writable["adapter output"] = adapter_out
@@ -823,7 +823,7 @@ def _plan_launch(
 
 
 def run_node_preflight(
-    plan: _launch.LaunchPlan,
+    plan: cluster.LaunchPlan,
     gpu_count: int,
     mode: str,
     *,
@@ -877,7 +877,7 @@ def run_node_preflight(
     )
     if sizes_mb:
         opts.sizes_mb = tuple(sorted(sizes_mb))
-    hosts = gpu_check.cluster_hosts(os.environ if environ is None else environ)
+    hosts = cluster.cluster_hosts(os.environ if environ is None else environ)
     outcome = gpu_check.run_launch(
         opts, plan, hosts=hosts, env={**os.environ, **(job_env or {})}, log=lambda line: print(line, flush=True)
     )
@@ -965,7 +965,7 @@ def _final_swift_args(
     return args, strategy
 
 
-def _resume_point(checkpoint_dir: str | None, plan: _launch.LaunchPlan) -> Path | None:
+def _resume_point(checkpoint_dir: str | None, plan: cluster.LaunchPlan) -> Path | None:
     """The newest complete durable checkpoint to resume from (None: from scratch).
 
     A multi-node chief also deletes the incomplete ones of an earlier attempt, so that node
@@ -983,7 +983,7 @@ def _resume_point(checkpoint_dir: str | None, plan: _launch.LaunchPlan) -> Path 
 
 
 def _run_swift(
-    cmd: list[str], inputs: _Inputs, plan: _launch.LaunchPlan, durable: _Durability, job_env: dict[str, str]
+    cmd: list[str], inputs: _Inputs, plan: cluster.LaunchPlan, durable: _Durability, job_env: dict[str, str]
 ) -> float:
     """Runs `swift sft` (with the job environment), copying its finished checkpoints durably meanwhile.
 

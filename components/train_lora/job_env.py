@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common import secrets
-from components.train_lora._errors import TrainError
-from components.train_lora.speedups.registry import REMOVED_SWITCHES, SWITCHES, TABLE_ENV
+from components.common.errors import TrainError
+from speedups.registry import REMOVED_SWITCHES, SWITCHES, TABLE_ENV
 
 
 class JobEnvError(TrainError):
@@ -28,7 +28,7 @@ class JobEnvError(TrainError):
 
 
 # The train-lora plugin's switches and the values each takes: declared with the speed-up items
-# (components/train_lora/speedups/registry.py), the memory cap apart (a size, checked below).
+# (speedups/registry.py), the memory cap apart (a size, checked below).
 _PLUGIN_SWITCHES = {name: switch.values for name, switch in SWITCHES.items() if switch.flag}
 
 
@@ -50,7 +50,7 @@ JOB_ENV_NAMES = frozenset(
         "OMP_NUM_THREADS",
         "TOKENIZERS_PARALLELISM",
         "LOGLEVEL",
-        # the train-lora plugin's memory cap (item 11, components/train_lora/speedups/memory_cap.py)
+        # the train-lora plugin's memory cap (item 11, speedups/memory_cap.py)
         "VLM_LORA_GPU_MEMORY_GIB",
         # MLflow tracking (components/common/tracking.py): the server, the experiment, and whether an
         # unreachable server stops the training (0 = train on without MLflow); no credentials
@@ -83,7 +83,7 @@ _KNOWN_PREFIXED = (
 
 
 def _launch_vars() -> tuple[str, ...]:
-    from components.train_lora._launch import JOBSET_VARS  # _launch imports torch-free modules only
+    from components.common.cluster import JOBSET_VARS  # _launch imports torch-free modules only
 
     return JOBSET_VARS
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from components.common.model_fit import GPU_MEMORY_GIB, ModelTooLarge, check_fits, known_model_bytes
 from components.common.quantization import known_quantized_bytes
-from components.train_lora.preflight import MODES as PREFLIGHT_MODES
+from components.common.preflight import MODES as PREFLIGHT_MODES
 from pipelines import shapes
 from pipelines.config._errors import Check, ConfigError, Where
 from pipelines.config._inputs import ModelSection
@@ -84,7 +84,7 @@ class ResourcesSection:
         light_cpu: vCPUs of stage-model, validate-data, find-champion and register. Default 4.
         light_memory_gb: Memory of the light tasks, GB. Default 16.
         preflight: GPU and interconnect check train-lora runs on every node before training
-            (`components.train_lora.preflight`): "fail" stops a bad node, "warn" logs and
+            (`components.common.preflight`): "fail" stops a bad node, "warn" logs and
             trains, "off" skips it. Default "fail".
         price_usd_per_hour: Price of one training machine per hour, USD, for the cost estimate
             `pipelines.run` prints and train-lora logs; 0 = the approximate list price in
