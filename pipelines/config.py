@@ -59,6 +59,7 @@ import yaml
 from components.common import data_policy, secrets
 from components.common.boxes import AUTO as AUTO_CONVENTION
 from components.common.boxes import CONVENTIONS
+from components.common.metrics import GATE_METRICS
 from components.common.model_fit import (
     GPU_MEMORY_GIB,
     LIGER_WITH_PARAMETERS,
@@ -516,7 +517,7 @@ class Config:
         return out
 
 
-_GATE_METRICS = ("f1", "precision", "recall", "json_valid_rate", "exact_match_rate")
+_GATE_METRICS = GATE_METRICS  # components.common.metrics: the one record of the figures
 
 
 def _is_int(v: Any) -> bool:
