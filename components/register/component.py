@@ -111,27 +111,13 @@ def promote(
         check_champion: Refuse when the alias no longer points at champion_version. Default False.
         champion_version: Version ID of the champion evaluate compared with; "" = none. Default "".
     """
-    from components.register.core import RegisterError, promote_version
+    from components.common.kfp_outputs import write_outputs
+    from components.register.step import promote_step
 
-    meta = registered_model.metadata
-    try:
-        moved = promote_version(
-            meta["resourceName"],
-            str(meta["version_id"]),
-            alias,
-            project,
-            location,
-            expected_champion=champion_version if check_champion else None,
-        )
-    except RegisterError as exc:
-        raise SystemExit(f"promote: {exc}") from None
-    print(f"promote: {meta['resourceName']}@{meta['version_id']} is now {alias!r}", flush=True)
-    promoted_model.uri = registered_model.uri
-    promoted_model.metadata.update(
-        {
-            "resourceName": meta["resourceName"],
-            "version_id": meta["version_id"],
-            "aliases": moved,
-            "endpoint": deployment.metadata.get("resourceName", ""),
-        }
-    )
+    write_outputs(
+        promote_step(
+            registered_model, deployment, alias=alias, project=project, location=location,
+            check_champion=check_champion, champion_version=champion_version,
+        ),
+        promoted_model=promoted_model,
+    )  # fmt: skip

@@ -5,7 +5,7 @@
 attaches the evaluation (a failed import is a WARNING line, the version stays), records to MLflow
 and returns the `StepOutputs` (`components.common.kfp_outputs`) the wrapper writes onto
 `registered_model`: its URI (the version's REST name) and metadata. A refusal ends it with
-SystemExit("register: ...").
+SystemExit("register: ..."). `promote_step` moves the alias after deploy's smoke test.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ import sys
 
 from components.common.kfp_outputs import ArtifactLike, StepOutputs
 from components.common.tracking import TrackingError, record
-from components.register.core import RegisterError, attach_evaluation, build_upload_request, register_model
+from components.register.core import (
+    RegisterError,
+    attach_evaluation,
+    build_upload_request,
+    promote_version,
+    register_model,
+)
 from components.register.evaluation import SCHEMA_FILE, build_evaluation
 
 
@@ -76,3 +82,37 @@ def register_step(
     except TrackingError as exc:
         raise SystemExit(f"register: {exc}; {version} is registered") from None
     return StepOutputs(metadata={"registered_model": metadata}, uris={"registered_model": uri})
+
+
+def promote_step(
+    registered_model: ArtifactLike, deployment: ArtifactLike, *, alias: str, project: str, location: str,
+    check_champion: bool = False, champion_version: str = "",
+) -> StepOutputs:  # fmt: skip
+    """Moves the alias to the registered version (`core.promote_version`); see `components.register.component.promote`.
+
+    Returns:
+        uris and metadata of "promoted_model".
+
+    Raises:
+        SystemExit: The registry refused ("promote: ...").
+    """
+    meta = registered_model.metadata
+    try:
+        moved = promote_version(
+            meta["resourceName"],
+            str(meta["version_id"]),
+            alias,
+            project,
+            location,
+            expected_champion=champion_version if check_champion else None,
+        )
+    except RegisterError as exc:
+        raise SystemExit(f"promote: {exc}") from None
+    print(f"promote: {meta['resourceName']}@{meta['version_id']} is now {alias!r}", flush=True)
+    promoted = {
+        "resourceName": meta["resourceName"],
+        "version_id": meta["version_id"],
+        "aliases": moved,
+        "endpoint": deployment.metadata.get("resourceName", ""),
+    }
+    return StepOutputs(metadata={"promoted_model": promoted}, uris={"promoted_model": registered_model.uri})
