@@ -54,6 +54,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from components.common.metrics import SUMMARY_METRICS
 from components.common.swift import guard_descendants, release_guard
 from pipelines.cache_check import cache_entries, check_cache_entries
 from pipelines.cli import program, require_modules
@@ -807,7 +808,7 @@ def format_summary(result: dict[str, Any]) -> str:
         if reference != "base":
             lines.append(f"reference model: {reference} (the 'ref' column)")
         lines.append(f"eval (held-out):        {'base' if reference == 'base' else ' ref'}      tuned")
-        for key in ("json_valid_rate", "precision", "recall", "f1", "exact_match_rate"):
+        for key in SUMMARY_METRICS:  # components.common.metrics
             if f"base_{key}" in metrics:
                 lines.append(f"  {key:<20} {metrics[f'base_{key}']:8.3f}   {metrics[f'tuned_{key}']:8.3f}")
         lines += regression_table(metrics)

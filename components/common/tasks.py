@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common import bounded_json, boxes
+from components.common import metrics as metric_record
 from components.common.answers import (
     FENCE_RE,
     extract_fenced,
@@ -117,8 +118,8 @@ class Task:
     Attributes:
         name: Key in `TASKS`.
         summary: One line for help texts and reports.
-        metrics: Metric names of `components.evaluate.metrics.aggregate` that mean something for
-            this task (the gate and reports use these).
+        metrics: Names of `components.common.metrics.METRICS` that mean something for this task
+            (a name not in that record is refused when the task is defined).
         parse: answer text -> (parsed value, None) or (None, reason).
         check_answer: training answer text -> "" when it has the task's shape, else why not.
         score: (pred_text, gold_text, geometry=PIXEL, iou_threshold=0.5, method="auto",
@@ -135,6 +136,11 @@ class Task:
     check_answer: Callable[[str], str]
     score: ScoreFn
     shapes: Callable[[str, Geometry], list[Shape]]
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.metrics if name not in metric_record.BY_NAME]
+        if unknown:
+            raise ValueError(f"task {self.name!r}: metrics {unknown} are not in components.common.metrics.METRICS")
 
 
 def resolve_method(method: str, have_scipy: bool = HAVE_SCIPY) -> str:

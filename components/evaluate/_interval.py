@@ -3,7 +3,7 @@
 The held-out set is a sample; a 16-row F1 of 0.60 could as well be 0.35 or 0.80. `intervals`
 redraws the rows with replacement (`DRAWS` times, paired: one draw takes the same rows for both
 models, so the margin's interval is that of a difference measured on one set), recomputes each
-figure from the drawn rows' counts as `metrics.aggregate` does, and returns the percentile
+figure from the drawn rows' counts with `metrics.figures` (as `metrics.aggregate` does), and returns the percentile
 interval at `LEVEL`. The seed is fixed: the same scores give the same interval.
 
 The gate reads it with `eval.gate_on: lower_bound` (the tuned value's and the margin's lower
@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from components.evaluate.metrics import GATE_METRICS, figures
+
 DRAWS = 2000  # percentile intervals at 95 %: 2000 draws put each bound within ~0.01 of its limit (16 rows)
 LEVEL = 0.95
 SEED = 54
-FIGURES = ("f1", "precision", "recall", "json_valid_rate", "exact_match_rate")
+FIGURES = GATE_METRICS  # every gateable figure (components.common.metrics) gets an interval
 GATE_ON = ("point", "lower_bound")
 _CHUNK = 250  # draws at a time: a 10,000-row set holds 250 x 10,000 weights (20 MB), not 2000 x
 
@@ -32,20 +34,14 @@ def _counts(scores: Sequence[dict[str, Any]]) -> Any:
     )
 
 
-def _figures(sums: Any, n: int) -> dict[str, Any]:
-    """The figures of `metrics.aggregate` from summed counts, one value per draw."""
-    import numpy as np
-
-    tp, fp, fn, valid, exact = sums.T
-    with np.errstate(divide="ignore", invalid="ignore"):
-        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
-        recall = np.where(tp + fn > 0, tp / (tp + fn), 0.0)
-        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-    none = tp + fp + fn == 0  # nothing to find and nothing found: a perfect score, as aggregate says
-    return {
-        "precision": np.where(none, 1.0, precision), "recall": np.where(none, 1.0, recall),
-        "f1": np.where(none, 1.0, f1), "json_valid_rate": valid / n, "exact_match_rate": exact / n,
-    }  # fmt: skip
+def _figures(sums: Any, n: int) -> dict[str, list[float]]:
+    """The figures of `metrics.figures` (the formula `metrics.aggregate` uses) per draw's summed counts."""
+    out: dict[str, list[float]] = {f: [] for f in FIGURES}
+    for tp, fp, fn, valid, exact in sums.tolist():
+        values = figures(tp, fp, fn, valid, exact, n)
+        for figure in FIGURES:
+            out[figure].append(values[figure])
+    return out
 
 
 def intervals(

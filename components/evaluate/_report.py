@@ -35,6 +35,7 @@ from typing import Any
 
 from components.common import regression as reg
 from components.common.boxes import BoxError, ResizeRule
+from components.common.metrics import METRICS
 from components.common.provenance import where
 from components.common.report import (
     BLUE,
@@ -58,19 +59,8 @@ __all__ = ["GOLD_COLOR", "PRED_COLOR", "REF_COLOR", "draw_shapes", "draw_thumbna
 REF_COLOR = (30, 90, 230)  # the reference model's boxes
 MAX_LABELS = 40  # per-label rows shown (most gold boxes first)
 THUMB_SIZE = 320  # as components.common.report.THUMB_SIZE
-# (key, label, format) rows of the metric table, in order.
-METRIC_ROWS = (
-    ("f1", "F1", "{:.4f}"),
-    ("precision", "precision", "{:.4f}"),
-    ("recall", "recall", "{:.4f}"),
-    ("json_valid_rate", "JSON valid rate", "{:.4f}"),
-    ("exact_match_rate", "exact match rate", "{:.4f}"),
-    ("n", "samples", "{:.0f}"),
-    ("samples_per_second", "samples/s", "{:.3f}"),
-    ("generated_tokens_per_second", "generated tokens/s", "{:.1f}"),
-    ("generate_seconds", "generate s", "{:.1f}"),
-    ("quantized_layers", "bitsandbytes layers", "{:.0f}"),  # only when eval.quantization loaded them quantised
-)
+# (key, label, format) rows of the metric table, in order: every figure of components.common.metrics.
+METRIC_ROWS = tuple((m.name, m.label, m.fmt) for m in METRICS)
 
 
 def sample_f1(score: dict[str, Any]) -> float:

@@ -91,111 +91,20 @@ def evaluate(
         gate_on: What the gate compares (`eval.gate_on`): "point" or "lower_bound". Default "point".
         data_report: validate-data's report, uploaded to MLflow with evaluate's own. Default None.
     """
-    from collections import namedtuple
+    from components.common.kfp_outputs import write_outputs
+    from components.evaluate.step import run_step
 
-    from components.common.boxes import ResizeRule, resolve_convention
-    from components.common.quantization import QuantizationUnavailable
-    from components.common.tracking import TrackingError, record
-    from components.evaluate._interval import flat_metrics
-    from components.evaluate._report import write_report
-    from components.evaluate.core import EvalError, label_metrics, regression_metrics, resolve_reference
-    from components.evaluate.core import evaluate as run_eval
-
-    family = (base_model.metadata.get("architecture", ""), base_model.metadata.get("model_type", ""))
-    box_convention = resolve_convention(box_convention, *family)
-    base_box_convention = resolve_convention(base_box_convention, *family) if base_box_convention else ""
-    reference = resolve_reference(reference_uri, reference_version, base_model.path)
-    max_pixels = swift_args.get("max_pixels") or 0
-    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 0:
-        raise SystemExit(f"evaluate: swift.max_pixels must be a whole number of pixels >= 0, got {max_pixels!r}")
-    resize_rule = ResizeRule.from_model(base_model.path, max_pixels=max_pixels)
-    print(f"evaluate: reference model: {reference.label} ({reference_uri or base_model.uri})", flush=True)
-    print(
-        f"evaluate: boxes: data {box_convention}, base model answers {base_box_convention or box_convention}",
-        flush=True,
-    )
-    try:
-        result = run_eval(
-            tuned_dir=tuned_model.path,
-            reference_dir=reference.model_dir,
-            model_type=base_model.metadata.get("model_type", ""),
-            dataset_dir=eval_dataset.path,
-            predictions_out=predictions.path,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            max_samples=max_samples,
-            iou_threshold=iou_threshold,
-            gate_metric=gate_metric,
-            gate_min_value=gate_min_value,
-            gate_min_margin=gate_min_margin,
-            box_convention=box_convention,
-            resize_rule=resize_rule,
-            reference_box_convention=base_box_convention if reference.kind == "base" else "",
-            task=task or "detection",
-            max_pixels=max_pixels,
-            dataset_marker=eval_dataset.metadata.get("manifest_sha256", ""),
-            regression_dir=regression_dataset.path if regression_dataset is not None else "",
-            regression_marker=regression_dataset.metadata.get("manifest_sha256", "") if regression_dataset else "",
-            regression_max_drop=dict(regression_max_drop or {}),
-            quantization=quantization,
-            gate_on=gate_on,
-        )
-    except (EvalError, ValueError, QuantizationUnavailable) as exc:
-        raise SystemExit(f"evaluate: {exc}") from None
-    for prefix, values in (("base", result.reference), ("tuned", result.tuned)):
-        for key, value in values.items():
-            metrics.log_metric(f"{prefix}_{key}", value)
-    metrics.log_metric("passed", float(result.passed))
-    for key, value in flat_metrics(result.intervals).items():  # bootstrap over rows: every figure and the margin
-        metrics.log_metric(key, value)
-    for key, value in reference.metrics().items():
-        metrics.log_metric(key, value)
-    metrics.metadata["reference"] = reference.label
-    if result.quantization != "none":  # both models were loaded quantised: the figures are a 4-bit model's
-        metrics.metadata["quantization"] = result.quantization
-    metrics.metadata["labels"] = label_metrics(result, task or "detection", iou_threshold, resize_rule)
-    flat, meta = regression_metrics(result, regression_max_drop)  # nothing without a regression set
-    for key, value in flat.items():
-        metrics.log_metric(key, value)
-    metrics.metadata.update(meta)
-    write_report(
-        report.path,
-        result.tuned,
-        result.reference,
-        result.samples,
-        result.passed,
-        result.reason,
-        reference_name=reference.label,
-        reference_detail=reference_uri or base_model.uri,
-        iou_threshold=iou_threshold,
-        resize_rule=resize_rule,
-        task=task or "detection",
-        regression=result.regression,
-        regression_samples=result.regression_samples,
-        drops=result.drops,
-        quantization=result.quantization,
-        intervals=result.intervals,
-    )
-    report.metadata["reference"] = reference.label
-    report.metadata["reference_uri"] = reference_uri or base_model.uri
-    tags = {"report": report.uri, "passed": result.passed}
-    if result.quantization != "none":
-        tags["quantization"] = result.quantization
-    try:
-        record(
-            tracking,
-            "evaluate",
-            model_uri=tuned_model.uri,
-            model_dir=tuned_model.path,
-            model_meta=dict(tuned_model.metadata),
-            metrics=dict(metrics.metadata),
-            tags=tags,
-            files={
-                "evaluate/report.html": report.path,
-                **({"validate-data/report.html": data_report.path} if data_report is not None else {}),
-            },  # fmt: skip
-        )
-    except TrackingError as exc:
-        raise SystemExit(f"evaluate: {exc}") from None
-    print(f"evaluate: {result.reason}")
-    return namedtuple("Outputs", ["passed", "reason"])(result.passed, result.reason)
+    return write_outputs(
+        run_step(
+            base_model, tuned_model, eval_dataset, predictions, report, max_new_tokens=max_new_tokens,
+            batch_size=batch_size, max_samples=max_samples, iou_threshold=iou_threshold, gate_metric=gate_metric,
+            gate_min_value=gate_min_value, gate_min_margin=gate_min_margin, swift_args=swift_args,
+            reference_uri=reference_uri, reference_version=reference_version, box_convention=box_convention,
+            base_box_convention=base_box_convention, task=task, regression_dataset=regression_dataset,
+            regression_max_drop=regression_max_drop, tracking=tracking, quantization=quantization, gate_on=gate_on,
+            data_report=data_report,
+        ),
+        metrics,
+        ("passed", "reason"),
+        report=report,
+    )  # fmt: skip

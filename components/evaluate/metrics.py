@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from components.common import metrics as metric_record
 from components.common import tasks
 from components.common.answers import is_finite_number, parse_findings  # noqa: F401 (re-exported)
 from components.common.boxes import iou  # noqa: F401 (re-exported)
@@ -32,17 +33,11 @@ from components.common.tasks import MATCH_METHODS, PIXEL, Geometry  # noqa: F401
 
 HAVE_SCIPY: bool = tasks.HAVE_SCIPY
 
-GATE_METRICS: tuple[str, ...] = (
-    "f1",
-    "precision",
-    "recall",
-    "json_valid_rate",
-    "exact_match_rate",
-)
-"""Metrics of :func:`aggregate` that :func:`gate` can compare."""
+GATE_METRICS: tuple[str, ...] = metric_record.GATE_METRICS
+"""Metrics of :func:`aggregate` that :func:`gate` can compare (`components.common.metrics`)."""
 
-GATE_METRIC_RANGES: dict[str, tuple[float, float]] = {name: (0.0, 1.0) for name in GATE_METRICS}
-"""Each gate metric's range: all are rates (F1, precision, recall, valid / exact-match fractions) in [0, 1]."""
+GATE_METRIC_RANGES: dict[str, tuple[float, float]] = metric_record.GATE_METRIC_RANGES
+"""Each gate metric's range (`components.common.metrics`): all are rates in [0, 1]."""
 
 GATE_TOLERANCE: float = 1e-9
 """Slack in :func:`gate` comparisons, to absorb float rounding (0.7 - 0.6)."""
@@ -160,25 +155,42 @@ def aggregate(samples: Sequence[dict]) -> dict:
     fn = sum(int(s["fn"]) for s in samples)
     n_valid = sum(bool(s["json_valid"]) for s in samples)
     n_exact = sum(bool(s["exact_match"]) for s in samples)
-    if tp + fp + fn == 0:
-        precision = recall = f1 = 1.0
-    else:
-        precision = tp / (tp + fp) if tp + fp > 0 else 0.0
-        recall = tp / (tp + fn) if tp + fn > 0 else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
     return {
         "n": n,
-        "json_valid_rate": n_valid / n,
-        "exact_match_rate": n_exact / n,
-        "precision": precision,
-        "recall": recall,
-        "f1": f1,
+        **figures(tp, fp, fn, n_valid, n_exact, n),
         "tp": tp,
         "fp": fp,
         "fn": fn,
         "n_json_valid": n_valid,
         "n_exact_match": n_exact,
     }
+
+
+def figures(tp: float, fp: float, fn: float, n_valid: float, n_exact: float, n: float) -> dict[str, float]:
+    """Computes every gateable figure (`components.common.metrics.GATE_METRICS`) from summed counts.
+
+    The one formula of each figure: :func:`aggregate` calls it on the scores' sums, and
+    `components.evaluate._interval` on each bootstrap draw's.
+
+    Args:
+        tp: True positives (matched predictions).
+        fp: False positives.
+        fn: False negatives.
+        n_valid: Answers that parse.
+        n_exact: Answers equal to the gold.
+        n: Answers (> 0).
+
+    Returns:
+        {figure: value} for every name of `GATE_METRICS` (a test checks that none is missing).
+    """
+    if tp + fp + fn == 0:
+        precision = recall = f1 = 1.0
+    else:
+        precision = tp / (tp + fp) if tp + fp > 0 else 0.0
+        recall = tp / (tp + fn) if tp + fn > 0 else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+    return {"json_valid_rate": n_valid / n, "exact_match_rate": n_exact / n, "precision": precision,
+            "recall": recall, "f1": f1}  # fmt: skip
 
 
 def _metric_value(metrics: dict, metric: str, which: str) -> float:

@@ -70,72 +70,20 @@ def register(
     Output metadata (registered_model): resourceName, version_id, created_parent, aliases,
     evaluation_imported, evaluation (its resource name), evaluation_slices (how many).
     """
-    import sys
+    from components.common.kfp_outputs import write_outputs
+    from components.register.step import register_step
 
-    from components.register.core import RegisterError, attach_evaluation, build_upload_request, register_model
-    from components.register.evaluation import SCHEMA_FILE, build_evaluation
-
-    metrics = dict(eval_metrics.metadata)
-    lineage = {
-        k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key", "base_model", "adapter")
-    }
-    rules = {"metric": gate_metric, "min_value": gate_min_value, "min_margin": gate_min_margin} if gate_metric else {}
-    folder, folder_uri = registered_model.path, registered_model.uri.rstrip("/")  # before uri names the version
-    evaluation = build_evaluation(
-        metrics,
-        run_name,
-        f"{folder_uri}/{SCHEMA_FILE}",
-        gate={"reason": gate_reason, **rules},
-        lineage={**lineage, "merged_model": merged_model.uri},
-        report_uri=eval_report.uri if eval_report is not None else "",
-    )
-    try:
-        request = build_upload_request(
-            merged_model.uri,
-            model_id,
-            display_name,
-            serving_image,
-            run_name,
-            metrics,
-            alias,
-            labels,
-            data_lineage={k: lineage[k] for k in ("data_snapshot", "training_key")},
-            container=dict(serving_container),
-            promote=promote,
-        )
-        result = register_model(
-            request, project, location, expected_champion=champion_version if check_champion else None, alias=alias
-        )
-    except RegisterError as exc:
-        raise SystemExit(f"register: {exc}") from None
-    version = f"{result.resource_name}@{result.version_id}"
-    outcome = attach_evaluation(folder, version, evaluation, location)
-    kept = "registered and promoted" if promote and alias else "registered"
-    for line in outcome.warnings:
-        print(f"register: WARNING: {line}; {version} stays {kept}", file=sys.stderr, flush=True)
-    registered_model.uri = f"https://{location}-aiplatform.googleapis.com/v1/{version}"
-    registered_model.metadata.update(
-        {
-            "resourceName": result.resource_name,
-            "version_id": result.version_id,
-            "created_parent": result.created_parent,
-            "aliases": [alias, "default"] if promote and alias else [],
-            **outcome.metadata(),
-        }
-    )
-    from components.common.tracking import TrackingError, record
-
-    try:
-        record(
-            tracking,
-            "register",
-            model_uri=merged_model.uri,
-            model_dir=merged_model.path,
-            model_meta=dict(merged_model.metadata),
-            tags={"version": registered_model.uri, "run_name": run_name},
-        )
-    except TrackingError as exc:
-        raise SystemExit(f"register: {exc}; {result.resource_name}@{result.version_id} is registered") from None
+    write_outputs(
+        register_step(
+            merged_model, eval_metrics, registered_model, model_id=model_id, display_name=display_name,
+            serving_image=serving_image, alias=alias, labels=labels, run_name=run_name,
+            serving_container=serving_container, project=project, location=location, check_champion=check_champion,
+            champion_version=champion_version, promote=promote, tracking=tracking, eval_report=eval_report,
+            gate_reason=gate_reason, gate_metric=gate_metric, gate_min_value=gate_min_value,
+            gate_min_margin=gate_min_margin,
+        ),
+        registered_model=registered_model,
+    )  # fmt: skip
 
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
@@ -163,27 +111,13 @@ def promote(
         check_champion: Refuse when the alias no longer points at champion_version. Default False.
         champion_version: Version ID of the champion evaluate compared with; "" = none. Default "".
     """
-    from components.register.core import RegisterError, promote_version
+    from components.common.kfp_outputs import write_outputs
+    from components.register.step import promote_step
 
-    meta = registered_model.metadata
-    try:
-        moved = promote_version(
-            meta["resourceName"],
-            str(meta["version_id"]),
-            alias,
-            project,
-            location,
-            expected_champion=champion_version if check_champion else None,
-        )
-    except RegisterError as exc:
-        raise SystemExit(f"promote: {exc}") from None
-    print(f"promote: {meta['resourceName']}@{meta['version_id']} is now {alias!r}", flush=True)
-    promoted_model.uri = registered_model.uri
-    promoted_model.metadata.update(
-        {
-            "resourceName": meta["resourceName"],
-            "version_id": meta["version_id"],
-            "aliases": moved,
-            "endpoint": deployment.metadata.get("resourceName", ""),
-        }
-    )
+    write_outputs(
+        promote_step(
+            registered_model, deployment, alias=alias, project=project, location=location,
+            check_champion=check_champion, champion_version=champion_version,
+        ),
+        promoted_model=promoted_model,
+    )  # fmt: skip

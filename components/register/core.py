@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.common.metrics import REGISTRY_LABELS
 from components.common.registry import ChampionChanged, alias_version, check_champion
 from components.register.evaluation import SCHEMA_FILE, EvaluationRequest, schema_path
 
 _LABEL_RE = re.compile(r"[^a-z0-9_-]+")
 # Metrics copied into version labels (all metrics go into the version description).
-LABEL_METRICS = ("tuned_f1", "tuned_json_valid_rate", "base_f1", "passed")
+LABEL_METRICS = (*REGISTRY_LABELS, "passed")  # components.common.metrics: which figures label a version
 
 
 # The default serving container: the project's image, its own entry point (components.deploy.container).

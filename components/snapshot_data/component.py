@@ -75,46 +75,20 @@ def snapshot_data(
         regression_snapshot: The regression set's own snapshot (canonical JSON) for
             validate-regression; "" without one. Outside the fingerprint and the training key.
     """
-    from collections import namedtuple
+    from components.common.kfp_outputs import write_outputs
+    from components.snapshot_data.step import OUTPUTS, snapshot_step
 
-    from components.snapshot_data.core import SnapshotError
-    from components.snapshot_data.core import snapshot_data as resolve
-
-    try:
-        result = resolve(
-            train=train_sources,
-            eval_=eval_sources,
-            champion_dir=champion_uri,
-            manifest_out=manifest.path,
-            token_from=model_token_from,
-            regression=regression_sources,
-            training={
-                "model_source": model_source,
-                "model_revision": model_revision,
-                "swift_args": dict(swift_args),
-                "eval_fraction": eval_fraction,
-                "max_invalid_fraction": max_invalid_fraction,
-                "split_seed": split_seed,
-                "task": task,
-                "box_convention": box_convention,
-                "leakage": leakage,
-            },
-        )
-    except SnapshotError as exc:
-        raise SystemExit(f"snapshot-data: {exc}") from None
-    print(result.summary, flush=True)
-    manifest.metadata.update(result.metadata)
-    names = ["snapshot", "fingerprint", "training_key", "up_to_date", "model_source", "model_revision",
-             "regression_snapshot"]  # fmt: skip
-    return namedtuple("Outputs", names)(
-        result.snapshot_json,
-        result.fingerprint,
-        result.training_key,
-        result.up_to_date,
-        result.model_source,
-        result.model_revision,
-        result.regression_json,
-    )
+    return write_outputs(
+        snapshot_step(
+            manifest, train_sources=train_sources, eval_sources=eval_sources, model_source=model_source,
+            model_revision=model_revision, model_token_from=model_token_from, swift_args=swift_args,
+            eval_fraction=eval_fraction, max_invalid_fraction=max_invalid_fraction, split_seed=split_seed, task=task,
+            box_convention=box_convention, leakage=leakage, champion_uri=champion_uri,
+            regression_sources=regression_sources,
+        ),
+        names=OUTPUTS,
+        manifest=manifest,
+    )  # fmt: skip
 
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)

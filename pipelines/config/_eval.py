@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.common.metrics import GATE_METRICS
 from components.common.quantization import QUANTIZATIONS
 from components.common.reference import CHAMPION, reference_problem
 from components.common.regression import max_drop_problem, max_drops
@@ -77,7 +78,7 @@ class EvalSection:
 
 
 # The metrics `eval.metric` may gate on.
-_GATE_METRICS = ("f1", "precision", "recall", "json_valid_rate", "exact_match_rate")
+_GATE_METRICS = GATE_METRICS  # components.common.metrics: the one record of the figures
 
 
 def eval_checks(e: EvalSection) -> list[Check]:
