@@ -57,7 +57,7 @@ def eval_rows_for(model_dir: Path, root: str | Path, limit: int) -> list[dict]:
     for folder in candidates:
         if (folder / "data.jsonl").is_file():
             return load_rows(folder, limit)
-    from pipelines.run import demo_cache_dir
+    from pipelines.local_run import demo_cache_dir
 
     demo = demo_cache_dir() / "demo-drawings-v2" / "eval.jsonl"
     if demo.is_file():
