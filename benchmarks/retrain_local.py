@@ -18,7 +18,7 @@ All four runs share one pipeline root, so kfp.local's cache carries over between
     (d) part-000.jsonl overwritten in place with its rows in reverse order (same name,
         same size, other bytes): a new fingerprint, retrained.
 
-Prints each run's summary (`pipelines.run.format_summary`), a table (scenario, wall
+Prints each run's summary (`pipelines.local_console.format_summary`), a table (scenario, wall
 seconds, tasks that ran, tasks from the cache, rows in the lineage, fingerprint) and the
 checks; exits 1 when a check fails. Training length is cut by `--max-steps` (swift
 `max_steps`) and `--epochs` (`num_train_epochs`), evaluation by `--eval-samples` and
@@ -39,7 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import DEFAULT_LOCAL_CONFIG, Config, load_config  # noqa: E402
-from pipelines.run import RunError, format_summary, resolve_demo_inputs, run_local  # noqa: E402
+from pipelines.local_console import format_summary  # noqa: E402
+from pipelines.local_run import RunError, resolve_demo_inputs, run_local  # noqa: E402
 
 SHARDS = ("part-000.jsonl", "part-001.jsonl")
 N_EXTRA = 8  # rows appended in (c)

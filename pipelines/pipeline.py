@@ -247,15 +247,53 @@ def _plan_for(cfg: Config, target: str) -> _Plan:
     )
 
 
+# The pipeline function's docstring: KFP reads each parameter's description (the console's
+# "Create run" form shows it) from its Args.
+PIPELINE_DOC = """Fine-tunes a vision-language model with LoRA and gates it on held-out data.
+
+Args:
+    model_source: Base model: hf://org/name, ms://org/name, gs://bucket/prefix or a folder.
+    model_cache: Model cache root (folder or gs://bucket/models).
+    model_revision: Branch, tag or commit of a hub model ("" = default branch).
+    model_token_from: Gated-model token reference: env:VAR or a Secret Manager
+        secret name (never the token itself; "" = none).
+    model_allow: Only stage model files matching these globs ([] = all).
+    model_ignore: Skip model files matching these globs.
+    data_train: ms-swift JSONL data: files, folders / prefixes, globs (local or
+        gs://), comma-separated; snapshot-data resolves them to exact files.
+    data_eval: Held-out JSONL data, the same forms; empty = split data_train.
+    data_eval_fraction: Held-out fraction when data_eval is empty.
+    data_max_invalid_fraction: Largest tolerated fraction of invalid data lines.
+    data_split_seed: Salt of the deterministic train/eval hash split.
+    data_task: Answer check in validation: "", "json" or "detection".
+    data_box_convention: What the data's boxes mean: "pixel", "norm1000",
+        "resized_pixel" or "auto" (the staged model family's own).
+    data_leakage: An eval row sharing an image or a prompt with a train row:
+        "quarantine" (E_LEAK), "error" or "warn".
+    swift_args: `swift sft` arguments (ms-swift names).
+    eval_max_new_tokens: Greedy generation budget per held-out sample.
+    eval_batch_size: Held-out samples generated together.
+    eval_max_samples: Evaluate at most this many samples (0 = all).
+    eval_iou_threshold: IoU at which a predicted box matches a gold box.
+    eval_metric: Metric the promotion gate compares.
+    eval_min_value: Minimum value of the gate metric for the tuned model.
+    eval_min_margin: Minimum improvement of the gate metric over the reference model
+        (eval.reference: the base model or the registry's champion).
+    eval_regression_max_drop: The regression rule: absolute drop allowed per kind (vqa,
+        ocr, grounding) and overall; used when the pipeline has a regression set.
+    eval_quantization: How evaluate loads both models: "none" (bf16), "nf4" or "int8"
+        (both quantised by bitsandbytes: what a 4-bit deployment would score).
+
+Returns:
+    Whether the tuned model passed the gate (False when nothing was trained: the
+    champion was trained on this very data with these settings).
+"""
+
+
 def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
     """Defines the `@dsl.pipeline` function: the parameters (defaults `a`), then the DAG in task order."""
     root = plan.cfg.pipeline.root
 
-    @dsl.pipeline(
-        name=plan.cfg.pipeline.name,
-        description="Stage a Qwen-VL model, validate ms-swift data, LoRA-tune with ms-swift, merge, evaluate and gate.",
-        pipeline_root=root if plan.vertex and root.startswith("gs://") else None,
-    )
     def vlm_lora_pipeline(
         model_source: str = a["model_source"],
         model_cache: str = a["model_cache"],
@@ -282,63 +320,33 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
         eval_regression_max_drop: dict = a["eval_regression_max_drop"],
         eval_quantization: str = a["eval_quantization"],
     ) -> bool:
-        """Fine-tunes a vision-language model with LoRA and gates it on held-out data.
+        return _dag(plan, dict(locals()))
 
-        Args:
-            model_source: Base model: hf://org/name, ms://org/name, gs://bucket/prefix or a folder.
-            model_cache: Model cache root (folder or gs://bucket/models).
-            model_revision: Branch, tag or commit of a hub model ("" = default branch).
-            model_token_from: Gated-model token reference: env:VAR or a Secret Manager
-                secret name (never the token itself; "" = none).
-            model_allow: Only stage model files matching these globs ([] = all).
-            model_ignore: Skip model files matching these globs.
-            data_train: ms-swift JSONL data: files, folders / prefixes, globs (local or
-                gs://), comma-separated; snapshot-data resolves them to exact files.
-            data_eval: Held-out JSONL data, the same forms; empty = split data_train.
-            data_eval_fraction: Held-out fraction when data_eval is empty.
-            data_max_invalid_fraction: Largest tolerated fraction of invalid data lines.
-            data_split_seed: Salt of the deterministic train/eval hash split.
-            data_task: Answer check in validation: "", "json" or "detection".
-            data_box_convention: What the data's boxes mean: "pixel", "norm1000",
-                "resized_pixel" or "auto" (the staged model family's own).
-            data_leakage: An eval row sharing an image or a prompt with a train row:
-                "quarantine" (E_LEAK), "error" or "warn".
-            swift_args: `swift sft` arguments (ms-swift names).
-            eval_max_new_tokens: Greedy generation budget per held-out sample.
-            eval_batch_size: Held-out samples generated together.
-            eval_max_samples: Evaluate at most this many samples (0 = all).
-            eval_iou_threshold: IoU at which a predicted box matches a gold box.
-            eval_metric: Metric the promotion gate compares.
-            eval_min_value: Minimum value of the gate metric for the tuned model.
-            eval_min_margin: Minimum improvement of the gate metric over the reference model
-                (eval.reference: the base model or the registry's champion).
-            eval_regression_max_drop: The regression rule: absolute drop allowed per kind (vqa,
-                ocr, grounding) and overall; used when the pipeline has a regression set.
-            eval_quantization: How evaluate loads both models: "none" (bf16), "nf4" or "int8"
-                (both quantised by bitsandbytes: what a 4-bit deployment would score).
+    vlm_lora_pipeline.__doc__ = PIPELINE_DOC  # KFP reads the parameters' descriptions from it
+    return dsl.pipeline(
+        name=plan.cfg.pipeline.name,
+        description="Stage a Qwen-VL model, validate ms-swift data, LoRA-tune with ms-swift, merge, evaluate and gate.",
+        pipeline_root=root if plan.vertex and root.startswith("gs://") else None,
+    )(vlm_lora_pipeline)
 
-        Returns:
-            Whether the tuned model passed the gate (False when nothing was trained: the
-            champion was trained on this very data with these settings).
-        """
-        p = dict(locals())  # the parameters, by name: what the task helpers read
-        champion, reference_args = _reference_task(plan)  # first (fail fast): the registry's champion
-        snapshot = _snapshot_task(plan, p, champion)  # never cached: the exact data of this run
-        if champion is None:  # no champion: unchanged data is a cache hit from validate-data on
-            return _train_and_gate(plan, p, snapshot, champion, reference_args)
-        with dsl.If(snapshot.outputs["up_to_date"] == False, name="new-data-or-settings"):  # noqa: E712
-            passed = _train_and_gate(plan, p, snapshot, champion, reference_args)
-        with dsl.Else(name="champion-up-to-date"):  # the champion was trained on this data: no GPU job
-            skipped = _light(
-                nothing_to_train(
-                    fingerprint=snapshot.outputs["fingerprint"], training_key=snapshot.outputs["training_key"]
-                ),
-                NOTHING_TASK,
-                plan,
-            )
-        return dsl.OneOf(passed, skipped.output)
 
-    return vlm_lora_pipeline
+def _dag(plan: _Plan, p: dict[str, Any]) -> Any:
+    """The DAG in task order, from the pipeline's parameters `p` (by name); returns whether the gate passed."""
+    champion, reference_args = _reference_task(plan)  # first (fail fast): the registry's champion
+    snapshot = _snapshot_task(plan, p, champion)  # never cached: the exact data of this run
+    if champion is None:  # no champion: unchanged data is a cache hit from validate-data on
+        return _train_and_gate(plan, p, snapshot, champion, reference_args)
+    with dsl.If(snapshot.outputs["up_to_date"] == False, name="new-data-or-settings"):  # noqa: E712
+        passed = _train_and_gate(plan, p, snapshot, champion, reference_args)
+    with dsl.Else(name="champion-up-to-date"):  # the champion was trained on this data: no GPU job
+        skipped = _light(
+            nothing_to_train(
+                fingerprint=snapshot.outputs["fingerprint"], training_key=snapshot.outputs["training_key"]
+            ),
+            NOTHING_TASK,
+            plan,
+        )
+    return dsl.OneOf(passed, skipped.output)
 
 
 def _snapshot_task(plan: _Plan, p: dict[str, Any], champion: Any) -> Any:
@@ -373,7 +381,25 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
     No task here takes a per-run value (job id, name, time): with the same snapshot and
     settings, every one of them is a cache hit.
     """
-    stage = _light(
+    stage = _stage_task(plan, p, snapshot)
+    data = _validate_task(plan, p, snapshot, stage, champion)
+    regression = _regression_task(plan, p, snapshot, stage)
+    train = _train_task(plan, stage, data, p["swift_args"], champion)
+    if regression is not None:  # a regression set that quarantines to nothing stops the run before the GPU job
+        train.after(regression)
+    merge = _gpu(
+        merge_export(base_model=stage.outputs["model"], adapter=train.outputs["adapter"]),
+        "merge-export",
+        plan,
+    )
+    evaluation = _evaluate_task(plan, p, stage, data, merge, reference_args, regression)
+    _register_task(plan, merge, evaluation, champion, data.outputs["eval_dataset"], p)
+    return evaluation.outputs["passed"]
+
+
+def _stage_task(plan: _Plan, p: dict[str, Any], snapshot: Any) -> Any:
+    """Adds stage-model: the base model into the model cache, verified (a hit copies nothing)."""
+    return _light(
         stage_model(
             source=snapshot.outputs["model_source"],  # a hub source pinned to its commit at the start of the run
             cache=p["model_cache"],
@@ -385,7 +411,11 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
         "stage-model",
         plan,
     )
-    data = _light(
+
+
+def _validate_task(plan: _Plan, p: dict[str, Any], snapshot: Any, stage: Any, champion: Any) -> Any:
+    """Adds validate-data: the snapshot's rows checked, split into train / eval, the rest quarantined."""
+    return _light(
         validate_data(
             snapshot=snapshot.outputs["snapshot"],
             training_key=snapshot.outputs["training_key"],
@@ -402,22 +432,19 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
         "validate-data",
         plan,
     )
-    regression = _regression_task(plan, p, snapshot, stage)
-    train = _train_task(plan, stage, data, p["swift_args"], champion)
-    if regression is not None:  # a regression set that quarantines to nothing stops the run before the GPU job
-        train.after(regression)
+
+
+def _evaluate_task(
+    plan: _Plan, p: dict[str, Any], stage: Any, data: Any, merge: Any, reference_args: dict, regression: Any
+) -> Any:
+    """Adds evaluate: base (or reference) and tuned model on the held-out rows, the gate, the regression rule."""
     regression_args = {}
     if regression is not None:
         regression_args = {
             "regression_dataset": regression.outputs["regression_dataset"],
             "regression_max_drop": p["eval_regression_max_drop"],
         }
-    merge = _gpu(
-        merge_export(base_model=stage.outputs["model"], adapter=train.outputs["adapter"]),
-        "merge-export",
-        plan,
-    )
-    evaluation = _gpu(
+    return _gpu(
         evaluate(
             base_model=stage.outputs["model"],
             tuned_model=merge.outputs["merged_model"],
@@ -442,8 +469,6 @@ def _train_and_gate(plan: _Plan, p: dict[str, Any], snapshot: Any, champion: Any
         "evaluate",
         plan,
     )
-    _register_task(plan, merge, evaluation, champion, data.outputs["eval_dataset"], p)
-    return evaluation.outputs["passed"]
 
 
 def _regression_task(plan: _Plan, p: dict[str, Any], snapshot: Any, stage: Any) -> Any:
@@ -577,69 +602,80 @@ def _register_task(
     """
     if plan.register_op is None:
         return
-    cfg, reg = plan.cfg, plan.cfg.register
-    deploying = bool(cfg.deploy.endpoint)
+    deploying = bool(plan.cfg.deploy.endpoint)
     check = {"check_champion": True, "champion_version": champion.outputs["version_id"]} if champion is not None else {}
     with dsl.If(evaluation.outputs["passed"] == True, name="gate-passed"):  # noqa: E712 (KFP condition)
-        registered = _light(
-            plan.register_op(
-                merged_model=merge.outputs["merged_model"],
-                eval_metrics=evaluation.outputs["metrics"],
-                eval_report=evaluation.outputs["report"],  # linked from the imported Model Registry evaluation
-                gate_reason=evaluation.outputs["reason"],
-                gate_metric=p["eval_metric"],
-                gate_min_value=p["eval_min_value"],
-                gate_min_margin=p["eval_min_margin"],
-                model_id=reg.model_id or cfg.pipeline.name,
-                display_name=reg.display_name or cfg.pipeline.name,
-                serving_image=plan.images["train"] if reg.serving_image == TRAIN_SERVING else reg.serving_image,
-                alias=reg.alias,
-                labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
-                run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
-                serving_container=reg.container(),
-                promote=not deploying,
-                **check,
-                **_tracking_args(cfg),
-            ),
-            REGISTER_TASK,
-            plan,
-        )
-        if not deploying:
-            return
-        d = cfg.deploy
-        deployed = _light(
-            plan.deploy_op(
-                registered_model=registered.outputs["registered_model"],
-                eval_dataset=eval_dataset,
-                endpoint=d.endpoint,
-                machine_type=d.machine_type,
-                task=cfg.data.task,
-                accelerator_type=d.accelerator_type,
-                accelerator_count=d.accelerator_count,
-                min_replicas=d.min_replicas,
-                max_replicas=d.max_replicas,
-                traffic_percent=d.traffic_percent,
-                smoke_rows=d.smoke_rows,
-                served_model_name=d.served_model_name,
-                deploy_timeout_s=d.timeout_s,
-                alias=reg.alias,
-                **check,
-            ),
-            DEPLOY_TASK,
-            plan,
-        )
-        deployed.set_caching_options(False)  # acts on the endpoint as it is now
-        promoted = _light(
-            plan.promote_op(
-                registered_model=registered.outputs["registered_model"],
-                deployment=deployed.outputs["deployment"],
-                alias=reg.alias,
-                **check,
-            ),
-            PROMOTE_TASK,
-            plan,
-        )
-        promoted.set_caching_options(False)  # moves the registry's alias as it is now
+        registered = _register_version_task(plan, merge, evaluation, check, p, promote=not deploying)
+        if deploying:
+            _deploy_and_promote(plan, registered, eval_dataset, check)
+
+
+def _register_version_task(
+    plan: _Plan, merge: Any, evaluation: Any, check: dict, p: dict[str, Any], promote: bool
+) -> Any:
+    """Adds register: the merged model as a new registry version; `promote` also moves the alias to it."""
+    cfg, reg = plan.cfg, plan.cfg.register
+    return _light(
+        plan.register_op(
+            merged_model=merge.outputs["merged_model"],
+            eval_metrics=evaluation.outputs["metrics"],
+            eval_report=evaluation.outputs["report"],  # linked from the imported Model Registry evaluation
+            gate_reason=evaluation.outputs["reason"],
+            gate_metric=p["eval_metric"],
+            gate_min_value=p["eval_min_value"],
+            gate_min_margin=p["eval_min_margin"],
+            model_id=reg.model_id or cfg.pipeline.name,
+            display_name=reg.display_name or cfg.pipeline.name,
+            serving_image=plan.images["train"] if reg.serving_image == TRAIN_SERVING else reg.serving_image,
+            alias=reg.alias,
+            labels={str(k): str(v) for k, v in cfg.vertex.labels.items()},
+            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            serving_container=reg.container(),
+            promote=promote,
+            **check,
+            **_tracking_args(cfg),
+        ),
+        REGISTER_TASK,
+        plan,
+    )
+
+
+def _deploy_and_promote(plan: _Plan, registered: Any, eval_dataset: Any, check: dict) -> None:
+    """Adds deploy (beside the old version, smoke test, traffic share), then promote (alias, default version)."""
+    cfg, reg, d = plan.cfg, plan.cfg.register, plan.cfg.deploy
+    deployed = _light(
+        plan.deploy_op(
+            registered_model=registered.outputs["registered_model"],
+            eval_dataset=eval_dataset,
+            endpoint=d.endpoint,
+            machine_type=d.machine_type,
+            task=cfg.data.task,
+            accelerator_type=d.accelerator_type,
+            accelerator_count=d.accelerator_count,
+            min_replicas=d.min_replicas,
+            max_replicas=d.max_replicas,
+            traffic_percent=d.traffic_percent,
+            smoke_rows=d.smoke_rows,
+            served_model_name=d.served_model_name,
+            deploy_timeout_s=d.timeout_s,
+            alias=reg.alias,
+            **check,
+        ),
+        DEPLOY_TASK,
+        plan,
+    )
+    deployed.set_caching_options(False)  # acts on the endpoint as it is now
+    promoted = _light(
+        plan.promote_op(
+            registered_model=registered.outputs["registered_model"],
+            deployment=deployed.outputs["deployment"],
+            alias=reg.alias,
+            **check,
+        ),
+        PROMOTE_TASK,
+        plan,
+    )
+    promoted.set_caching_options(False)  # moves the registry's alias as it is now
 
 
 def reference_plan(cfg: Config, target: str) -> tuple[str, str]:

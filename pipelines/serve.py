@@ -59,7 +59,7 @@ def eval_rows_for(model_dir: Path, root: str | Path, limit: int) -> list[dict]:
     for folder in candidates:
         if (folder / "data.jsonl").is_file():
             return load_rows(folder, limit)
-    from pipelines.run import demo_cache_dir
+    from pipelines.local_run import demo_cache_dir
 
     demo = demo_cache_dir() / "demo-drawings-v2" / "eval.jsonl"
     if demo.is_file():
@@ -96,34 +96,7 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=program("python -m pipelines.serve"), description=__doc__.splitlines()[0])
-    parser.add_argument("--local", action="store_true", help="serve on 127.0.0.1: the only mode, so optional")
-    parser.add_argument("--model", default="", help="merged model folder; default the newest under --root")
-    parser.add_argument("--root", default="runs", help="local pipeline root (default runs)")
-    parser.add_argument(
-        "--port",
-        type=cli_numbers.ranged(int, 0, 65535, "0 (a free port) or a port 1..65535"),
-        default=0,
-        help="TCP port; default a free one",
-    )
-    parser.add_argument("--name", default="tuned", help="served model name (default tuned)")
-    parser.add_argument("--smoke", action="store_true", help="run the smoke test, then exit 0 / 1")
-    parser.add_argument(
-        "--task", default=None,
-        help="smoke-test task: detection, key_value, json or '' (default: the task the model's data was validated "
-        "for, from its lineage)",
-    )  # fmt: skip
-    parser.add_argument("--rows", type=cli_numbers.positive(int), default=3, help="smoke-test rows (default 3)")
-    parser.add_argument(
-        "--max-tokens", type=cli_numbers.positive(int), default=512, help="smoke-test answer length limit (default 512)"
-    )
-    parser.add_argument(
-        "--start-timeout",
-        type=cli_numbers.positive(float, "a positive number of seconds"),
-        default=300,
-        help="seconds to wait for health (default 300)",
-    )
-    parser.add_argument("--log", default="", help="server log file; default <model>/../serve.log")
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         require_modules("swift", "torch", "transformers", "openai")  # swift deploy runs in a subprocess
@@ -154,19 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         waited = server.start()
         print(f"serve: healthy after {waited:.0f} s\nbase URL: {server.base_url}/v1  (model {args.name!r})\n")
         print(SNIPPET.format(base_url=server.base_url, model=args.name), flush=True)
-        if args.smoke:
-            rows = eval_rows_for(model, args.root, args.rows)
-            result = smoke_test(server.base_url, args.name, rows, task, timeout_s=300, max_tokens=args.max_tokens)
-            for item in result.answers:
-                print(f"smoke: row {item['row']} ({item['seconds']:.1f} s): {item['answer'][:200]!r}")
-            source = "--task" if args.task is not None else "the model's lineage"
-            print(f"smoke: passed, {len(result.answers)} answers parse for task {task!r} (from {source})")
-            return 0
-        print("\nserving; Ctrl-C stops", flush=True)
-        while server.process is not None and server.process.poll() is None:
-            time.sleep(0.5)
-        print(f"serve: the server exited with code {server.process.returncode if server.process else '?'}")
-        return 1
+        return _smoke(server, args, model, task) if args.smoke else _serve_until_exit(server)
     except DeployError as exc:
         print(f"serve: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -175,6 +136,58 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         server.stop()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=program("python -m pipelines.serve"), description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true", help="serve on 127.0.0.1: the only mode, so optional")
+    parser.add_argument("--model", default="", help="merged model folder; default the newest under --root")
+    parser.add_argument("--root", default="runs", help="local pipeline root (default runs)")
+    parser.add_argument(
+        "--port",
+        type=cli_numbers.ranged(int, 0, 65535, "0 (a free port) or a port 1..65535"),
+        default=0,
+        help="TCP port; default a free one",
+    )
+    parser.add_argument("--name", default="tuned", help="served model name (default tuned)")
+    parser.add_argument("--smoke", action="store_true", help="run the smoke test, then exit 0 / 1")
+    parser.add_argument(
+        "--task", default=None,
+        help="smoke-test task: detection, key_value, json or '' (default: the task the model's data was validated "
+        "for, from its lineage)",
+    )  # fmt: skip
+    parser.add_argument("--rows", type=cli_numbers.positive(int), default=3, help="smoke-test rows (default 3)")
+    parser.add_argument(
+        "--max-tokens", type=cli_numbers.positive(int), default=512, help="smoke-test answer length limit (default 512)"
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=cli_numbers.positive(float, "a positive number of seconds"),
+        default=300,
+        help="seconds to wait for health (default 300)",
+    )
+    parser.add_argument("--log", default="", help="server log file; default <model>/../serve.log")
+    return parser
+
+
+def _smoke(server: LocalServer, args: argparse.Namespace, model: Path, task: str) -> int:
+    """Sends `--rows` held-out rows through the healthy server; 0 when every answer parses for the task."""
+    rows = eval_rows_for(model, args.root, args.rows)
+    result = smoke_test(server.base_url, args.name, rows, task, timeout_s=300, max_tokens=args.max_tokens)
+    for item in result.answers:
+        print(f"smoke: row {item['row']} ({item['seconds']:.1f} s): {item['answer'][:200]!r}")
+    source = "--task" if args.task is not None else "the model's lineage"
+    print(f"smoke: passed, {len(result.answers)} answers parse for task {task!r} (from {source})")
+    return 0
+
+
+def _serve_until_exit(server: LocalServer) -> int:
+    """Serves until Ctrl-C (KeyboardInterrupt to the caller) or the server exits (1)."""
+    print("\nserving; Ctrl-C stops", flush=True)
+    while server.process is not None and server.process.poll() is None:
+        time.sleep(0.5)
+    print(f"serve: the server exited with code {server.process.returncode if server.process else '?'}")
+    return 1
 
 
 if __name__ == "__main__":

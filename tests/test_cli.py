@@ -92,7 +92,7 @@ def test_light_install_submits_to_the_recording_server_without_the_training_stac
         from tests.vertex_fake import PROJECT_NUMBER, FakeServer
         from pathlib import Path
         from pipelines.config import load_config
-        from pipelines.run import submit_vertex
+        from pipelines.submit import submit_vertex
 
         resource_manager_utils.get_project_number = lambda *a, **k: PROJECT_NUMBER
         with FakeServer(buckets={{"test-bucket"}}) as fake:
@@ -125,7 +125,7 @@ def test_command_errors_give_one_line_and_the_exit_code(capsys):
     from google.auth.exceptions import DefaultCredentialsError
 
     from pipelines.config import ConfigError
-    from pipelines.run import RunError
+    from pipelines.local_run import RunError
     from pipelines.vertex import VertexError, command_errors
 
     cases = [

@@ -210,11 +210,11 @@ def _executor_output(folder: Path, params: dict, artifacts: dict) -> None:
 
 
 def test_quiet_console_shows_task_lines_progress_every_30_s_and_each_warning_once(tmp_path):
-    from pipelines.run import _QuietConsole
+    from pipelines.local_console import QuietConsole
 
     _executor_output(tmp_path / "validate-data", {"n_train": 64, "n_eval": 16}, {"metrics": {"n_invalid": 0}})
     log, console = io.StringIO(), io.StringIO()
-    quiet = _QuietConsole(log, console, tmp_path, interval_s=30.0)
+    quiet = QuietConsole(log, console, tmp_path, interval_s=30.0)
     quiet.task_started("validate-data")
     quiet.last_shown -= 31  # 31 s since the console last heard from this task
     quiet.write("{'loss': '1.01', 'step': 1}\nTrain:  30%|###  | 48/160\r")
@@ -235,7 +235,8 @@ def test_quiet_console_shows_task_lines_progress_every_30_s_and_each_warning_onc
 
 
 def test_reports_get_html_copies_and_the_summary_lists_them_with_the_run_that_made_them(tmp_path):
-    from pipelines.run import format_summary, report_copies
+    from pipelines.local_console import format_summary
+    from pipelines.local_run import report_copies
 
     earlier, now = tmp_path / "demo-1", tmp_path / "demo-2"
     for folder, name in ((earlier / "validate-data", "report"), (earlier / "train-lora", "loss_curve")):

@@ -182,7 +182,7 @@ def test_local_root_moves_the_model_cache_that_lived_under_the_old_root(tmp_path
     import dataclasses
 
     from pipelines.config import load_config
-    from pipelines.run import with_local_root
+    from pipelines.local_run import with_local_root
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "local" / "tiny_cpu.yaml")  # root runs
     moved = with_local_root(cfg, str(tmp_path / "elsewhere"))

@@ -213,7 +213,7 @@ def test_run_prints_the_estimate_before_submitting(api, tmp_path):
 def test_local_run_prints_no_vertex_estimate_and_the_dry_run_does(tmp_path, monkeypatch, capsys):
     from kfp import local
 
-    from pipelines import run
+    from pipelines import local_run, run
 
     class Stop(Exception):
         pass
@@ -229,7 +229,7 @@ def test_local_run_prints_no_vertex_estimate_and_the_dry_run_does(tmp_path, monk
         "local/tiny_cpu", parse_overrides([f"data.train={path}", f"data.eval={path}", f"model.source={model}"])
     )
     with pytest.raises(Stop):
-        run.run_local(cfg, root=str(tmp_path / "runs"))
+        local_run.run_local(cfg, root=str(tmp_path / "runs"))
     out = capsys.readouterr().out
     assert "cost: none, a local run on this machine" in out
     assert "cost estimate" not in out and "training profile" not in out  # not the A100's price for a CPU run

@@ -184,7 +184,7 @@ def test_report_names_the_reference(tmp_path):
 
 
 def test_run_summary_names_a_non_base_reference():
-    from pipelines.run import format_summary
+    from pipelines.local_console import format_summary
 
     run = {"run_dir": "r", "wall_s": 1.0, "tasks": {}, "passed": True, "metrics": {"base_f1": 0.5, "tuned_f1": 0.75}}
     assert "eval (held-out):        base      tuned" in format_summary(run)

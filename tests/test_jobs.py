@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from pipelines import jobs
+from pipelines import job_views, jobs
 from pipelines.config import load_config
 from tests.test_vertex_submit import PARENT, write_config
 from tests.vertex_fake import FakeServer
@@ -147,7 +147,7 @@ def as_returned(rest: dict) -> dict:
 
 def test_task_rows_skip_the_root_find_every_custom_job_and_sort_by_start():
     job = as_returned(make_job("run-1"))
-    rows = jobs.task_rows(job)
+    rows = job_views.task_rows(job)
     assert [r["task"] for r in rows] == [
         "stage-model",
         "validate-data",
@@ -169,23 +169,23 @@ def test_task_rows_skip_the_root_find_every_custom_job_and_sort_by_start():
 
 def test_log_filter_all_tasks_one_task_and_misspelled_task():
     job = as_returned(make_job("run-1"))
-    flt = jobs.log_filter(job)
+    flt = job_views.log_filter(job)
     assert flt.startswith('((resource.type="ml_job" AND resource.labels.job_id=("111" OR "222" OR "333" OR "444"')
     assert 'resource.labels.pipeline_job_id="run-1")' in flt
     assert flt.endswith('AND timestamp>="2026-11-24T10:00:00Z"')  # entries:list reads 24 h without a time
-    one = jobs.log_filter(job, "train-lora", after="2026-11-24T10:30:00Z")
+    one = job_views.log_filter(job, "train-lora", after="2026-11-24T10:30:00Z")
     assert one == (
         '(resource.type="ml_job" AND resource.labels.job_id=("222" OR "333")) AND timestamp>="2026-11-24T10:30:00Z"'
     )
     with pytest.raises(jobs.VertexError, match="run run-1 has no task 'train-lroa'; did you mean 'train-lora'"):
-        jobs.log_filter(job, "train-lroa")
+        job_views.log_filter(job, "train-lroa")
     with pytest.raises(jobs.VertexError, match="task 'register' of run run-1 has not started a job yet"):
-        jobs.log_filter(job, "register")
+        job_views.log_filter(job, "register")
 
 
 def test_fetch_picks_models_reports_metrics_predictions_not_the_base_or_data():
     job = as_returned(make_job("run-1"))
-    got = {(a["task"], a["output"]): a["kind"] for a in jobs.output_artifacts(job)}
+    got = {(a["task"], a["output"]): a["kind"] for a in job_views.output_artifacts(job)}
     assert got == {
         ("train-lora", "adapter"): "model",
         ("train-lora", "metrics"): "metrics",
@@ -194,10 +194,10 @@ def test_fetch_picks_models_reports_metrics_predictions_not_the_base_or_data():
         ("evaluate", "report"): "report",
         ("evaluate", "predictions"): "predictions",
     }
-    only = jobs.output_artifacts(job, jobs.parse_kinds("data"))
+    only = job_views.output_artifacts(job, job_views.parse_kinds("data"))
     assert [(a["task"], a["output"]) for a in only] == [("validate-data", "train_dataset")]
     with pytest.raises(jobs.VertexError, match="unknown kind 'reprot'; did you mean 'report'"):
-        jobs.parse_kinds("model,reprot")
+        job_views.parse_kinds("model,reprot")
 
 
 def test_log_entry_lines():
@@ -208,14 +208,14 @@ def test_log_entry_lines():
         "textPayload": "{'loss': 1.2}\n",
         "severity": "INFO",
     }
-    assert jobs.format_entry(entry, names) == "2026-11-24 10:05:00 train-lora {'loss': 1.2}"
+    assert job_views.format_entry(entry, names) == "2026-11-24 10:05:00 train-lora {'loss': 1.2}"
     event = {
         "timestamp": "2026-11-24T10:00:00Z",
-        "resource": {"type": jobs.PIPELINE_RESOURCE, "labels": {"pipeline_job_id": "run-1"}},
+        "resource": {"type": job_views.PIPELINE_RESOURCE, "labels": {"pipeline_job_id": "run-1"}},
         "jsonPayload": {"message": "task failed"},
         "severity": "ERROR",
     }
-    assert jobs.format_entry(event, names) == "2026-11-24 10:00:00 pipeline ERROR task failed"
+    assert job_views.format_entry(event, names) == "2026-11-24 10:00:00 pipeline ERROR task failed"
 
 
 # --- against the recording server ---------------------------------------------------

@@ -235,7 +235,7 @@ def test_dry_run_refuses_a_root_the_real_run_refuses(tmp_path, capsys):
     dry = capsys.readouterr().err
     assert "--root" in dry and "which is a file" in dry
     from pipelines.config import DEFAULT_LOCAL_CONFIG
-    from pipelines.run import RunError, run_local
+    from pipelines.local_run import RunError, run_local
 
     with pytest.raises(ConfigError, match="which is a file"):  # the same refusal, from the real run
         try:

@@ -60,7 +60,7 @@ exec(compile(src, m.__file__, "exec"), m.__dict__)
 from components.evaluate import metrics, _interval, _report
 from components.register.core import LABEL_METRICS
 from pipelines.config import ConfigError, load_config
-from pipelines.run import format_summary
+from pipelines.local_console import format_summary
 passed, reason = metrics.gate({"f9": 0.7}, {"f9": 0.5}, "f9", 0.6, 0.1)
 try:
     cfg_metric = load_config(sys.argv[1], {"eval.metric": "f9"}).eval.metric

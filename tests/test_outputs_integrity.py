@@ -24,7 +24,7 @@ from components.common.manifest import ManifestError, verify_manifest
 from components.evaluate.core import EvalError, load_eval_rows
 from components.train_lora.core import TrainError, materialize_dataset
 from components.validate_data.core import validate_data
-from pipelines.run import check_cache_entries
+from pipelines.cache_check import check_cache_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = re.compile(r"(\d+) valid \((\d+) train, (\d+) eval\)")

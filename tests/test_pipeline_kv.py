@@ -15,8 +15,8 @@ import pytest
 
 from components.common.tasks import get_task
 from pipelines.config import CONFIG_DIR, load_config
+from pipelines.local_run import run_local
 from pipelines.pipeline import TASK_ORDER
-from pipelines.run import run_local
 
 pytestmark = pytest.mark.pipeline
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import DEFAULT_LOCAL_CONFIG, load_config
+from pipelines.local_run import run_local
 from pipelines.pipeline import REGRESSION_TASK, TASK_ORDER
-from pipelines.run import main, run_local
+from pipelines.run import main
 
 pytestmark = pytest.mark.pipeline
 

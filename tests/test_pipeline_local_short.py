@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import DEFAULT_LOCAL_CONFIG, load_config
+from pipelines.local_run import run_local
 from pipelines.pipeline import REGRESSION_TASK, TASK_ORDER
-from pipelines.run import run_local
 
 pytestmark = pytest.mark.pipeline
 

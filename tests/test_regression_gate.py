@@ -25,7 +25,7 @@ from components.evaluate.metrics import gate
 from components.validate_data._regression import validate_regression
 from components.validate_data.core import validate_data
 from pipelines.demo import drawings
-from pipelines.run import format_summary, regression_table
+from pipelines.local_console import format_summary, regression_table
 
 
 @pytest.fixture(scope="module")

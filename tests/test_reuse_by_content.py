@@ -25,7 +25,7 @@ from components.snapshot_data import _hashes
 from components.snapshot_data.core import resolve_sources
 from components.stage_model.core import stage_local
 from components.stage_model.entry import verify_entry
-from pipelines.run import check_cache_entries
+from pipelines.cache_check import check_cache_entries
 
 ROW = b'{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "a"}], "images": ["x.png"]}\n'
 RUN = "demo-2026-12-01-10-00-00-000000"

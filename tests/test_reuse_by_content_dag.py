@@ -18,7 +18,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from benchmarks.retrain_local import retrain_config
-from pipelines.run import run_local
+from pipelines.local_run import run_local
 
 pytestmark = pytest.mark.pipeline
 

@@ -1,7 +1,7 @@
 """Issue 41: two local runs into one pipeline root each know their own run folder.
 
 Two real processes run a one-task kfp.local pipeline into one root at the same time, through
-`pipelines.run.own_run_dir`, the way `run_local` runs the DAG; each must report the folder
+`pipelines.local_run.own_run_dir`, the way `run_local` runs the DAG; each must report the folder
 its own task wrote into (no mtime guessing: the one started first finishes first here, but
 the folder made last is the other's).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.run import RunError, own_run_dir
+from pipelines.local_run import RunError, own_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ _RUN = """
 import sys, time
 from pathlib import Path
 from kfp import dsl, local
-from pipelines.run import own_run_dir
+from pipelines.local_run import own_run_dir
 
 
 @dsl.component(install_kfp_package=False)

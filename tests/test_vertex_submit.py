@@ -14,8 +14,9 @@ import yaml
 from google.auth.credentials import AnonymousCredentials
 
 from pipelines.config import load_config
+from pipelines.local_run import RunError
 from pipelines.pipeline import CHAMPION_TASK, SNAPSHOT_TASK, TASK_ORDER, pipeline_arguments
-from pipelines.run import RunError, submit_vertex
+from pipelines.submit import submit_vertex
 from pipelines.vertex import VertexError
 from tests.pipeline_spec import container_tasks
 from tests.vertex_fake import PROJECT_NUMBER, FakeServer
