@@ -231,7 +231,7 @@ def _set_variant(variant: str) -> None:
     fused_lora.FUSED_BASE = not variant.endswith(("apart", "copy"))
     fused_lora.TRITON = not variant.endswith("torch")  # with dropout on a GPU: LoRA's backward by PyTorch's kernels
     # `...old`: the adapters cast in every forward and LoRA's scaling in kernels of its own (before the 2026-11-26
-    # changes of benchmarks/README.md, "Fewer launches per LoRA layer")
+    # changes of benchmarks/ARCHIVE.md, "Fewer launches per LoRA layer")
     fused_lora.CAST_CACHE = fused_lora.FOLD = not variant.endswith("old")
 
 

@@ -11,7 +11,7 @@ For each input width of a Qwen3-VL-4B decoder layer's adapted projections (2,560
 - A's gradient `gh^T @ (keep * mask * x)`: PyTorch's masked-scale kernel and a matmul, and
   `lora_triton.dropped_weight_grad` at each tile shape and programs count.
 
-- with masks given by a seed (`lora_triton.Seeded`, the default since 2026-11-26, benchmarks/README.md, "16 rows
+- with masks given by a seed (`lora_triton.Seeded`, the default since 2026-11-26, benchmarks/ARCHIVE.md, "16 rows
   per micro-step on an H100": no mask kept), at the default tiles: the forward's rank-r product
   `keep * (mask * x) @ A^T` against PyTorch's dropout kernel and a matmul (and a plain matmul without dropout), and
   both backward kernels computing the mask again;

@@ -5,7 +5,7 @@ Item 12 of the train-lora plugin (items.py). transformers'
 which clones every tensor of the model to host memory (`clone_tensors_for_torch_save`), the frozen
 base included, and then saves a PEFT model's adapter only. On 2 x H200 with the Qwen3-VL-30B-A3B
 each save took 42 s (a training step: 0.77 s) for a 103 MB checkpoint, and the copy is the whole 62 GB
-base on every rank (benchmarks/README.md, "Larger models").
+base on every rank (2026-11-26, 2 x H200, benchmarks/large_models.py --model 30b-a3b --phase train).
 
 While the trainer saves a LoRA model, `adapter_entries` hands that save only the entries of the
 state dict that peft's adapter save keeps. It asks peft itself which those are, for every adapter,

@@ -3,7 +3,8 @@
 peft casts each LoRA layer's input to the adapter weights' dtype (float32 master weights) before dropout and
 lora_A; under autocast, F.linear then casts it straight back to bf16. On the 4B model that is two full activation
 copies plus a float32 dropout for each of the 7 adapted linear layers of every decoder layer: 0.6 s of a 3.6 s
-window of GPU time on an H100 (benchmarks/README.md). With autocast on, the cast is skipped: the bf16 value that
+window of GPU time on an H100 (2026-11-22, benchmarks/profile_plugin.py; 9.42 -> 10.74 samples/s without it).
+With autocast on, the cast is skipped: the bf16 value that
 reaches the matmul is the same (bf16 -> fp32 is exact, autocast rounds back), dropout runs in bf16 (same scale, its
 own random stream), and the adapter's master weights and optimizer state stay float32. Without autocast nothing
 changes. VLM_LORA_PEFT_INPUT_CAST=1 restores peft's behaviour.

@@ -2,7 +2,7 @@
 
 transformers hands DDP `bucket_cap_mb` 25 by default, so the 66 MB of float32 LoRA gradients of the 4B
 travel in three all-reduces that start during the backward. Their bytes take about 0.3 ms at the 232-298 GB/s
-two H200s measure (benchmarks/README.md, preflight), so overlapping them saves almost nothing, while each
+two H200s measure (preflight_gpu.sh, 2026-11-24), so overlapping them saves almost nothing, while each
 NCCL kernel sits on the GPU beside the backward's kernels until the other rank reaches the same bucket.
 `ddp_settings` sizes the bucket to hold every trainable gradient: DDP then reduces them in one all-reduce after
 the backward (an explicit cap also sizes DDP's first bucket: tests/test_ddp_comm.py counts one). And DDP

@@ -17,7 +17,7 @@ and the mask (saved by dropout): q, k and v read the same input yet keep three c
 - backward: `gh = scaling * g @ B`, `dB = scaling * g^T @ h`, `dA = gh^T @ x_d`,
   `dx = dropout_backward(gh @ A)`; the base output's gradient passes through.
 
-Four refinements, each measured on an H100 (benchmarks/README.md) and with its switch below: over
+Four refinements, each measured on an H100 (2026-11-25/26, train_throughput.py) and with its switch below: over
 a frozen plain Linear the layer's own matmul runs inside the function (`_LoraLinear`: one node, the
 input gradient in one buffer); without dropout under autocast the branch is three aten calls with
 autograd's own backward (`lean_delta`), where q/k/v and gate/up share one rank-r matmul
@@ -75,8 +75,8 @@ TRITON = os.environ.get("VLM_LORA_TRITON_LORA", "1") != "0"
 SILU_MUL_DOWN = os.environ.get("VLM_LORA_SILU_MUL_DOWN", "1") != "0"
 # with dropout on a GPU, VLM_LORA_SEEDED_DROPOUT=1: the masks given by a seed and computed in the Triton kernels
 # wherever needed (`lora_triton`: `Seeded`) instead of a boolean mask per adapted layer kept until the backward
-# (less memory, −2.7 to +3.4 % time per step at the same plan in the runs of 2026-11-26, benchmarks/README.md,
-# "Seeded dropout on its own tiles": the train-lora planner sets it where it lets a faster plan fit); unset or 0:
+# (less memory: −18 GiB at 16 x 1; −2.7 to +3.4 % time per step at the same plan, 2 x H200, 2026-11-26,
+# benchmarks/train_throughput.py: the train-lora planner sets it where it lets a faster plan fit); unset or 0:
 # PyTorch's dropout kernel and its masks
 SEEDED = os.environ.get("VLM_LORA_SEEDED_DROPOUT", "0") == "1"
 # sibling projections that read the same input in the attention and MLP blocks of the models we train

@@ -4,7 +4,7 @@ end-of-training lines (item 16's lookups).
 
 Running the collections at step ends on every rank under several processes (Megatron-LM's `--manual-gc`; item 15
 until 2026-11-28) gained nothing beyond the run-to-run spread on two H200s (0.466 / 0.468 s/step without it against
-0.467-0.477 with it, benchmarks/README.md, "Each doubtful plugin item off on its own") and was deleted; the census
+0.467-0.477 with it; 2026-11-28, train_throughput.py auto_liger_autogc_log5) and was deleted; the census
 shows whether collections pause a rank in a new setting.
 
 Pure (the `gc` module and a clock); tests/test_gc_census.py runs it.

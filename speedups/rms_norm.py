@@ -4,7 +4,7 @@ Liger's RMSNorm is one Triton kernel each way, but launching it goes through Lig
 Triton's Python launcher: about 0.3 ms of host time per call on the H100 machine, eight calls per
 decoder layer of the 4B (input and post-attention norms, q and k norms; forward and backward), of a
 layer's 8-10 ms of host time against its 11 ms of GPU time at the tuned plan's micro-batch
-(benchmarks/README.md, `benchmarks/layer_host_time.py`). `torch.nn.functional.rms_norm` on a CUDA
+(1 x H100, 2026-11-25, `benchmarks/layer_host_time.py`). `torch.nn.functional.rms_norm` on a CUDA
 tensor runs one fused kernel each way (`aten::_fused_rms_norm`) launched through the dispatcher in
 tens of microseconds.
 
@@ -15,7 +15,8 @@ modules Liger patched with offset 0 and "llama" casting (Qwen3-VL's), only on CU
 is the fused kernel, never where Liger is off. On the H100 it cut a layer's host time by 18 % but not the
 training step of one GPU at 8 x 2 (the layer is GPU-bound there), so with one process it is opt-in
 (VLM_LORA_TORCH_RMS_NORM=1); with more than one, where each GPU's micro-step holds half the rows and the
-host falls behind its GPU, it is on unless VLM_LORA_TORCH_RMS_NORM=0 (its switch's multi-process default, registry.py; two H200s, benchmarks/README.md).
+host falls behind its GPU, it is on unless VLM_LORA_TORCH_RMS_NORM=0 (its switch's multi-process default, registry.py):
+off, two H200s ran 0.535 s/step against 0.467-0.477 on (2026-11-28, benchmarks/train_throughput.py).
 """
 
 from __future__ import annotations

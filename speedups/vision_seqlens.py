@@ -3,7 +3,7 @@
 Qwen3-VL's vision attention without flash-attn (sdpa, eager) splits q, k and v per image with
 `torch.split(t, lengths.tolist())`, where `lengths` comes from `cu_seqlens`, a GPU tensor built
 from `grid_thw`. Each `.tolist()` makes the host wait for the GPU: 3 per block, 72 per forward of
-the 4B's 24 blocks (counted with torch's sync debug mode on an H100, benchmarks/README.md), each
+the 4B's 24 blocks (counted with torch's sync debug mode on an H100, 2026-11-25, train_throughput _prof), each
 a point where the GPU runs dry until the host has queued the next kernels.
 
 `host_seqlens(fn)` wraps transformers' `get_vision_attention_seqlens(grid_thw, config, ...)` so

@@ -296,7 +296,7 @@ def test_wrapped_expert_bytes_from_the_headers(tiny_moe):
 
 
 def test_planner_on_the_recorded_30b_a3b_runs():
-    """One H200, Qwen3-VL-30B-A3B, 1,221-token rows (benchmarks/README.md, "Larger models")."""
+    """One H200, Qwen3-VL-30B-A3B, 1,221-token rows (benchmarks/ARCHIVE.md, "Larger models")."""
     from benchmarks.qwen3_vl_large import QWEN3_VL_30B_A3B_CONFIG as config
     from components.train_lora._plan import ModelShape, TokenStats, plan_micro_batch, predict_peak
 
@@ -382,6 +382,6 @@ def test_the_cost_estimate_of_a_moe_counts_active_parameters(tiny_moe):
     rows = Workload(rows=64, mean_tokens=1207, max_steps=12, micro_batch=8, checkpointing=False, liger=True)
     h200 = Profile("", "NVIDIA_H200_141GB", 1)
     moe_est = estimate(h200, Workload(**{**rows.__dict__, "model_b": 3.3, "moe": True}))
-    # measured on 2 x H200 at 8 rows per GPU: ~12,500 LM tokens/s per GPU (benchmarks/README.md, "Larger models")
+    # measured on 2 x H200 at 8 rows per GPU: ~12,500 LM tokens/s per GPU (benchmarks/ARCHIVE.md, "Larger models")
     assert moe_est.tokens_per_s == pytest.approx(12_544, rel=0.05)
     assert any("mixture of experts" in a for a in moe_est.assumptions)

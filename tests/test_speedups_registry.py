@@ -356,7 +356,7 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
 
 @pytest.mark.parametrize("name", ["VLM_LORA_COMPILE_LAYERS", "VLM_LORA_COMPILE_VISION"])
 def test_item_4_is_gone_and_its_switches_are_refused_with_why(name):
-    """Regional compilation gained nothing beyond the spread with the other items on (benchmarks/README.md,
+    """Regional compilation gained nothing beyond the spread with the other items on (benchmarks/ARCHIVE.md,
     "Garbage collection at step ends, the loss logged every 5th step, compiled layers under DDP"): deleted."""
     from components.train_lora.job_env import JobEnvError, check_job_env
 

@@ -7,8 +7,8 @@ Two tables and one function, no cloud client, no kfp, no torch:
   `PRICE_SOURCE` and `PRICE_TABLE_DATE`; override them with `resources.price_usd_per_hour`
   (and `resources.price_date`), since discounts, committed use and regional prices differ.
 * `THROUGHPUT`: LM tokens/s (text + image tokens, padding excluded) of one GPU training the
-  Qwen3-VL-4B architecture with LoRA, from `benchmarks/README.md` ("Training throughput",
-  "Micro-batch planner", one H100 80GB, 2026-11-22/24), scaled to other GPUs by a stated ratio.
+  Qwen3-VL-4B architecture with LoRA (15,668 at 8 x 2 on one H100 80GB, 2026-11-25, benchmarks/train_throughput.py),
+  scaled to other GPUs by a stated ratio.
 * `estimate(...)`: training time, GPU-hours and cost from the rows and tokens to train, the
   micro-batch plan and the profile, with every assumption listed.
 
@@ -88,8 +88,8 @@ PRICES: dict[str, tuple[float, float]] = {
 
 # Reference: one H100 80GB, Qwen3-VL-4B (4.44 B parameters, named 4B), LoRA r8 all-linear, bf16,
 # rows of 1,207 LM tokens on average (1024² drawings), micro-batch 8 x 2 without checkpointing,
-# Liger, the task's plugin: 12.99 samples/s = 15,668 LM tokens/s (benchmarks/README.md, "LoRA
-# layers that read one input", run B of 2026-11-25; 15,690 in run C; 12,972 on 2026-11-24 before
+# Liger, the task's plugin: 12.99 samples/s = 15,668 LM tokens/s (benchmarks/train_throughput.py b8_nogc_liger,
+# run B of 2026-11-25; 15,690 in run C; 12,972 on 2026-11-24 before
 # the plugin's later levers).
 REF_TOKENS_PER_S = 15668
 REF_TOKENS = 1207
@@ -97,8 +97,8 @@ REF_BATCH = 8
 REF_MODEL_B = 4.0  # billions of parameters as the model's name says (Qwen3-VL-4B: 4.44 B)
 # A mixture of experts per *active* parameter, against the 4B dense model: Qwen3-VL-30B-A3B
 # (3.3 B active) trained 16 rows in 0.77 s on 2 x H200 (8 rows per GPU, ZeRO-2; single steps from
-# ms-swift's speed figure, 2026-11-26): ~12,500 LM tokens/s per GPU (benchmarks/README.md, "Larger
-# models"; the earlier ~8,300 on one H200 was read on a 1-s clock with a save inside the window):
+# ms-swift's speed figure, 2026-11-26): ~12,500 LM tokens/s per GPU (benchmarks/large_models.py --model 30b-a3b;
+# the earlier ~8,300 on one H200 was read on a 1-s clock with a save inside the window):
 # routing, gathers and 128 small expert matmuls.
 MOE_FACTOR = 0.66
 # Speed model: time per sample ∝ T/PLAN_T_REF · (GC_SLOWDOWN with checkpointing) + MICRO_STEP_COST / B,

@@ -9,7 +9,7 @@ need to agree on:
   a stored 2-D `*.weight` counts as quantised unless it is an embedding, the head, in the vision
   tower (`model.visual.*`) or a MoE router (`mlp.gate`); 1-D and 3-D+ tensors stay bf16. Measured on the
   tiny MoE on a CPU (bitsandbytes 0.50.2, transformers 5.19, ms-swift 4.6, 2026-11-28;
-  tests/test_quantization_moe.py, benchmarks/README.md "What nf4 reaches in the Qwen3-VL MoE"): with
+  tests/test_quantization_moe.py, benchmarks/quantized_sizes.py): with
   the `BitsAndBytesConfig` ms-swift builds from `swift_quant_args`, only the language model's
   `nn.Linear` layers become `Linear4bit` (attention q/k/v/o; the dense tiny Qwen3-VL's MLP too). The fused 3-D
   experts of transformers-5's Qwen3-VL-MoE (`mlp.experts.gate_up_proj` / `down_proj`) are plain

@@ -99,8 +99,8 @@ def ddp_unused_args(args: Mapping[str, Any], strategy: str, config: Mapping[str,
     """`{"ddp_find_unused_parameters": False}` where DDP needs no search for unused parameters, else {}.
 
     transformers asks DDP for the search whenever the model is not a bare PreTrainedModel (peft's wrapper is not):
-    a walk of the autograd graph after every forward, 5.6 % of a step on two H200s (benchmarks/README.md, "Seeded
-    dropout on its own tiles, no wait for every backward", 2026-11-26). Left on where a trainable parameter may
+    a walk of the autograd graph after every forward, 5.6 % of a step on two H200s (0.555 against 0.523 s by median,
+    2026-11-26, benchmarks/train_throughput.py auto_liger_nounused). Left on where a trainable parameter may
     miss a step's forward: a config that sets it, a mixture of experts (an expert no token reached on a rank), a
     vision tower or aligner that trains (a batch without images skips them). Otherwise every trainable parameter
     of LoRA gets a gradient every step.

@@ -16,8 +16,8 @@ with L layers, H hidden size, V vocabulary. Image tokens are tokens: the frozen 
 transient memory (4 patches per image token) is part of the per-token figure. The constants were fitted on one H100 80GB with the Qwen3-VL-4B
 architecture (36 layers, hidden 2560), bf16, LoRA r8 all-linear, sdpa, rows of 1,221 tokens:
 batch 4 / 8 without checkpointing 43.6 / 75.7 GiB, batch 16 with checkpointing 17.9 GiB,
-batch 16 without Liger 2.7 GiB above with it (benchmarks/README.md, "Training throughput" and
-"Micro-batch planner"). The plan keeps `margin` of the memory free and sizes for the longest
+batch 16 without Liger 2.7 GiB above with it (1 x H100, 2026-11-22 and 2026-11-24, benchmarks/train_throughput.py
+with b4 / b8_nogc_liger, b16_gc(_liger)). The plan keeps `margin` of the memory free and sizes for the longest
 row: a batch is padded to its longest row, and the longest row's batch is the worst one.
 
 The per-token figure without checkpointing depends on LoRA's dropout and on who runs the
@@ -79,8 +79,8 @@ MICRO_STEP_COST = 6.0  # per-micro-step host cost, in units of one reference sam
 MAX_OOM_REPLANS = 3
 # time per step with dropout masks from seeds / kept, at the same plan: the Philox draws in the backward's A-gradient
 # kernel (one H100, 2026-11-26: 8 x 2 medians 1.177 vs 1.156 s and 1.204 vs 1.165 s in two runs); with the seeded
-# kernels on their own tiles (2 x H200, same run, 2026-11-26; benchmarks/README.md, "Seeded dropout on its own
-# tiles"): 16 x 1 on one GPU 0.896 vs 0.921 s (seeds ahead), 8 x 1 per GPU on two 0.549 vs 0.531 s (behind; that
+# kernels on their own tiles (2 x H200, same run, 2026-11-26, benchmarks/train_throughput.py auto_liger_seeded
+# vs auto_liger): 16 x 1 on one GPU 0.896 vs 0.921 s (seeds ahead), 8 x 1 per GPU on two 0.549 vs 0.531 s (behind; that
 # machine's two-GPU runs spread 4.5 %): mixed, so left as it was
 SEEDED_COST = 0.025
 # Bytes held per byte of a parameter LoRA wraps directly (ParamWrapper: its update, materialised

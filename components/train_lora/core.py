@@ -191,8 +191,8 @@ def build_sft_command(
         "include_num_input_tokens_seen": True,
         # transformers' filter of the logged loss tests every micro-step's loss with `torch.isnan(loss)` in a Python
         # `if`: the host waits for the whole backward before it prepares the next step, and the GPU waits for that
-        # host work (−1.8 to −2.6 % per step on an H100; benchmarks/README.md, "Seeded dropout on its own tiles, no
-        # wait for every backward", 2026-11-26). Off, the training is the same and a NaN / Inf loss shows in the log
+        # host work (−1.8 to −2.6 % per step on an H100, 2026-11-26, benchmarks/train_throughput.py auto_liger against
+        # auto_liger_nanfilter). Off, the training is the same and a NaN / Inf loss shows in the log
         # instead of being replaced by the running mean. A config may set it.
         "logging_nan_inf_filter": False,
         "external_plugins": [PLUGIN],
