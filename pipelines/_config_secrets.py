@@ -4,7 +4,7 @@ Every value of every section (lists, mappings and their keys, URLs and their que
 included) is checked before anything else reads the config, so no later message can quote a
 secret. Fields meant for free text (names, experiments, the serving command line, job
 environment values, ms-swift's string arguments) are also checked for high-entropy strings.
-`model.token_from` has its own check (a reference, never the token: `config._check_token_ref`).
+`model.token_from` has its own check (a reference, never the token: `pipelines.config._inputs.check_token_ref`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 from speedups import versions
 from speedups.items import BY_NUMBER, ITEMS, SWITCHES
-from speedups.model_config import covers
+from speedups.model_config import covers, quantization_of
 from speedups.outcome import (
     SWITCH_OFF,
     VERSION,
@@ -140,8 +140,6 @@ def quantization_problem(it: Item, quantization: str) -> Outcome | None:
 def _run_problem(it: Item, run: _Run) -> Outcome | None:
     """Not applicable where the run lacks what the item requires (`Item.requires`), or its base is quantised in a
     way the item does not serve (`Item.quantized`)."""
-    from components.common.quantization import quantization_of
-
     problem = quantization_problem(it, quantization_of(dict(run.swift_args)))
     if problem is not None:
         return problem

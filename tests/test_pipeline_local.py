@@ -1,8 +1,7 @@
 """End-to-end: the whole DAG under kfp.local on the tiny model and the demo drawings.
 
-Marked `pipeline` (minutes on 2 cores); CI runs it. The short DAGs of their own (a gate no model
-meets, a truncated cached eval set) are in tests/test_pipeline_local_short.py, a file of its own so
-that pytest-xdist can run it beside this one.
+Marked `pipeline` (minutes on 2 cores); CI runs it. A gate no model meets and a truncated cached
+eval set are reruns of tests/test_reuse_by_content_dag.py's root.
 """
 
 import dataclasses

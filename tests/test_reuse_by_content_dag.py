@@ -2,12 +2,15 @@
 
 Marked `pipeline`; CI runs it. kfp.local with caching on, the demo rows as two shards with their
 images beside them (`benchmarks.retrain_local.retrain_config`, 1 training step, 1 evaluation sample
-of at most 8 tokens), five runs on one pipeline root:
+of at most 8 tokens), seven runs on one pipeline root:
 (a) first run; (b) a byte of the cached merged model flipped: merge-export and evaluate run again,
 train-lora does not; (c) the cached adapter truncated: train-lora runs again, validate-data does
-not; (d) an image rewritten with other pixels and the same size and mtime: the snapshot changes and
-validate-data runs again; (e) a file of the staged base changed in the model cache: stage-model
-stages it again. The cores' cases are in tests/test_reuse_by_content.py.
+not; (c2) the cached eval set cut to 3 rows: validate-data runs again on every row; (c3) a gate no
+model can meet: evaluate runs again and the run fails, naming the rule; (d) an image rewritten with
+other pixels and the same size and mtime: the snapshot changes and validate-data runs again; (e) a
+file of the staged base changed in the model cache: stage-model stages it again. The cores' cases
+are in tests/test_reuse_by_content.py. (c2) and (c3) were a file of their own, two DAGs from
+scratch each (380 s on 2 cores); here they are reruns of this root.
 """
 
 import os
@@ -63,6 +66,36 @@ def test_a_truncated_cached_adapter_retrains(setup, capsys):
     assert f"cache: train-lora's output adapter changed since train-lora wrote it ({weights}: size" in out
     assert {"train-lora", "merge-export", "evaluate"} <= set(again["tasks"])
     assert {"stage-model", "validate-data"} <= set(again["cached"])
+
+
+def test_a_truncated_cached_eval_set_runs_validate_data_again(setup, capsys):
+    """#41 must-show 3: the cached eval set cut from its rows to 3; the re-run drops the cache entry (one line naming
+    validate-data and the file), validates again and evaluates on the whole set again."""
+    _, _, first = setup
+    eval_file = Path(first["run_dir"]) / "validate-data" / "eval_dataset" / "data.jsonl"
+    rows = eval_file.read_text().splitlines(keepends=True)
+    assert len(rows) > 3 and first["data"]["eval_rows"] == len(rows)
+    eval_file.write_text("".join(rows[:3]))
+    again, out = _again(setup, capsys)
+    assert (
+        f"cache: validate-data's output eval_dataset changed since validate-data wrote it ({eval_file.parent}/"
+        "data.jsonl: size" in out
+    )
+    assert {"validate-data", "evaluate"} <= set(again["tasks"]) and "stage-model" in again["cached"]
+    assert again["data"]["eval_rows"] == len(rows)
+
+
+def test_an_unreachable_gate_fails_and_only_the_gate_runs_again(setup, capsys):
+    """The same root with a gate no model can meet (f1 >= 1.01): evaluate runs again (its settings changed), the
+    run ends with passed=False and names the rule; the data, the training and the merge stay cached."""
+    import dataclasses
+
+    work, cfg, _ = setup
+    strict = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, metric="f1", min_value=1.01))
+    result = run_local(strict, root=str(work / "runs"), enable_caching=True)
+    assert result["passed"] is False and result["reason"].startswith("FAIL: task metric: f1")
+    assert "evaluate" in result["tasks"]
+    assert {"stage-model", "validate-data", "train-lora", "merge-export"} <= set(result["cached"])
 
 
 def test_an_image_rewritten_with_the_same_size_and_mtime_is_new_data(setup, capsys):

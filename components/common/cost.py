@@ -22,7 +22,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from components.common.quantization import STEP_COST_FACTOR, quantization_of
+from components.common.quantization import STEP_COST_FACTOR
+from speedups.model_config import quantization_of
 
 # --- prices ----------------------------------------------------------------------------------
 

@@ -30,6 +30,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+# read by the speed-up gate too, so defined with the speed-ups; re-exported: the quantisation of swift arguments
+from speedups.model_config import quantization_of as quantization_of
+
 QUANTIZATIONS = ("none", "nf4", "int8")
 
 # Bytes a quantised parameter takes (weights + quantisation constants), by setting.
@@ -103,16 +106,6 @@ def swift_conflict(swift: Mapping[str, Any], quantization: str) -> tuple[str, An
         if name not in wanted or str(value).lower() != str(need).lower():
             return name, value, need
     return None
-
-
-def quantization_of(args: Mapping[str, Any]) -> str:
-    """The setting the swift arguments stand for: nf4, int8 or none (another method counts as none)."""
-    if str(args.get("quant_method") or "").lower() != "bnb":
-        return "none"
-    bits = str(args.get("quant_bits") or "")
-    if bits == "8":
-        return "int8"
-    return "nf4" if bits == "4" else "none"
 
 
 def is_quantized_tensor(name: str, ndim: int) -> bool:

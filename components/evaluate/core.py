@@ -612,13 +612,7 @@ def evaluate(
     ref_answers, ref_speed = generate("reference", reference_dir)
     tuned_answers, tuned_speed = (ref_answers, dict(ref_speed)) if itself else generate("tuned", tuned_dir)
     if quantization != "none":
-        print(
-            f"evaluate: both models were loaded in {quantization} (bitsandbytes; quantised layers: reference "
-            f"{ref_speed['quantized_layers']:.0f}, tuned {tuned_speed['quantized_layers']:.0f}): the scores are "
-            f"those of an {quantization} deployment, not of the bf16 merged model",
-            file=sys.stderr,
-            flush=True,
-        )
+        _say_quantized(quantization, ref_speed, tuned_speed)
     n = len(rows)
     ref_metrics, ref_scores = _task_scores(ref_answers[:n], rows, geometries, ref_geometries, iou_threshold, task)
     tuned_metrics, tuned_scores = _task_scores(tuned_answers[:n], rows, geometries, geometries, iou_threshold, task)
@@ -644,7 +638,32 @@ def evaluate(
             f"FAIL: the tuned model {tuned_dir} is the reference model itself "
             "(e.g. a cached merge already registered as the champion); nothing new to promote"
         )
-    samples = [
+    samples = _sample_records(rows, geometries, reference_box_convention, (tuned_answers, tuned_scores),
+                              (ref_answers, ref_scores))  # fmt: skip
+    _write_predictions(predictions_out, samples + reg_samples)
+    return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
+                      drops, failed, quantization, ci)  # fmt: skip
+
+
+def _say_quantized(quantization: str, ref_speed: dict[str, float], tuned_speed: dict[str, float]) -> None:
+    print(
+        f"evaluate: both models were loaded in {quantization} (bitsandbytes; quantised layers: reference "
+        f"{ref_speed['quantized_layers']:.0f}, tuned {tuned_speed['quantized_layers']:.0f}): the scores are "
+        f"those of an {quantization} deployment, not of the bf16 merged model",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _sample_records(
+    rows: list[dict[str, Any]],
+    geometries: list[Any],
+    reference_box_convention: str,
+    tuned: tuple[list[str], list[Any]],
+    reference: tuple[list[str], list[Any]],
+) -> list[dict[str, Any]]:
+    """One predictions record per held-out row: the row, its geometry, each model's answer and score."""
+    return [
         {
             "line": row["line"],
             "origin": row["origin"],
@@ -658,13 +677,8 @@ def evaluate(
             "reference": r_ans,
             "reference_score": r_score,
         }
-        for row, geometry, t_ans, t_score, r_ans, r_score in zip(
-            rows, geometries, tuned_answers, tuned_scores, ref_answers, ref_scores
-        )
+        for row, geometry, t_ans, t_score, r_ans, r_score in zip(rows, geometries, *tuned, *reference)
     ]
-    _write_predictions(predictions_out, samples + reg_samples)
-    return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
-                      drops, failed, quantization, ci)  # fmt: skip
 
 
 def _check_quantization(quantization: str) -> None:

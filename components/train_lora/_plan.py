@@ -584,7 +584,7 @@ def plan_for_run(
 
 def _with_precision(message: str, swift_args: Mapping[str, Any], weight_bytes: int) -> str:
     """A no-fit message with the base's precision and size, and QLoRA where the base is in bf16."""
-    from components.common.quantization import quantization_of
+    from speedups.model_config import quantization_of
 
     quantization = quantization_of(dict(swift_args))
     said = f"the base is {weight_bytes / GIB:.1f} GiB " + (

@@ -27,7 +27,6 @@ from components.common.dataset import checked_rows_file, read_token_stats
 from components.common.errors import TrainError  # re-exported: core.TrainError
 from components.common.manifest import ManifestError, write_manifest
 from components.common.provenance import strip_origin
-from components.common.quantization import quantization_of
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import (
     RESERVED_ARGS,
@@ -40,6 +39,7 @@ from components.common.swift import (
 from components.train_lora import _checkpoints, _input_checks, _launch, _plan
 from components.train_lora.job_env import check_job_env, job_env_strings
 from speedups import registry
+from speedups.model_config import quantization_of
 
 # Set by the task from its inputs; a config that sets them is refused.
 PLUGIN = str(Path(registry.__file__).parent / "swift_plugin.py")

@@ -61,56 +61,20 @@ def validate_data(
             naming both rows) or "warn" (kept). Metrics' n_leaked counts them; the report
             lists them. Default "quarantine".
     """
-    from collections import namedtuple
+    from components.common.kfp_outputs import write_outputs
+    from components.validate_data.step import OUTPUTS, validate_step
 
-    from components.validate_data.core import DataError, training_max_pixels, validate_snapshot
-
-    try:
-        max_pixels = training_max_pixels(swift_args, max_pixels)
-        result = validate_snapshot(
-            snapshot,
-            train_out=train_dataset.path,
-            eval_out=eval_dataset.path,
-            quarantine_out=quarantine.path,
-            training_key=training_key,
-            champion_dir=champion_uri,
-            eval_fraction=eval_fraction,
-            max_invalid_fraction=max_invalid_fraction,
-            split_seed=split_seed,
-            report_out=report.path,
-            max_length=int(swift_args.get("max_length", 0) or 0),
-            max_pixels=max_pixels,
-            task=task,
-            box_convention=box_convention,
-            model_dir=base_model.path,
+    return write_outputs(
+        validate_step(
+            snapshot, base_model, train_dataset, eval_dataset, quarantine, report, swift_args, max_pixels,
+            eval_fraction=eval_fraction, max_invalid_fraction=max_invalid_fraction, split_seed=split_seed,
+            task=task, box_convention=box_convention, training_key=training_key, champion_dir=champion_uri,
             leakage=leakage,
-        )
-    except DataError as exc:
-        raise SystemExit(f"validate-data: {exc}") from None
-    print(result.summary())
-    for key, value in result.counts.items():
-        metrics.log_metric(key, value)
-    metrics.log_metric("max_pixels", max_pixels)  # the image resize the token counts used (0 = none)
-    tokens = sorted(result.stats["token_counts"])
-    if tokens:
-        metrics.log_metric("tokens_median", tokens[len(tokens) // 2])
-        metrics.log_metric("tokens_max", tokens[-1])
-    lineage = result.stats["lineage"]
-    metrics.log_metric("data_files", len(lineage["files"]))
-    metrics.metadata["data_snapshot"] = lineage["snapshot"]["fingerprint"]
-    train_dataset.metadata.update(
-        {
-            "rows": result.counts["n_train"],
-            "format": "ms-swift jsonl",
-            "data_snapshot": lineage["snapshot"]["fingerprint"],
-        }
-    )
-    eval_dataset.metadata.update({"rows": result.counts["n_eval"], "format": "ms-swift jsonl"})
-    # each dataset's completion marker digest: a reader or a cache check catches files changed since
-    train_dataset.metadata["manifest_sha256"] = result.stats["manifests"]["train"]
-    eval_dataset.metadata["manifest_sha256"] = result.stats["manifests"]["eval"]
-    quarantine.metadata["rows"] = result.counts["n_invalid"]
-    return namedtuple("Outputs", ["n_train", "n_eval"])(result.counts["n_train"], result.counts["n_eval"])
+        ),
+        metrics,
+        OUTPUTS,
+        train_dataset=train_dataset, eval_dataset=eval_dataset, quarantine=quarantine,
+    )  # fmt: skip
 
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
@@ -145,29 +109,11 @@ def validate_regression(
     Returns:
         The number of valid regression rows.
     """
-    from components.common.regression import KIND_NAMES
-    from components.validate_data._regression import validate_regression_snapshot
-    from components.validate_data.core import DataError, training_max_pixels
+    from components.common.kfp_outputs import write_outputs
+    from components.validate_data.step import regression_step
 
-    try:
-        result = validate_regression_snapshot(
-            snapshot,
-            out=regression_dataset.path,
-            quarantine_out=quarantine.path,
-            model_dir=base_model.path,
-            box_convention=box_convention,
-            max_pixels=training_max_pixels(swift_args),
-            max_invalid_fraction=max_invalid_fraction,
-        )
-    except DataError as exc:
-        raise SystemExit(f"validate-regression: {exc}") from None
-    print(result.summary())
-    for key, value in result.counts.items():
-        metrics.log_metric(key, value)
-    kinds = {kind: result.counts[f"n_{kind}"] for kind in KIND_NAMES}
-    regression_dataset.metadata.update(
-        {"rows": result.counts["n_valid"], "kinds": kinds, "format": "ms-swift jsonl + kind",
-         "manifest_sha256": result.manifest_sha256}
-    )  # fmt: skip
-    quarantine.metadata["rows"] = result.counts["n_invalid"]
-    return result.counts["n_valid"]
+    outputs = regression_step(
+        snapshot, base_model, regression_dataset, quarantine, swift_args, max_invalid_fraction, box_convention
+    )
+    write_outputs(outputs, metrics, regression_dataset=regression_dataset, quarantine=quarantine)
+    return outputs.values[0]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common.model_fit import GPU_MEMORY_GIB, ModelTooLarge, check_fits, known_model_bytes
-from components.common.quantization import known_quantized_bytes
 from components.common.preflight import MODES as PREFLIGHT_MODES
+from components.common.quantization import known_quantized_bytes
 from pipelines import shapes
 from pipelines.config._errors import Check, ConfigError, Where
 from pipelines.config._inputs import ModelSection
