@@ -126,7 +126,7 @@ def _zero2_run(tmp_path: Path, train_jsonl: Path, name: str, switch: str) -> tup
 
 
 def test_swift_sft_with_zero2_saves_the_same_adapter_without_copying_the_base(tmp_path):
-    from components.train_lora.core import materialize_dataset
+    from components.train_lora._data import materialize_dataset
     from components.validate_data.core import validate_data
     from pipelines.demo.drawings import generate_dataset
 

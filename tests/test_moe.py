@@ -373,7 +373,7 @@ def test_swift_trains_and_merges_lora_on_the_experts(tiny_moe, tmp_path):
 
 def test_the_cost_estimate_of_a_moe_counts_active_parameters(tiny_moe):
     from components.common.cost import Profile, Workload, estimate, is_moe_name
-    from components.train_lora.core import _active_billions
+    from components.train_lora._fit import _active_billions
 
     total = sum(p.stat().st_size for p in tiny_moe.glob("*.safetensors")) / 4 / 1e9  # float32 on disk
     active, moe = _active_billions(str(tiny_moe))

@@ -22,7 +22,8 @@ from components.common import manifest
 from components.common.lock import FolderInUse, hold_folder
 from components.common.manifest import ManifestError, verify_manifest
 from components.evaluate.core import EvalError, load_eval_rows
-from components.train_lora.core import TrainError, materialize_dataset
+from components.train_lora._data import materialize_dataset
+from components.train_lora.core import TrainError
 from components.validate_data.core import validate_data
 from pipelines.cache_check import check_cache_entries
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from components.common.provenance import ORIGIN_KEY, image_name, origin_of, where
-from components.train_lora.core import materialize_dataset
+from components.train_lora._data import materialize_dataset
 from components.validate_data.types import DataError
 from tests.test_validate_data import Run, fenced, line, png, read_jsonl, row, write_lines
 

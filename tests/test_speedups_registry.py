@@ -325,11 +325,11 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     outside its range means a padding mask in the memory model, whatever the switch says; a memory-relevant item the
     run's table has otherwise is named after the run."""
     from components.common import cluster
-    from components.train_lora import _plan, core
+    from components.train_lora import _fit, _launch, _plan
     from pipelines.demo.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
-    launch = core._Launch(cluster.LaunchPlan(), 1, 80 * 1024**3)
+    launch = _launch.Launch(cluster.LaunchPlan(), 1, 80 * 1024**3)
     seen = {}
 
     def plan_for_run(args, **kwargs):
@@ -338,16 +338,16 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
 
     monkeypatch.setattr(_plan, "plan_for_run", plan_for_run)
     args = {"per_device_train_batch_size": "auto"}
-    core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
+    _fit.micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
     assert seen["padding_mask"] is False
     real = registry.installed_version
     monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
-    expected = core._planned_speedups(args, model, launch, {})
-    core._micro_batch_plan(args, model, str(tmp_path), launch, "single", {}, expected)
+    expected = _fit.planned_speedups(args, model, launch, {})
+    _fit.micro_batch_plan(args, model, str(tmp_path), launch, "single", {}, expected)
     assert seen["padding_mask"] is True and expected.outcomes[6].kind == registry.VERSION
     ran = Table({it.number: expected.outcomes[it.number] for it in ITEMS})
     ran.outcomes[6] = registry.applied()
-    assert len(core._unplanned(expected, ran)) == 1
+    assert len(_fit.unplanned(expected, ran)) == 1
     assert (
         "train-lora: speed-ups: item 6 (right_padding, planner flag padding_mask): the plan assumed it does not "
         in (capsys.readouterr().out)

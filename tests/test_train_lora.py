@@ -8,14 +8,10 @@ import yaml
 
 from components.common.adapter import summarize_log
 from components.common.swift import to_cli
-from components.train_lora import core
-from components.train_lora.core import (
-    TrainError,
-    build_sft_command,
-    check_swift_args,
-    find_checkpoints,
-    materialize_dataset,
-)
+from components.train_lora import _data, _run_swift, _swift_args, core
+from components.train_lora._data import find_checkpoints, materialize_dataset
+from components.train_lora._swift_args import build_sft_command, check_swift_args
+from components.train_lora.core import TrainError
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +67,7 @@ def test_build_sft_command_passes_swift_args_through_and_sets_inputs():
     assert "--resume_from_checkpoint" not in args
     assert pairs["--include_num_input_tokens_seen"] == "true"
     assert pairs["--logging_nan_inf_filter"] == "false"  # no host wait for every backward (a config may set it)
-    assert pairs["--external_plugins"] == core.PLUGIN and Path(core.PLUGIN).is_file()
+    assert pairs["--external_plugins"] == _swift_args.PLUGIN and Path(_swift_args.PLUGIN).is_file()
 
 
 def test_token_counting_can_be_turned_off_and_user_plugins_are_kept():
@@ -88,7 +84,7 @@ def test_token_counting_can_be_turned_off_and_user_plugins_are_kept():
     kept = build_sft_command({"logging_nan_inf_filter": True}, "/m", "qwen3_vl", "/t.jsonl", "", "/o")
     assert kept[kept.index("--logging_nan_inf_filter") + 1] == "true" and kept.count("--logging_nan_inf_filter") == 1
     i = cmd.index("--external_plugins")
-    assert cmd[i + 1 : i + 3] == [core.PLUGIN, "/my/plugin.py"]
+    assert cmd[i + 1 : i + 3] == [_swift_args.PLUGIN, "/my/plugin.py"]
 
 
 def test_plugin_counts_tokens_without_padding():
@@ -198,7 +194,7 @@ def test_check_swift_args_names_the_unknown_key():
 
 def test_every_config_uses_real_ms_swift_argument_names():
     """Checks each config's swift section against the installed ms-swift (names change between versions)."""
-    known = core.swift_arg_names()
+    known = _swift_args.swift_arg_names()
     assert "tuner_type" in known and "train_type" not in known
     configs = sorted(ROOT.glob("configs/**/*.yaml"))
     assert configs
@@ -249,12 +245,12 @@ def test_an_earlier_runs_local_output_is_not_read_as_this_runs(tmp_path, capsys)
     (stale / "adapter_model.safetensors").write_bytes(b"old")
     (stale / "adapter_config.json").write_text("{}")
     (work / "output" / "logging.jsonl").write_text(json.dumps({"loss": 9.0, "memory(GiB)": 102.7}) + "\n")
-    inputs = core._materialize_inputs(str(work), str(ds), "")
+    inputs = _data.materialize_inputs(str(work), str(ds), "")
     assert inputs.n_train == 2 and inputs.train_jsonl.is_file()
     assert not inputs.output_dir.exists() and find_checkpoints(inputs.output_dir) == []
-    assert core.read_trainer_log(inputs.output_dir) == []
+    assert _data.read_trainer_log(inputs.output_dir) == []
     assert f"removing {work / 'output'}" in capsys.readouterr().out
-    core._materialize_inputs(str(work), str(ds), "")  # a fresh work folder: nothing to remove, no message
+    _data.materialize_inputs(str(work), str(ds), "")  # a fresh work folder: nothing to remove, no message
     assert "removing" not in capsys.readouterr().out
 
 
@@ -303,7 +299,7 @@ def test_summarize_ms_swift_logging_jsonl(tmp_path):
         {"model_parameter_info": "PeftModel: 4B"},
     ]
     (tmp_path / "logging.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    log = core.read_trainer_log(tmp_path)
+    log = _data.read_trainer_log(tmp_path)
     assert len(log) == 3
     m = summarize_log(log)
     assert m["peak_memory_gib"] == 31.25 and m["steps"] == 10.0 and m["seconds_per_step"] == 0.8
@@ -314,14 +310,14 @@ def test_read_trainer_log_falls_back_to_the_checkpoint_state(tmp_path):
     ck = tmp_path / "checkpoint-4"
     ck.mkdir()
     (ck / "trainer_state.json").write_text(json.dumps({"log_history": [{"loss": 1.0, "step": 4}]}))
-    assert core.read_trainer_log(tmp_path, ck) == [{"loss": 1.0, "step": 4}]
+    assert _data.read_trainer_log(tmp_path, ck) == [{"loss": 1.0, "step": 4}]
 
 
 def test_tensorboard_args_follow_vertex_and_yield_to_the_config():
     env = {"AIP_TENSORBOARD_LOG_DIR": "gs://b/tb/logs"}
-    assert core.tensorboard_args({}, env) == {"report_to": "tensorboard", "logging_dir": "gs://b/tb/logs"}
-    assert core.tensorboard_args({"report_to": "none"}, env) == {}
-    assert core.tensorboard_args({}, {}) == {}
+    assert _swift_args.tensorboard_args({}, env) == {"report_to": "tensorboard", "logging_dir": "gs://b/tb/logs"}
+    assert _swift_args.tensorboard_args({"report_to": "none"}, env) == {}
+    assert _swift_args.tensorboard_args({}, {}) == {}
 
 
 def _swift_log(steps: int = 20) -> list[dict]:
@@ -383,15 +379,17 @@ def test_loss_curve_renders_in_chromium(tmp_path):
 
 
 def test_explain_failure_points_at_the_knob():
-    assert "per_device_train_batch_size" in core._explain_failure("torch.OutOfMemoryError: CUDA out of memory.", 1)
-    assert "last line: boom" in core._explain_failure("a\nboom\n", 3)
+    assert "per_device_train_batch_size" in _run_swift._explain_failure(
+        "torch.OutOfMemoryError: CUDA out of memory.", 1
+    )
+    assert "last line: boom" in _run_swift._explain_failure("a\nboom\n", 3)
 
 
 def test_cpu_speed_env_only_without_gpu_and_never_overrides():
-    assert core.cpu_speed_env(True, {}) == {}
-    env = core.cpu_speed_env(False, {})
-    assert env == core.CPU_SPEED_ENV and env["OMP_NUM_THREADS"] == "1"
-    kept = core.cpu_speed_env(False, {"OMP_NUM_THREADS": "8"})
+    assert _run_swift.cpu_speed_env(True, {}) == {}
+    env = _run_swift.cpu_speed_env(False, {})
+    assert env == _run_swift.CPU_SPEED_ENV and env["OMP_NUM_THREADS"] == "1"
+    kept = _run_swift.cpu_speed_env(False, {"OMP_NUM_THREADS": "8"})
     assert "OMP_NUM_THREADS" not in kept and "MALLOC_TRIM_THRESHOLD_" in kept
 
 
@@ -424,5 +422,5 @@ def test_plugin_skips_peft_float32_input_copies_only_under_autocast():
 
 
 def test_progress_bars_refresh_at_most_every_30_s_in_logs_unless_set():
-    assert core.log_progress_env({}) == {"TQDM_MININTERVAL": "30"}
-    assert core.log_progress_env({"TQDM_MININTERVAL": "1"}) == {}
+    assert _run_swift.log_progress_env({}) == {"TQDM_MININTERVAL": "30"}
+    assert _run_swift.log_progress_env({"TQDM_MININTERVAL": "1"}) == {}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from components.common.swift import SigtermForwarder, run_command
 from components.train_lora import _checkpoints as ck
-from components.train_lora import core
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,7 +159,7 @@ def test_forwarder_restores_the_previous_handler():
 
     before = signal.signal(signal.SIGTERM, mine)
     try:
-        with core.SigtermForwarder() as guard:
+        with SigtermForwarder() as guard:
             assert signal.getsignal(signal.SIGTERM) == guard._handle
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
@@ -167,5 +167,5 @@ def test_forwarder_restores_the_previous_handler():
 
 
 def test_run_command_runs_the_command_in_its_own_process_group(tmp_path):
-    code, tail = core.run_command([sys.executable, "-c", "import os; print(os.getpgid(0) == os.getpid())"])
+    code, tail = run_command([sys.executable, "-c", "import os; print(os.getpgid(0) == os.getpid())"])
     assert code == 0 and tail.strip() == "True"

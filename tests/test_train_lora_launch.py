@@ -11,7 +11,7 @@ from components.common import cluster
 from components.train_lora import _checkpoints as ck
 from components.train_lora import _input_checks as pf
 from components.train_lora import _launch as la
-from components.train_lora import core
+from components.train_lora import _swift_args, core
 from components.train_lora.core import TrainError
 
 GIB = 1024**3
@@ -378,7 +378,7 @@ def test_checkpoint_sync_copies_in_the_background(tmp_path):
 
 
 def test_build_command_with_strategy_and_resume_keeps_user_args():
-    cmd = core.build_sft_command(
+    cmd = _swift_args.build_sft_command(
         {"deepspeed": "zero2", "ddp_timeout": 600},
         "/m",
         "qwen3_vl",
@@ -424,15 +424,15 @@ def test_the_unused_parameter_search_stays_where_a_parameter_may_miss_a_step(arg
 
 
 def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_path, capsys):
-    launch = core._Launch(cluster.launch_plan({}, 2), 2, 80 * GIB)
+    launch = la.Launch(cluster.launch_plan({}, 2), 2, 80 * GIB)
     (tmp_path / "config.json").write_text(json.dumps(DENSE))
     run = dict(ddp_timeout_s=None, environ={}, checkpoint_dir=None)
-    args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
+    args, strategy = _swift_args.final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
     assert strategy.name == "ddp" and args["ddp_find_unused_parameters"] is False
     assert "DDP without the search for unused parameters" in capsys.readouterr().out
     (tmp_path / "config.json").write_text(json.dumps(MOE))
-    args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
+    args, strategy = _swift_args.final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
     assert strategy.name == "ddp" and "ddp_find_unused_parameters" not in args
-    one = core._Launch(cluster.launch_plan({}, 1), 1, 80 * GIB)
-    args, strategy = core._final_swift_args({"lora_rank": 8}, str(tmp_path), one, **run)
+    one = la.Launch(cluster.launch_plan({}, 1), 1, 80 * GIB)
+    args, strategy = _swift_args.final_swift_args({"lora_rank": 8}, str(tmp_path), one, **run)
     assert strategy.name == "single" and "ddp_find_unused_parameters" not in args

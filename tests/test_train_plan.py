@@ -290,7 +290,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     """`_train_until_it_fits` with a swift that runs out of memory above `fits` rows per micro-batch."""
     import sys
 
-    from components.train_lora import core
+    from components.train_lora import _data, _launch, _run_swift, core
 
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "swift"
@@ -300,9 +300,9 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.jsonl").write_text("{}\n")
-    inputs = core._Inputs(work, work / "train.jsonl", "", 1)
-    launch = core._Launch(cluster.LaunchPlan(nnodes=nnodes), 1, H100)
-    durable = core._Durability(None, 5.0, 2, 60.0, 5.0, 10.0)
+    inputs = _data.Inputs(work, work / "train.jsonl", "", 1)
+    launch = _launch.Launch(cluster.LaunchPlan(nnodes=nnodes), 1, H100)
+    durable = _run_swift.Durability(None, 5.0, 2, 60.0, 5.0, 10.0)
     plan = plan or plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
     run = core._train_until_it_fits(
         {"use_liger_kernel": True},
@@ -339,7 +339,7 @@ def test_the_plans_mask_decision_reaches_the_training_job(tmp_path, monkeypatch)
 
 
 def test_out_of_memory_replans_are_bounded_and_name_the_knob(tmp_path, monkeypatch):
-    from components.train_lora.core import SwiftFailed
+    from components.train_lora._run_swift import SwiftFailed
 
     with pytest.raises(SwiftFailed, match="CUDA out of memory: lower swift.per_device_train_batch_size"):
         _fake_run(tmp_path, monkeypatch, fits=0)
@@ -348,7 +348,7 @@ def test_out_of_memory_replans_are_bounded_and_name_the_knob(tmp_path, monkeypat
 
 
 def test_a_multi_node_run_does_not_replan_alone(tmp_path, monkeypatch):
-    from components.train_lora.core import SwiftFailed
+    from components.train_lora._run_swift import SwiftFailed
 
     with pytest.raises(SwiftFailed):
         _fake_run(tmp_path, monkeypatch, fits=2, nnodes=2)

@@ -48,6 +48,15 @@ DEFAULT_DDP_TIMEOUT_S = 3600
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "float64": 8}
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How this node trains: the launch plan and the GPUs it has."""
+
+    plan: LaunchPlan
+    gpu_count: int  # GPUs visible on this node
+    gpu_memory: int  # bytes per GPU
+
+
 class LaunchError(TrainError):
     """The launch environment is wrong (a TrainError, so the component reports it the same way)."""
 

@@ -1,0 +1,158 @@
+"""What a run is expected to fit and cost, and what the plugin reported: the speed-up items expected to
+apply, the micro-batch plan (`_plan`) sized from them, the expected time and GPU-hours, and the plugin's
+start-up table read back after the run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from components.common import cost
+from components.common.dataset import read_token_stats
+from components.common.quantization import quantization_of
+from components.train_lora import _input_checks, _launch, _plan
+from speedups import registry
+
+
+def _active_billions(model_dir: str) -> tuple[float, bool]:
+    """(Billions of parameters a token passes through, whether the model is a mixture of experts), from the
+    staged weights (bf16 = 2 bytes a parameter) and config: the cost estimate's size when the name has none."""
+    config = _input_checks.load_model_config(model_dir)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    total = _launch.model_weight_bytes(model_dir, "bfloat16") / 2
+    experts = _input_checks.expert_count(config)
+    active = text.get("num_experts_per_tok")
+    if not (isinstance(active, int) and experts):
+        return total / 1e9, False
+    expert_params = (
+        _input_checks.wrapped_parameter_bytes(
+            {"target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], "torch_dtype": "bfloat16"},
+            model_dir,
+        )
+        / 2
+    )
+    return (total - expert_params * (1 - active / experts)) / 1e9, True
+
+
+def log_expected_time(
+    args: dict[str, Any],
+    plan: _plan.Plan | None,
+    train_dir: str,
+    launch: _launch.Launch,
+    model_source: str,
+    model_dir: str,
+) -> None:
+    """Logs the expected training time and GPU-hours (`components.common.cost`), when they can be estimated."""
+    if not launch.gpu_count:
+        return
+    import torch
+
+    billions, moe = _active_billions(model_dir)
+
+    micro = plan.micro_batch if plan else int(args.get("per_device_train_batch_size") or 1)
+    line = cost.training_log_line(
+        args if not plan else {**args, **plan.swift_args()},
+        read_token_stats(train_dir),
+        micro_batch=micro,
+        checkpointing=plan.gradient_checkpointing if plan else args.get("gradient_checkpointing") is True,
+        gpus=launch.gpu_count,
+        nodes=launch.plan.nnodes,
+        gpu_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
+        model_source=model_source,
+        model_b=round(billions, 1),
+        moe=moe,
+    )
+    if line:
+        print(f"train-lora: {line}", flush=True)
+
+
+def _job_setting(job_env: dict[str, str], name: str) -> str:
+    """A train-lora plugin setting as the training job will see it: the environment section, else this process's."""
+    return str(job_env.get(name) or os.environ.get(name, ""))
+
+
+def planned_speedups(
+    args: dict[str, Any], model_dir: str, launch: _launch.Launch, job_env: dict[str, str]
+) -> registry.Planned:
+    """Which speed-up items the training job will apply (`registry.planned`: switches as the job will see them, the
+    packages' versions, the targets importable, what the run's arguments and model config allow)."""
+    return registry.planned(
+        {**os.environ, **job_env},
+        launch.plan.world_size,
+        args,
+        _input_checks.load_model_config(model_dir),
+        gpu=bool(launch.gpu_count),
+    )
+
+
+def micro_batch_plan(
+    args: dict[str, Any],
+    model_dir: str,
+    train_dir: str,
+    launch: _launch.Launch,
+    strategy: str,
+    job_env: dict[str, str],
+    expected: registry.Planned | None = None,
+) -> _plan.Plan | None:
+    """Resolves `auto` micro-batch / checkpointing (`_plan`); None when the config fixes both. The memory flags
+    come from the speed-up items expected to apply (`expected`, else `planned_speedups`)."""
+    if not _plan.wants_plan(args):
+        return None
+    world = launch.plan.world_size
+    if not launch.gpu_count:
+        per_gpu = _plan.samples_per_step(args, world) // world
+        checkpointing = args.get("gradient_checkpointing")
+        plan = _plan.Plan(
+            1, per_gpu, checkpointing is True, 0, 0, ("no GPU: micro-batch 1 (the planner sizes for GPU memory)",)
+        )
+    else:
+        cap = _job_setting(job_env, "VLM_LORA_GPU_MEMORY_GIB")
+        model_config = _input_checks.load_model_config(model_dir)
+        expected = expected or planned_speedups(args, model_dir, launch, job_env)
+        gpu_bytes = min(launch.gpu_memory, int(float(cap) * _plan.GIB)) if cap else launch.gpu_memory
+        plan = _plan.plan_for_run(
+            args,
+            model_config=model_config,
+            weight_bytes=_launch.model_weight_bytes(model_dir, args.get("torch_dtype"), quantization_of(args)),
+            token_stats=read_token_stats(train_dir),
+            gpu_bytes=gpu_bytes,
+            world_size=world,
+            zero3="zero3" in str(args.get("deepspeed", "")) or strategy == "zero3",
+            wrapped_bytes=_input_checks.wrapped_parameter_bytes(args, model_dir),
+            **expected.memory_flags(),
+        )
+    for reason in plan.reasons:
+        print(f"train-lora: plan: {reason}", flush=True)
+    return plan
+
+
+def read_speedups(path: Path, is_chief: bool) -> registry.Table | None:
+    """The start-up table the plugin wrote (rank 0, on the chief), with one summary line; None where there is none."""
+    table = registry.read_table(path)
+    if table is None:
+        if is_chief:
+            print(f"train-lora: speed-ups: no start-up table at {path} (no trainer was built)", flush=True)
+        return None
+    got, missed = table.counts()
+    skipped = [
+        f"{it.number} {it.name} ({table.outcomes[it.number].kind})"
+        for it in registry.ITEMS
+        if it.number in table.outcomes and table.outcomes[it.number].skipped
+    ]
+    print(
+        f"train-lora: speed-ups: {got} of {len(registry.ITEMS)} applied"
+        + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
+        flush=True,
+    )
+    return table
+
+
+def unplanned(expected: registry.Planned | None, table: registry.Table | None) -> list[str]:
+    """One line per memory-relevant item the planner expected otherwise than the run's table says (logged)."""
+    if expected is None or table is None:
+        return []
+    lines = registry.disagreements(expected, table)
+    for line in lines:
+        print(f"train-lora: speed-ups: {line}", flush=True)
+    return lines
