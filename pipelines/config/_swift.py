@@ -71,7 +71,7 @@ SWIFT_ARG_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "use_dora": _BOOL,
     "packing": _BOOL,
     "padding_free": _BOOL,
-    # train-lora sets these unless the config does (components/train_lora/core.py, _launch.py, ddp_comm.py)
+    # train-lora sets these unless the config does (components/train_lora/_swift_args.py, _launch.py, speedups/ddp_comm.py)
     "logging_nan_inf_filter": _BOOL,
     "ddp_find_unused_parameters": _BOOL,
     "ddp_broadcast_buffers": _BOOL,
