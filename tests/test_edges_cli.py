@@ -213,6 +213,9 @@ def test_ctrl_c_during_a_command_is_one_line_and_130(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env=ENV,
+        # a command typed at a terminal starts with SIGINT at its default; pytest run as a background job (`&` in a
+        # script) has it ignored, the child would inherit that and Python would then never raise KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
