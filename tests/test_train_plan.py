@@ -107,16 +107,19 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
         assert (plan.micro_batch, plan.gradient_checkpointing) == (8, False)
         return round(plan.peak_bytes / GIB, 1)
 
-    assert peak(args, world_size=1) == pytest.approx(62.9, abs=0.3)  # the fused branch, ms-swift's dropout, causal flag
-    assert peak(args, world_size=1, padding_mask=True) == pytest.approx(68.3, abs=0.3)  # VLM_LORA_RIGHT_PAD_CAUSAL=0
-    assert peak(args, world_size=1, fused_lora=False, padding_mask=True) == pytest.approx(75.7, abs=0.3)
-    assert peak({**args, "lora_dropout": 0}, world_size=1) == pytest.approx(54.2, abs=0.3)  # measured 52.93
+    # one H100, 2026-11-25, batch 8 measured: 62.93 fused, 68.29 with the padding mask, 75.69 peft, 52.93 without
+    # dropout; the micro-batch's own memory counted per token (ROW_TOKEN_BYTES) puts each 1.1 GiB lower: -1.4 to -1.8 %
+    # the fused branch, ms-swift's dropout, causal flag
+    assert peak(args, world_size=1) == pytest.approx(61.85, abs=0.3)
+    assert peak(args, world_size=1, padding_mask=True) == pytest.approx(67.2, abs=0.3)  # VLM_LORA_RIGHT_PAD_CAUSAL=0
+    assert peak(args, world_size=1, fused_lora=False, padding_mask=True) == pytest.approx(74.6, abs=0.3)
+    assert peak({**args, "lora_dropout": 0}, world_size=1) == pytest.approx(53.1, abs=0.3)
     # DoRA and LoRA bias stay on peft's forward (fused_lora.py): peft's figure
-    assert peak({**args, "use_dora": True}, world_size=1, padding_mask=True) == pytest.approx(75.7, abs=0.3)
-    assert peak({**args, "lora_bias": "all"}, world_size=1, padding_mask=True) == pytest.approx(75.7, abs=0.3)
+    assert peak({**args, "use_dora": True}, world_size=1, padding_mask=True) == pytest.approx(74.6, abs=0.3)
+    assert peak({**args, "lora_bias": "all"}, world_size=1, padding_mask=True) == pytest.approx(74.6, abs=0.3)
     # ZeRO-3 keeps peft's branch (partitioned adapters): its figure, with the weights split over 2 GPUs
     z3 = peak(args, world_size=2, zero3=True, padding_mask=True)
-    assert z3 == pytest.approx(75.7 - 8_880_000_000 / 2 / GIB, abs=0.4)
+    assert z3 == pytest.approx(74.6 - 8_880_000_000 / 2 / GIB, abs=0.4)
 
 
 def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():

@@ -8,11 +8,17 @@ computed changes.
 
 Memory model (bytes, one GPU), for a micro-batch of B rows padded to T tokens:
 
-    peak = weights / shards + FIXED + 1.1·wrapped + B·T·H·(L·a_full   without checkpointing
+    peak = weights / shards + FIXED + B·T·ROW + 1.1·wrapped + B·T·H·(L·a_full   without checkpointing
                                             | 2·L + a_full)       with checkpointing (inputs of every layer + one layer)
          + B·T·V·LOGIT_BYTES (no Liger: the LM head's logits)
 
-with L layers, H hidden size, V vocabulary. Image tokens are tokens: the frozen ViT's
+with L layers, H hidden size, V vocabulary. FIXED + B·T·ROW is what a micro-batch holds besides the layers'
+activations: CUDA workspaces, LoRA weights and Adam state (FIXED), and per token of the micro-batch the frozen ViT's
+transient memory, the embeddings, the loss's chunks and the allocator's slack (ROW). One constant of 3.2 GiB, fitted at
+16 rows, over-predicted one row by 19 % (one H200, 2026-12-02: 9.90 GiB measured at 1 x 16 with every layer
+checkpointed, 11.8 predicted); split so that 16 rows of 1,221 tokens keep their 3.2 GiB: 1.0 GiB + 120,900 bytes a
+token (1 x 16 then 9.80 predicted, -1 %; 8 x 2 in nf4 under 39.4 GiB 35.4 against 35.50 measured, was +2.8 %).
+Image tokens are tokens: the frozen ViT's
 transient memory (4 patches per image token) is part of the per-token figure. The constants were fitted on one H100 80GB with the Qwen3-VL-4B
 architecture (36 layers, hidden 2560), bf16, LoRA r8 all-linear, sdpa, rows of 1,221 tokens:
 batch 4 / 8 without checkpointing 43.6 / 75.7 GiB, batch 16 with checkpointing 17.9 GiB,
@@ -44,7 +50,8 @@ puts ahead by more (one H100, 4B, dropout: 16 x 1 instead of 8 x 2, -10 to -12 %
 
 Speed model (to rank the plans that fit): time per sample ∝ T/T_ref · (GC_SLOWDOWN with
 checkpointing) + MICRO_STEP_COST / B — fitted to the same runs (batch 8 without
-checkpointing 10.74 samples/s, batch 16 with it 8.80, batch 1 with it 2.40).
+checkpointing 10.74 samples/s, batch 16 with it 8.80, batch 1 with it 2.40). Plans it puts within
+`TIME_RESOLUTION` (2 %) of the fastest go to the largest micro-batch among them.
 """
 
 from __future__ import annotations
@@ -68,7 +75,11 @@ ACT_BYTES_FULL_FUSED = 61.4  # the same with the plugin's fused LoRA branch (dro
 ACT_BYTES_FULL_NO_DROPOUT = 51.0
 SWIFT_LORA_DROPOUT = 0.05  # ms-swift's default lora_dropout
 ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpointing (each layer's bf16 input)
-FIXED_BYTES = int(3.2 * GIB)  # CUDA context, allocator reserve, LoRA weights + Adam state, buffers
+# CUDA workspaces, LoRA weights + Adam state; and per token of a micro-batch: the ViT's transient memory, embeddings,
+# loss chunks, allocator slack. 1.0 GiB + 120,900 B x 19,536 tokens = the 3.2 GiB fitted at 16 rows of 1,221 tokens;
+# one row measured 9.90 GiB (1 x H200, 2026-12-02, predicted 9.80; the single 3.2 GiB constant predicted 11.8)
+FIXED_BYTES = int(1.0 * GIB)
+ROW_TOKEN_BYTES = 120_900
 LOGIT_BYTES = 2.0  # bytes per token x vocabulary entry without Liger's fused loss
 T_REF = 1221  # tokens per row of the calibration runs
 # time per sample with checkpointing of every layer / without, at the same batch: fitted with MICRO_STEP_COST on an
@@ -76,6 +87,10 @@ T_REF = 1221  # tokens per row of the calibration runs
 # the two constants rank micro-batch against checkpointing together, so they change together, from one call's runs
 GC_SLOWDOWN = 1.76
 MICRO_STEP_COST = 6.0  # per-micro-step host cost, in units of one reference sample's compute
+# Plans the speed model puts within 2 % of the fastest are ranked by micro-batch, the largest first: it cannot tell
+# them apart. One H200 under 39.4 GiB: nf4 8 x 2 without checkpointing measured 1.046 and 1.189 s/step in two calls
+# (2026-12-01 / 12-02), bf16 16 x 1 with 22 layers checkpointed 1.093 and 1.090; the model put them 0.3-1.5 % apart
+TIME_RESOLUTION = 0.02
 MAX_OOM_REPLANS = 3
 # time per step with dropout masks from seeds / kept, at the same plan: the Philox draws in the backward's A-gradient
 # kernel (one H100, 2026-11-26: 8 x 2 medians 1.177 vs 1.156 s and 1.204 vs 1.165 s in two runs); with the seeded
@@ -297,7 +312,7 @@ def predict_peak(
         act = bt * model.hidden * model.layers * model.act_full
     logits = 0 if liger else bt * model.vocab * LOGIT_BYTES
     wrapped = WRAPPED_FACTOR * model.wrapped_bytes
-    return int(model.weight_bytes / max(shards, 1) + FIXED_BYTES + act + logits + wrapped)
+    return int(model.weight_bytes / max(shards, 1) + FIXED_BYTES + bt * ROW_TOKEN_BYTES + act + logits + wrapped)
 
 
 def relative_time(batch: int, tokens: int, checkpointing: bool, share: float = 1.0) -> float:
@@ -400,7 +415,9 @@ def plan_micro_batch(
     fitting = [f for f in fits if f[3] <= budget]
     if not fitting:
         raise PlanError(_no_fit_message(model, tokens, budget, liger, shards))
-    _, neg_b, gc, peak, k = min(fitting, key=lambda f: f[:3])
+    fastest = min(f[0] for f in fitting)
+    close = [f for f in fitting if f[0] <= fastest * (1 + TIME_RESOLUTION)]
+    _, neg_b, gc, peak, k = min(close, key=lambda f: (f[1], f[0], f[2]))  # the largest micro-batch of those
     b = -neg_b
     best_nogc = max((-f[1] for f in fitting if not f[2]), default=0)
     which = "off" if not gc else ("on" if k is None else f"on for {k} of {model.layers} decoder layers")
@@ -433,7 +450,7 @@ def _no_fit_message(model: ModelShape, tokens: int, budget: int, liger: bool, sh
             longest, lo = mid, mid + 1
         else:
             hi = mid - 1
-    base = (model.weight_bytes / max(shards, 1) + FIXED_BYTES) / GIB
+    base = (model.weight_bytes / max(shards, 1) + FIXED_BYTES + tokens * ROW_TOKEN_BYTES) / GIB
     need = predict_peak(model, 1, tokens, checkpointing=True, liger=liger, shards=shards) / GIB
     if not longest:
         return (
