@@ -202,7 +202,7 @@ class Workload:
         moe: A mixture-of-experts model (`MOE_FACTOR` applies). Default False.
         tokens_from: Where rows and tokens came from, for the printout. Default "".
         quantization: `model.quantization` (none, nf4, int8): a quantised base's step is slower
-            by `STEP_COST_FACTOR` (nf4 measured, int8 assumed). Default "none".
+            by `STEP_COST_FACTOR` (both measured on one H200). Default "none".
     """
 
     rows: int

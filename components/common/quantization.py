@@ -19,7 +19,7 @@ need to agree on:
   quantisation, plus an fp32 per 256 blocks); left out: about 1.1 KB of code tables per tensor. int8
   stores 1 byte plus an fp32 scale per row (left out: < 0.1 %).
 * `STEP_COST_FACTOR`: how much slower a step is (dequantising each weight before its
-  matmul): nf4 measured on one H200, int8 still assumed.
+  matmul): both measured on one H200 at one plan (nf4 1.01x, int8 1.06x).
 * `check_runnable`: bitsandbytes quantises and runs one layer on this machine, else a named
   error before training (and before evaluate loads models quantised, `eval.quantization`).
 """
@@ -41,12 +41,12 @@ BYTES_PER_PARAM = {
     "nf4": 0.5 + 1 / _NF4_BLOCK + 4 / (_NF4_BLOCK * 256),  # double quantisation (the swift args below turn it on)
     "int8": 1.0,
 }
-# Step time relative to bf16 LoRA at the same plan. nf4 measured: one H200, 4B, 16 x 1 under a 22 GiB cap
-# (2026-12-01, benchmarks/results/): 1.230 s/step against bf16's 1.209, nf4 recomputing 31 layers to bf16's 33
-# (2 layers ~ 2 % of a step), so ~1.04 at one plan; the fused branch dequantises each weight per use and runs
-# the bf16 matmuls (speedups/quantized_lora.py). int8 is still ASSUMED (not measured on a GPU): the same path
-# dequantises a byte a weight instead of a nibble, so nf4's figure is the likely one; 1.8 is kept until measured.
-STEP_COST_FACTOR = {"none": 1.0, "nf4": 1.04, "int8": 1.8}
+# Step time relative to bf16 LoRA at the same plan, measured in one call on one H200 (4B, 16 x 1 without
+# checkpointing, no cap, 2026-12-02, benchmarks/results/2026-12-02_project_b16_nogc_liger_log5_*.json): bf16 0.881,
+# nf4 0.891 (1.01x), int8 0.932 s/step (1.06x). The fused branch dequantises each weight per use and runs the bf16
+# matmuls (speedups/quantized_lora.py); int8's dequantisation reads twice nf4's bytes. Under a 22 GiB cap nf4
+# measured 1.230 against 1.209 s/step with 2 layers fewer recomputed (2026-12-01), ~1.04 at one plan.
+STEP_COST_FACTOR = {"none": 1.0, "nf4": 1.01, "int8": 1.06}
 
 # 2-D weights left in the training dtype under `swift sft` (measured, module docstring): embeddings and the
 # head; the vision tower and its mergers (`model.visual.*`, in ms-swift's llm_int8_skip_modules for Qwen3-VL);
