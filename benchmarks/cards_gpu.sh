@@ -9,7 +9,9 @@
 #   phase peer   (carry .whl_u1 .whl_u2):  Unsloth; Unsloth's runs and ours again, in one random order
 #
 #   bash benchmarks/cards_gpu.sh PHASE "PROFILE ..." "UNSLOTH-RUN ..."   (writes $OUT/PHASE.log, RESULT lines)
-# An Unsloth run is `4bit|bf16:BATCH:GC[:CAP]` (GC false | true | unsloth).
+# An Unsloth run is `4bit|bf16:BATCH:GC[:CAP]` (GC false | true | unsloth). A profile with `@capLEAN` runs after the
+# others, under a cap 6 % + 0.2 GiB above the lowest measured peak of this call's `b1_` runs (the smallest card that
+# plan needs: the planner's 4 % margin and some room; must-show 2's "auto under a cap just above our leanest peak").
 set -uo pipefail
 phase=$1
 ours=${2:-}
@@ -41,13 +43,19 @@ fi
 runs=()
 for p in $ours; do runs+=("ours:$p"); done
 for p in $peers; do runs+=("peer:$p"); done
-mapfile -t order < <(printf '%s\n' "${runs[@]}" | shuf)
+mapfile -t order < <(printf '%s\n' "${runs[@]}" | grep -v capLEAN | shuf; printf '%s\n' "${runs[@]}" | grep capLEAN)
+lean=""
 echo "order: ${order[*]}" | tee -a "$log"
 train=/tmp/tp/train-$((16 * steps + 8))-1024px-mp1048576
 for run in "${order[@]}"; do
     kind=${run%%:*}
     spec=${run#*:}
     start=$(date +%s)
+    if [ "$kind" = ours ] && [[ "$spec" == *capLEAN* ]]; then
+        [ -z "$lean" ] && { echo "[$run] skipped: no b1_ run measured a peak before it" | tee -a "$log"; continue; }
+        spec=${spec//capLEAN/cap$lean}
+        run="ours:$spec"
+    fi
     if [ "$kind" = ours ]; then
         python3 -m benchmarks.train_throughput --model /tmp/m/model --out /tmp/tp --steps "$steps" \
             --n-train $((16 * steps + 8)) --profiles "$spec" > "$OUT/run.log" 2>&1
@@ -59,6 +67,13 @@ for run in "${order[@]}"; do
         PYTHONPATH=/tmp/usite:/tmp/site:$PWD python3 -m benchmarks.unsloth_peer "${flags[@]}" > "$OUT/run.log" 2>&1
     fi
     rc=$?
+    if [ "$kind" = ours ] && [[ "$spec" == b1_* ]]; then
+        lean=$(python3 -c 'import json, sys
+rows = [json.loads(l[7:]) for l in open(sys.argv[1]) if l.startswith("RESULT ")]
+peak = rows[-1].get("peak_memory_gib") if rows else None
+caps = [float(c) for c in sys.argv[2:] if c] + ([peak * 1.06 + 0.2] if peak else [])
+print(f"{min(caps):.1f}" if caps else "")' "$OUT/run.log" "$lean")
+    fi
     grep -E "^RESULT" "$OUT/run.log" | sed "s/^/[$run] /" >> "$log"  # whole: benchmarks/results_json.py reads them
     grep -E "plan:|speed-ups:|gradient checkpointing on|out of memory|Error" "$OUT/run.log" | cut -c1-600 \
         | sed "s/^/[$run] /" | tee -a "$log"

@@ -36,6 +36,8 @@ def record(kind: str, spec: str, row: dict[str, Any], date: str, machine: str, c
             "checkpoint_layers": plan_metrics.get("plan_checkpoint_layers", 36 if gc else 0),
             "offload": "VLM_LORA_CHECKPOINT_OFFLOAD" in (row.get("env") or {}),
         }
+        if row.get("error") and not plan_metrics:
+            plan = None  # refused before training: no plan ran
         predicted = plan_metrics.get("plan_peak_gib")
         peak = row.get("peak_memory_gib")
         versions = {"torch": "2.11.0+cu130", "transformers": "5.19.0", "peft": "0.20.0", "ms-swift": "4.6.0"}
@@ -67,6 +69,7 @@ def record(kind: str, spec: str, row: dict[str, Any], date: str, machine: str, c
         "peak_gib": peak,
         "predicted_peak_gib": predicted,
         "run": spec,
+        **({"error": row["error"]} if row.get("error") else {}),  # a run the planner refused, with its message
     }
 
 
