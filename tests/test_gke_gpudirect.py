@@ -160,3 +160,18 @@ def test_the_cli_writes_tcpxo_and_the_node_pools_machine_decides(tmp_path):
     ).gpudirect == ("a4-highgpu-8g")
     ((key, message),) = gke_problems(GkeSection(), "a3-megagpu-8g", "NVIDIA_H100_MEGA_80GB", 4, "gs://b/root", 2)
     assert key == "resources.accelerator_count" and "needs every GPU of the node (8)" in message
+
+
+def test_the_compiled_gke_pipeline_carries_gib_in_its_jobset_template(tmp_path):
+    from google.protobuf import json_format
+
+    from tests.pipeline_spec import tasks
+    from tests.test_gke import compiled
+
+    spec, _ = compiled(tmp_path, TWO_NODE, *(f"{k}={v}" for k, v in A4.items()))
+    task = tasks(json_format.MessageToDict(spec))["train-lora-jobset"].spec
+    pod = task["inputs"]["parameters"]["jobset"]["runtimeValue"]["constant"]["spec"]["replicatedJobs"][0]
+    pod = pod["template"]["spec"]["template"]
+    assert pod["spec"]["nodeSelector"][js.ACCELERATOR_LABEL] == "nvidia-b200"
+    assert env_of(pod)["NCCL_NET"] == "gIB" and nics(pod)[-1] == ("eth9", "rdma-7")
+    assert pod["spec"]["containers"][0]["command"][:2] == ["/bin/bash", "-c"]
