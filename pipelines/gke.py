@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from components.common import gpudirect
 from components.common import jobset as js
 from pipelines.config import Config, ConfigError, check_gke, load_config, parse_overrides
 from pipelines.gke_section import GKE_ACCELERATORS, gke_bucket
@@ -119,8 +120,9 @@ def train_command(
 
 
 def jobset_spec(cfg: Config, image: str, name: str, command: list[str], args: list[str]) -> js.JobSetSpec:
-    """The JobSet settings of a config (its `resources` profile and `gke` section)."""
+    """The JobSet settings of a config (its `resources` profile and `gke` section; GPUDirect by the pool's machine)."""
     r, g = cfg.resources, cfg.gke
+    machine = g.machine_type or r.machine_type
     return js.JobSetSpec(
         name=name,
         namespace=g.namespace,
@@ -140,6 +142,8 @@ def jobset_spec(cfg: Config, image: str, name: str, command: list[str], args: li
         max_restarts=g.max_restarts,
         master_port=g.master_port,
         annotations={js.CONFIG_ANNOTATION: cfg.pipeline.name},
+        gpudirect=machine if gpudirect.for_machine(machine, g.gpudirect, r.replica_count) else "",
+        gpudirect_networks=tuple(g.gpudirect_networks),
     )
 
 

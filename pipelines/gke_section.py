@@ -14,8 +14,9 @@ the pod annotation `gke-gcsfuse/volumes: "true"`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from components.common import gpudirect
 from pipelines.shapes import FIXED_GPU_MACHINES, N1_GPU_COUNTS
 
 # Vertex accelerator enum (resources.accelerator_type) -> GKE's node label value.
@@ -71,6 +72,13 @@ class GkeSection:
             (`pipeline-runner` in a standalone install, `default-editor` in a profile
             namespace); `vlm-lora gke setup` lets it create and follow JobSets. Default
             "pipeline-runner".
+        gpudirect: GPUDirect in the training JobSet's pods (`components.common.gpudirect`): "auto" adds
+            what GKE documents for the node pool's machine on more than one node (A3 Mega: TCPXO;
+            A3 Ultra, A4: RDMA through gIB; nothing elsewhere), "require" the same on any number of
+            nodes and an error on a machine without it, "skip" nothing. Default "auto".
+        gpudirect_networks: GKE Network names of the GPU NICs, attached as eth1, eth2, ... in order;
+            [] = the names GKE's guides create (A3 Mega: vpc1..vpc8; A3 Ultra, A4: gvnic-1,
+            rdma-0..rdma-7). Default [].
     """
 
     namespace: str = "kubeflow"
@@ -89,6 +97,8 @@ class GkeSection:
     master_port: int = 29500
     registry: str = "vertex"
     runner_service_account: str = "pipeline-runner"
+    gpudirect: str = "auto"
+    gpudirect_networks: list[str] = field(default_factory=list)
 
 
 def machine_gpus(machine_type: str, accelerator_type: str) -> int | None:
@@ -104,8 +114,31 @@ def _dns_label(text: str) -> bool:
     return 0 < len(text) <= 63 and text.replace("-", "a").isalnum() and text == text.lower() and text[0].isalpha()
 
 
+def gpudirect_problems(g: GkeSection, machine: str, gpus_per_node: int, nnodes: int) -> list[tuple[str, str]]:
+    """The problems of gke.gpudirect / gpudirect_networks for the node pool's machine, as (key, message)."""
+    if g.gpudirect not in gpudirect.MODES:
+        return [("gke.gpudirect", f"'gke.gpudirect' must be one of {', '.join(gpudirect.MODES)}, got {g.gpudirect!r}")]
+    stack = gpudirect.MACHINES.get(machine)
+    if g.gpudirect == "require" and stack is None:
+        known = ", ".join(f"{m} ({s.name})" for m, s in gpudirect.MACHINES.items())
+        return [("gke.gpudirect", f"'gke.gpudirect' is require but the node pool's machine {machine!r} has no GPUDirect; GKE documents it for {known}: name one in gke.machine_type or set gke.gpudirect: auto")]  # fmt: skip
+    used = gpudirect.for_machine(machine, g.gpudirect, nnodes)
+    if g.gpudirect_networks and used is None:
+        return [("gke.gpudirect_networks", f"'gke.gpudirect_networks' is set but no GPUDirect is added on {machine!r} ({nnodes} node(s), gke.gpudirect: {g.gpudirect}); remove it")]  # fmt: skip
+    if used is None:
+        return []
+    out: list[tuple[str, str]] = []
+    full = machine_gpus(machine, "")
+    if full is not None and gpus_per_node != full:
+        out.append(("resources.accelerator_count", f"{used.name} on {machine} needs every GPU of the node ({full}), 'resources.accelerator_count' is {gpus_per_node}; set it to {full} or gke.gpudirect: skip"))  # fmt: skip
+    nets = g.gpudirect_networks
+    if nets and (len(nets) != len(used.networks) or not all(map(_dns_label, nets))):
+        out.append(("gke.gpudirect_networks", f"'gke.gpudirect_networks' must name {len(used.networks)} GKE Networks (Kubernetes names) for {used.name}, like {', '.join(used.networks)}; got {nets}"))  # fmt: skip
+    return out
+
+
 def gke_problems(
-    g: GkeSection, machine_type: str, accelerator_type: str, accelerator_count: int, root: str
+    g: GkeSection, machine_type: str, accelerator_type: str, accelerator_count: int, root: str, replica_count: int = 1
 ) -> list[tuple[str, str]]:
     """Every problem of a `gke` section with the resources profile, as (config key, message with the fix).
 
@@ -115,6 +148,7 @@ def gke_problems(
         accelerator_type: resources.accelerator_type.
         accelerator_count: resources.accelerator_count (GPUs per node).
         root: pipeline.root.
+        replica_count: resources.replica_count (nodes). Default 1.
 
     Returns:
         [] when the section can be used; the first entry is what the loader reports.
@@ -151,7 +185,7 @@ def gke_problems(
         out.append(("resources.accelerator_count", f"'resources.accelerator_count' is {accelerator_count} GPUs per node but {pool_machine}{pool} has {gpus}; lower it to {gpus} or name a node pool of a larger machine in gke.machine_type"))  # fmt: skip
     if not g.bucket and not root.startswith("gs://"):
         out.append(("gke.bucket", f"'gke.bucket' is empty and pipeline.root {root!r} is not gs://; set gke.bucket: gs://BUCKET (mounted at /gcs/BUCKET)"))  # fmt: skip
-    return out
+    return out + gpudirect_problems(g, pool_machine, accelerator_count, replica_count)
 
 
 def gke_bucket(g: GkeSection, root: str) -> str:

@@ -73,3 +73,49 @@ def test_one_node_and_no_nccl_lines():
     assert one.gpudirect == "" and "network none (one node)" in one.summary()
     nothing = parse_nccl_log(["preflight: node 0/2, 8 process(es)", "gloo: all-reduce 1 MB"])
     assert not seen(nothing) and seen(one)
+
+
+# Google's NCCL/gIB page (docs.cloud.google.com/ai-hypercomputer/docs/nccl/test-vms, 2026-04-06) names these two
+# lines as the sign that gIB is on; the channel lines are NCCL's own wording for a GPUDirect RDMA path.
+GIB_DOCUMENTED = """\
+vm-0:606:642 [6] NCCL INFO NCCL version 2.25.1+cuda12.8
+vm-0:606:642 [6] NCCL INFO NET/Plugin: Loaded net plugin gIB (v9)
+vm-0:606:642 [6] NCCL INFO NET/gIB : Initializing gIB v1.0.5
+vm-0:606:642 [6] NCCL INFO Using network gIB
+vm-0:606:650 [6] NCCL INFO Channel 00/0 : 6[6] -> 14[6] [send] via NET/gIB/6/GDRDMA
+vm-0:606:650 [6] NCCL INFO Channel 01/0 : 6[6] -> 14[6] [send] via NET/gIB/6/GDRDMA
+vm-0:606:650 [6] NCCL INFO Channel 00/0 : 6[6] -> 7[7] via P2P/CUMEM/read
+"""
+
+
+def test_the_transport_in_use_is_the_inter_node_path_most_channels_take():
+    gib = parse_nccl_log(GIB_DOCUMENTED.splitlines())
+    assert (gib.network, gib.plugin, gib.transport, gib.gpudirect) == ("gIB", "gIB", "NET/gIB/GDRDMA", "RDMA")
+    assert parse_nccl_log(A4_GIB.splitlines()).transport == "NET/IB/GDRDMA"
+    assert parse_nccl_log(SOCKET.splitlines()).transport == "NET/Socket"
+    assert parse_nccl_log(TCPXO.splitlines()).transport == "NET/FasTrak"
+    no_channels = parse_nccl_log([line for line in TCPXO.splitlines() if "Channel" not in line])
+    assert no_channels.transport == "NET/FasTrak", "the network NCCL chose when no channel line was printed"
+    assert parse_nccl_log([]).transport == ""
+
+
+def test_the_report_says_what_nccl_used_and_warns_when_the_pod_was_set_up_for_another():
+    from components.common import gpudirect
+    from components.common.preflight.launch import nccl_figures
+
+    logged: list[str] = []
+    fell_back = nccl_figures(parse_nccl_log(SOCKET.splitlines()), gpudirect.TCPXO_ENV, logged.append)
+    assert fell_back == {
+        "version": "2.21.5+cuda12.4", "network": "Socket", "plugin": "internal", "transport": "NET/Socket",
+        "gpudirect": "off", "expected": "FasTrak",
+    }  # fmt: skip
+    assert logged == [
+        "preflight: WARNING: the pod is set up for NCCL network FasTrak but NCCL used Socket (NET/Socket): is the "
+        "GPUDirect plugin installed on the node (docs/gke.md, GPUDirect)?"
+    ]
+    logged.clear()
+    for lines, env in ((GIB_DOCUMENTED, gpudirect.GIB_ENV), (A4_GIB, gpudirect.GIB_ENV), (TCPXO, gpudirect.TCPXO_ENV)):
+        figures = nccl_figures(parse_nccl_log(lines.splitlines()), env, logged.append)
+        assert figures["expected"] in ("gIB", "FasTrak") and figures["gpudirect"] in ("RDMA", "GPUDirect-TCPXO")
+    plain = nccl_figures(parse_nccl_log(SOCKET.splitlines()), {"PATH": "/usr/bin"}, logged.append)
+    assert plain["expected"] == "" and logged == [], "no warning where nothing was set up, or what was set up ran"

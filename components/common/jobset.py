@@ -14,7 +14,8 @@ A failed pod fails the Job; `failurePolicy.maxRestarts` restarts every node, whi
 newest complete durable checkpoint. Every pod mounts the bucket with the Cloud Storage FUSE CSI
 driver at `/gcs/<bucket>` (the paths Vertex uses), asks for its GPUs, tolerates the GPU taint and
 selects the accelerator's nodes. With Kueue the JobSet carries the queue label (Kueue unsuspends it
-when admitted) and, where asked, a topology request on the pod template.
+when admitted) and, where asked, a topology request on the pod template. On A3 Mega / A3 Ultra / A4
+nodes the pod template also gets what GKE documents for GPUDirect (`components.common.gpudirect`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from components.common import gpudirect
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "node"
@@ -69,6 +72,9 @@ class JobSetSpec:
         shm_gb: Size of the memory-backed /dev/shm (DataLoader workers, NCCL). Default 16.
         labels: Extra metadata labels of the JobSet. Default none.
         annotations: Extra metadata annotations of the JobSet. Default none.
+        gpudirect: The node pool's machine type whose GPUDirect settings the pods get
+            (`gpudirect.MACHINES`); "" = none. Default "".
+        gpudirect_networks: GKE Network names of the GPU NICs; () = GKE's documented ones. Default ().
     """
 
     name: str
@@ -92,6 +98,8 @@ class JobSetSpec:
     shm_gb: int = 16
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    gpudirect: str = ""
+    gpudirect_networks: tuple[str, ...] = ()
 
 
 def check_spec(spec: JobSetSpec) -> None:
@@ -108,6 +116,10 @@ def check_spec(spec: JobSetSpec) -> None:
         raise JobSetSpecError("a Kueue topology request needs a Kueue queue (gke.kueue: true, gke.queue)")
     if spec.topology_mode not in TOPOLOGY_ANNOTATIONS:
         raise JobSetSpecError(f"topology mode {spec.topology_mode!r}: use {' or '.join(TOPOLOGY_ANNOTATIONS)}")
+    if spec.gpudirect and spec.gpudirect not in gpudirect.MACHINES:
+        raise JobSetSpecError(
+            f"GPUDirect for machine type {spec.gpudirect!r}: GKE documents it for {', '.join(gpudirect.MACHINES)} only"
+        )
 
 
 def _env(spec: JobSetSpec) -> list[dict[str, Any]]:
@@ -186,6 +198,8 @@ def build_jobset(spec: JobSetSpec) -> dict[str, Any]:
         "backoffLimit": 0,
         "template": {"metadata": {"annotations": pod_annotations}, "spec": _pod_spec(spec)},
     }
+    if spec.gpudirect:
+        gpudirect.add_to_pod(job["template"], gpudirect.MACHINES[spec.gpudirect], spec.gpudirect_networks)
     return {
         "apiVersion": API_VERSION,
         "kind": "JobSet",

@@ -79,7 +79,9 @@ def check_gke(cfg: Config, where: Where | None = None) -> None:
             queue without kueue, more GPUs per node than the node pool's machine has, ...).
     """
     r = cfg.resources
-    problems = gke_problems(cfg.gke, r.machine_type, r.accelerator_type, r.accelerator_count, cfg.pipeline.root)
+    problems = gke_problems(
+        cfg.gke, r.machine_type, r.accelerator_type, r.accelerator_count, cfg.pipeline.root, r.replica_count
+    )
     if problems:
         key, message = problems[0]
         raise ConfigError(f"{where(key) if where else cfg.path}: {message}")

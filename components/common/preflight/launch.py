@@ -22,7 +22,7 @@ from typing import Any
 from components.common import cluster
 from components.common.preflight.checks import Problem, Report, failure_message
 from components.common.preflight.expectations import MODULE, NCCL_KNOBS, PORT_OFFSET, PreflightFailed, RendezvousTimeout
-from components.common.preflight.nccl_transport import parse_nccl_log, seen
+from components.common.preflight.nccl_transport import NcclTransport, expected_network, mismatch, parse_nccl_log, seen
 from components.common.preflight.options import Options
 from components.common.preflight.report import metrics_of
 
@@ -137,6 +137,31 @@ class Outcome:
     message: str = ""
 
 
+def nccl_figures(nccl: NcclTransport, env: Mapping[str, str], log: Any = print) -> dict[str, str]:
+    """The `nccl` entry of the figures: what NCCL chose and what the environment set up; a mismatch is logged.
+
+    Args:
+        nccl: What NCCL's INFO lines said (`parse_nccl_log`).
+        env: The environment preflight's torchrun ran with.
+        log: Prints one line. Default print.
+
+    Returns:
+        {"version", "network", "plugin", "transport", "gpudirect", "expected"}.
+    """
+    expected = expected_network(env)
+    warning = mismatch(nccl, expected)
+    if warning:
+        log(f"preflight: WARNING: {warning}")
+    return {
+        "version": nccl.version,
+        "network": nccl.network,
+        "plugin": nccl.plugin,
+        "transport": nccl.transport,
+        "gpudirect": nccl.gpudirect,
+        "expected": expected,
+    }
+
+
 def _run_reading_nccl(cmd: list[str], env: dict[str, str], bound: float, log: Any) -> tuple[int | None, str, Any]:
     """`_run_bounded`, and what NCCL's INFO lines in the output say it chose (logged as one line)."""
     lines: list[str] = []
@@ -199,7 +224,7 @@ def run_launch(
     result = _read_results(json_path)
     figures = result.get("figures")
     if figures is not None and seen(nccl):
-        figures["nccl"] = {"network": nccl.network, "plugin": nccl.plugin, "gpudirect": nccl.gpudirect}
+        figures["nccl"] = nccl_figures(nccl, base, log)
     outcome = Outcome(code == 0 and bool(result.get("ok")), metrics_of(figures), figures)
     if outcome.ok:
         return outcome

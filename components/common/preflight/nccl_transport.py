@@ -10,17 +10,23 @@ The lines NCCL writes (2.18-2.27), each after a `host:pid:tid [dev] NCCL INFO ` 
 * `NCCL version 2.21.5+cuda12.4`
 * `NET/Plugin: Loaded net plugin gIB (v8)` / `NET/Plugin: Using internal network plugin.` /
   `NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared object file ...`
-* `Using network IB` (RDMA: A3 Ultra, A4 through gIB), `Using network FasTrak` (GPUDirect-TCPXO, A3 Mega),
-  `Using network GPUDirectTCPX` (TCPX, A3 High), `Using network Socket` (plain TCP)
+* `Using network IB` / `Using network gIB` (RDMA: A3 Ultra, A4 through gIB; Google's NCCL/gIB page shows
+  `Using network gIB` and `NET/gIB : Initializing gIB v1.0.5`), `Using network FasTrak` (GPUDirect-TCPXO,
+  A3 Mega), `Using network GPUDirectTCPX` (TCPX, A3 High), `Using network Socket` (plain TCP)
 * `NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.2<0>`, `NET/Socket : Using [0]eth0:10.1.2.3<0>`
 * `Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA`, `... via P2P/CUMEM/read`, `... via SHM/direct/direct`
+
+The report's `transport` is the inter-node path most channels take (`NET/gIB/GDRDMA`, `NET/FasTrak`,
+`NET/Socket`), and `expected` the network the pod's environment sets up (`expected_network`: the JobSet's
+GPUDirect settings, `components.common.gpudirect`); a pod set up for one that NCCL did not use is
+logged as a warning (`mismatch`), e.g. TCPXO's variables without the plugin, where NCCL quietly uses sockets.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 _INFO = re.compile(r"NCCL INFO (?P<msg>.*)$")
@@ -33,6 +39,8 @@ _DEVICE = re.compile(r"\[\d+\]([^\s:<]+)")
 _CHANNEL = re.compile(r"^Channel \d+(?:/\d+)? : \d+\[\d+\] -> \d+\[\d+\](?: \[\w+\])? via (?P<via>\S+)")
 # Networks that move GPU memory without a host copy, by NCCL's name for them.
 GPUDIRECT_NETWORKS = {"FasTrak": "GPUDirect-TCPXO", "GPUDirectTCPX": "GPUDirect-TCPX"}
+# Networks that are one stack under two names (gIB drives the RDMA NICs through NCCL's IB code).
+_SAME_NETWORK = {"gIB": {"gIB", "IB"}}
 
 
 @dataclass
@@ -62,6 +70,14 @@ class NcclTransport:
         if self.network in GPUDIRECT_NETWORKS and (net or not self.paths):
             return GPUDIRECT_NETWORKS[self.network]
         return "off" if net or self.network == "Socket" else ""
+
+    @property
+    def transport(self) -> str:
+        """The inter-node path most channels take ("NET/gIB/GDRDMA"), else "NET/<network>", "" = none seen."""
+        net = Counter({p: n for p, n in self.paths.items() if p.startswith("NET/")})
+        if net:
+            return net.most_common(1)[0][0]
+        return f"NET/{self.network}" if self.network else ""
 
     def summary(self) -> str:
         """One line for the log, e.g. `NCCL 2.21.5: network IB, plugin gIB, ...; inter-node via NET/IB/GDRDMA`."""
@@ -131,3 +147,29 @@ def parse_nccl_log(lines: Iterable[str]) -> NcclTransport:
 def seen(transport: NcclTransport) -> bool:
     """Whether any NCCL INFO line was read."""
     return bool(transport.version or transport.network or transport.plugin or transport.paths)
+
+
+def expected_network(env: Mapping[str, str]) -> str:
+    """The NCCL network a pod's environment sets up: "FasTrak" (TCPXO's variables), NCCL_NET's value, or ""."""
+    if any(k.startswith("NCCL_FASTRAK_") for k in env):
+        return "FasTrak"
+    return env.get("NCCL_NET", "")
+
+
+def mismatch(transport: NcclTransport, expected: str) -> str:
+    """A warning when NCCL used another network than the environment set up ("" = none, or nothing to compare).
+
+    Args:
+        transport: What NCCL's lines said.
+        expected: `expected_network` of the environment.
+
+    Returns:
+        One line naming both, or "" (no expectation, no network seen: one node, or the same network).
+    """
+    if not expected or not transport.network or transport.network in _SAME_NETWORK.get(expected, {expected}):
+        return ""
+    return (
+        f"the pod is set up for NCCL network {expected} but NCCL used {transport.network} "
+        f"({transport.transport or 'no inter-node channel'}): is the GPUDirect plugin installed on the node "
+        "(docs/gke.md, GPUDirect)?"
+    )
