@@ -11,7 +11,7 @@ from typing import Any
 from components.common import cost
 from components.common.dataset import read_token_stats
 from components.common.quantization import quantization_of
-from components.train_lora import _input_checks, _launch, _plan
+from components.train_lora import _input_checks, _launch, _offload, _plan
 from speedups import registry
 
 
@@ -96,8 +96,10 @@ def micro_batch_plan(
     expected: registry.Planned | None = None,
 ) -> _plan.Plan | None:
     """Resolves `auto` micro-batch / checkpointing (`_plan`); None when the config fixes both. The memory flags
-    come from the speed-up items expected to apply (`expected`, else `planned_speedups`)."""
+    come from the speed-up items expected to apply (`expected`, else `planned_speedups`). Offloaded checkpoints
+    are checked against the host's memory (`check_offload`) either way."""
     if not _plan.wants_plan(args):
+        check_offload(args, None, model_dir, train_dir, launch, job_env)
         return None
     world = launch.plan.world_size
     if not launch.gpu_count:
@@ -124,7 +126,38 @@ def micro_batch_plan(
         )
     for reason in plan.reasons:
         print(f"train-lora: plan: {reason}", flush=True)
+    check_offload(args, plan, model_dir, train_dir, launch, job_env)
     return plan
+
+
+def check_offload(
+    args: dict[str, Any], plan: _plan.Plan | None, model_dir: str, train_dir: str, launch: _launch.Launch,
+    job_env: dict[str, str],
+) -> int:  # fmt: skip
+    """With `VLM_LORA_CHECKPOINT_OFFLOAD=1` on a GPU: the pinned host memory one micro-step's offloaded layer inputs
+    need, refused (`_offload.OffloadHostMemoryError`) where this host has too little available; 0 otherwise."""
+    environ = {**os.environ, **job_env}
+    if not launch.gpu_count or str(environ.get(_offload.OFFLOAD, "")) != "1":
+        return 0
+    shape = _plan.ModelShape.from_config(_input_checks.load_model_config(model_dir), 0)
+    if plan is not None:
+        batch, checkpointing, layers = plan.micro_batch, plan.gradient_checkpointing, plan.checkpoint_layers
+    else:
+        batch, checkpointing, layers = (
+            int(args.get("per_device_train_batch_size", 1)),
+            bool(args.get("gradient_checkpointing", True)),
+            None,
+        )
+    stats = read_token_stats(train_dir) or {}
+    tokens = int(stats.get("max_tokens") or args.get("max_length") or 0)
+    k = (shape.layers if layers is None else layers) if checkpointing else 0
+    need = _offload.check_host_memory(
+        environ, micro_batch=batch, tokens=tokens, hidden=shape.hidden, layers=k,
+        available=_offload.available_host_bytes(),
+    )  # fmt: skip
+    if need:
+        print(f"train-lora: checkpointed layers' inputs offloaded: {need / _plan.GIB:.1f} GiB of pinned host memory")
+    return need
 
 
 def read_speedups(path: Path, is_chief: bool) -> registry.Table | None:
