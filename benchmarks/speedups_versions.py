@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from components.train_lora import _plan
+from components.train_lora import _plan, _plan_run
 from speedups import registry
 from speedups import versions as speedup_versions
 
@@ -89,7 +89,7 @@ def planner_side(weights: int, gpu_gib: float, pins: dict[str, str]) -> dict[str
         speedup_versions.installed_version = real
     flags = planned.memory_flags()
     try:
-        plan = _plan.plan_for_run(
+        plan = _plan_run.plan_for_run(
             args, model_config=QWEN3_VL_4B_CONFIG, weight_bytes=weights, token_stats=SEED_TOKENS,
             gpu_bytes=int(gpu_gib * _plan.GIB), world_size=1, **flags,
         )  # fmt: skip

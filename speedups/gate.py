@@ -164,7 +164,7 @@ class Planned:
         return self.outcomes[number].applied
 
     def memory_flags(self) -> dict[str, Any]:
-        """The `_plan.plan_for_run` arguments the memory-relevant items decide."""
+        """The `_plan_run.plan_for_run` arguments the memory-relevant items decide."""
         flags: dict[str, Any] = {}
         for it in ITEMS:
             if it.memory == "fused_lora":

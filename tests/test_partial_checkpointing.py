@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.train_lora import _plan
+from components.train_lora import _plan, _plan_run
 from components.train_lora._plan import GIB, ModelShape, TokenStats, plan_micro_batch, predict_peak
 from speedups import checkpoint_layers, plugin, registry
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
@@ -55,7 +55,7 @@ def test_without_a_cap_nothing_is_checkpointed_and_a_fixed_setting_is_kept():
 
 def test_an_out_of_memory_with_some_layers_checkpointed_checkpoints_them_all_first():
     plan = plan_micro_batch(QWEN3_VL_4B, ROWS, int(39.4 * GIB), liger=True, partial=True)
-    nxt = _plan.replan_after_oom(plan, 16)
+    nxt = _plan_run.replan_after_oom(plan, 16)
     assert nxt.micro_batch == plan.micro_batch and nxt.gradient_checkpointing and nxt.checkpoint_layers is None
     assert "every layer checkpointed" in nxt.reasons[-1]
 
@@ -123,7 +123,7 @@ def test_a_cap_smaller_than_any_plan_names_the_base_at_its_precision_and_what_fi
 
     def refuse(args):
         with pytest.raises(_plan.PlanError) as err:
-            _plan.plan_for_run(
+            _plan_run.plan_for_run(
                 args, model_config=QWEN3_VL_4B_CONFIG, weight_bytes=8_880_000_000, token_stats=SEED_STATS,
                 gpu_bytes=int(8 * GIB), world_size=1, partial_checkpointing=True,
             )  # fmt: skip
@@ -143,7 +143,7 @@ def test_the_leanest_plan_is_predicted_as_measured_and_a_cap_just_above_it_plans
     from tests.test_train_plan import AUTO_ARGS, QWEN3_VL_4B_CONFIG, SEED_STATS
 
     def plan(gib):
-        return _plan.plan_for_run(
+        return _plan_run.plan_for_run(
             AUTO_ARGS, model_config=QWEN3_VL_4B_CONFIG, weight_bytes=8_880_000_000, token_stats=SEED_STATS,
             gpu_bytes=int(gib * GIB), world_size=1, partial_checkpointing=True,
         )  # fmt: skip

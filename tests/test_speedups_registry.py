@@ -18,7 +18,7 @@ from speedups.registry import ITEMS, Outcome, Table
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANNER_FLAGS = {"fused_lora", "padding_mask", "fused_silu_mul"}  # _plan.plan_for_run's arguments items decide
+PLANNER_FLAGS = {"fused_lora", "padding_mask", "fused_silu_mul"}  # _plan_run.plan_for_run's arguments items decide
 
 
 def test_every_item_is_declared_once_with_its_code_beside_it():
@@ -325,7 +325,7 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     outside its range means a padding mask in the memory model, whatever the switch says; a memory-relevant item the
     run's table has otherwise is named after the run."""
     from components.common import cluster
-    from components.train_lora import _fit, _launch, _plan
+    from components.train_lora import _fit, _launch, _plan, _plan_run
     from pipelines.demo.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
@@ -336,7 +336,7 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
         seen.update(kwargs)
         return _plan.Plan(1, 16, False, 0, 0)
 
-    monkeypatch.setattr(_plan, "plan_for_run", plan_for_run)
+    monkeypatch.setattr(_plan_run, "plan_for_run", plan_for_run)
     args = {"per_device_train_batch_size": "auto"}
     _fit.micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
     assert seen["padding_mask"] is False

@@ -111,7 +111,8 @@ def test_the_task_plans_for_it_only_where_the_plugin_applies_it(monkeypatch):
 
 
 def test_plan_sizes_without_the_silu_output():
-    from components.train_lora._plan import GIB, plan_for_run
+    from components.train_lora._plan import GIB
+    from components.train_lora._plan_run import plan_for_run
 
     config = {
         "text_config": {
@@ -284,7 +285,8 @@ def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
 
 
 def test_plan_sizes_without_the_product_where_the_down_projection_recomputes_it():
-    from components.train_lora._plan import GIB, plan_for_run
+    from components.train_lora._plan import GIB
+    from components.train_lora._plan_run import plan_for_run
     from speedups.registry import planned
 
     def _silu_mul_down(args, env):

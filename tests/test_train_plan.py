@@ -14,8 +14,8 @@ from components.train_lora._plan import (
     TokenStats,
     plan_micro_batch,
     predict_peak,
-    replan_after_oom,
 )
+from components.train_lora._plan_run import replan_after_oom
 
 # Qwen3-VL-4B-Instruct: 36 layers, hidden 2560, vocabulary 151,936, ViT hidden 1024, 4.44 B bf16 parameters
 QWEN3_VL_4B = ModelShape(layers=36, hidden=2560, vocab=151936, vision_hidden=1024, weight_bytes=8_880_000_000)
@@ -94,7 +94,7 @@ def test_kv_copies_only_for_grouped_heads():
 
 
 def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
-    from components.train_lora._plan import plan_for_run
+    from components.train_lora._plan_run import plan_for_run
 
     config = QWEN3_VL_4B_CONFIG
     stats = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
@@ -123,7 +123,8 @@ def test_plan_for_run_sizes_for_the_lora_branch_that_will_run():
 
 
 def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():
-    from components.train_lora._plan import dropout_mask_bytes, plan_for_run
+    from components.train_lora._plan import dropout_mask_bytes
+    from components.train_lora._plan_run import plan_for_run
     from speedups.registry import planned
 
     def _seeded_dropout(args, env):  # what the task asks the planner for (the registry's reading of the switches)
@@ -161,8 +162,6 @@ def test_seeded_masks_and_the_recomputed_product_let_16_rows_fit_an_h100():
     assert plan("auto", lora_dropout=0).job_env() == {} and plan("auto", lora_dropout=0).micro_batch == 16
     assert plan("on", use_dora=True).peak_bytes == plan("off", use_dora=True).peak_bytes
     # an out-of-memory re-plan keeps the decision (the plugin's switch goes with the plan)
-    from components.train_lora._plan import replan_after_oom
-
     assert replan_after_oom(auto, 16).job_env() == {"VLM_LORA_SEEDED_DROPOUT": "1"}
 
 
@@ -246,7 +245,7 @@ def test_out_of_memory_replans_are_bounded():
 
 
 def test_plan_for_run_reads_what_the_task_has():
-    from components.train_lora._plan import is_out_of_memory, plan_for_run, samples_per_step, wants_plan
+    from components.train_lora._plan_run import is_out_of_memory, plan_for_run, samples_per_step, wants_plan
 
     config = QWEN3_VL_4B_CONFIG
     stats = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}

@@ -11,7 +11,7 @@ from typing import Any
 from components.common import cost
 from components.common.dataset import read_token_stats
 from components.common.quantization import quantization_of
-from components.train_lora import _input_checks, _launch, _offload, _plan
+from components.train_lora import _input_checks, _launch, _offload, _plan, _plan_run
 from speedups import registry
 
 
@@ -98,12 +98,12 @@ def micro_batch_plan(
     """Resolves `auto` micro-batch / checkpointing (`_plan`); None when the config fixes both. The memory flags
     come from the speed-up items expected to apply (`expected`, else `planned_speedups`). Offloaded checkpoints
     are checked against the host's memory (`check_offload`) either way."""
-    if not _plan.wants_plan(args):
+    if not _plan_run.wants_plan(args):
         check_offload(args, None, model_dir, train_dir, launch, job_env)
         return None
     world = launch.plan.world_size
     if not launch.gpu_count:
-        per_gpu = _plan.samples_per_step(args, world) // world
+        per_gpu = _plan_run.samples_per_step(args, world) // world
         checkpointing = args.get("gradient_checkpointing")
         plan = _plan.Plan(
             1, per_gpu, checkpointing is True, 0, 0, ("no GPU: micro-batch 1 (the planner sizes for GPU memory)",)
@@ -113,7 +113,7 @@ def micro_batch_plan(
         model_config = _input_checks.load_model_config(model_dir)
         expected = expected or planned_speedups(args, model_dir, launch, job_env)
         gpu_bytes = min(launch.gpu_memory, int(float(cap) * _plan.GIB)) if cap else launch.gpu_memory
-        plan = _plan.plan_for_run(
+        plan = _plan_run.plan_for_run(
             args,
             model_config=model_config,
             weight_bytes=_launch.model_weight_bytes(model_dir, args.get("torch_dtype"), quantization_of(args)),

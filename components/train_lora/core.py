@@ -28,7 +28,17 @@ from components.common.errors import TrainError  # re-exported: core.TrainError
 from components.common.manifest import write_manifest
 from components.common.snapshot import LINEAGE_FILE
 from components.common.swift import swift_executable
-from components.train_lora import _checkpoints, _data, _fit, _input_checks, _launch, _plan, _run_swift, _swift_args
+from components.train_lora import (
+    _checkpoints,
+    _data,
+    _fit,
+    _input_checks,
+    _launch,
+    _plan,
+    _plan_run,
+    _run_swift,
+    _swift_args,
+)
 from components.train_lora.job_env import check_job_env, job_env_strings
 from speedups import registry
 
@@ -402,7 +412,7 @@ def _train_until_it_fits(
     expected: registry.Planned | None = None,
 ) -> _Run:
     """Runs `swift sft`; with a planned micro-batch, an out-of-memory re-plans (smaller micro-batch, then
-    checkpointing) and starts again from the last durable checkpoint, at most `_plan.MAX_OOM_REPLANS` times.
+    checkpointing) and starts again from the last durable checkpoint, at most `_plan_run.MAX_OOM_REPLANS` times.
 
     Multi-node runs do not re-plan (every node would have to agree): they fail as before.
     """
@@ -426,12 +436,15 @@ def _train_until_it_fits(
             unplanned = _fit.unplanned(expected, table) if plan is not None else []
             return _Run(wall, resume, plan, replans, table, len(unplanned))
         except _run_swift.SwiftFailed as exc:
-            nxt = _plan.replan_after_oom(plan, per_gpu) if plan and _plan.is_out_of_memory(exc.log_tail) else None
-            if nxt is None or launch.plan.nnodes > 1 or replans >= _plan.MAX_OOM_REPLANS:
+            nxt = (
+                _plan_run.replan_after_oom(plan, per_gpu) if plan and _plan_run.is_out_of_memory(exc.log_tail) else None
+            )
+            if nxt is None or launch.plan.nnodes > 1 or replans >= _plan_run.MAX_OOM_REPLANS:
                 raise
             replans += 1
             print(
-                f"train-lora: out of memory; re-plan {replans}/{_plan.MAX_OOM_REPLANS}: {nxt.reasons[-1]}", flush=True
+                f"train-lora: out of memory; re-plan {replans}/{_plan_run.MAX_OOM_REPLANS}: {nxt.reasons[-1]}",
+                flush=True,
             )
             plan = nxt
 
