@@ -168,7 +168,7 @@ def test_cost_estimate_counts_the_slower_step():
     plain = estimate(profile, work)
     nf4 = estimate(profile, Workload(**{**work.__dict__, "quantization": "nf4"}))
     assert nf4.hours == pytest.approx(plain.hours * q.STEP_COST_FACTOR["nf4"])
-    assert any("nf4 base (QLoRA)" in line and "ASSUMED" in line for line in nf4.assumptions)
+    assert any("nf4 base (QLoRA)" in line and "measured at one plan" in line for line in nf4.assumptions)
     assert not any("QLoRA" in line for line in plain.assumptions)
     stats = {"rows": 1000, "mean_tokens": 1000}
     args = {"num_train_epochs": 1, **q.swift_quant_args("int8")}
