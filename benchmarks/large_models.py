@@ -264,7 +264,7 @@ def first_phase_killed(args: argparse.Namespace, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=("8b", "30b-a3b"), required=True)
+    parser.add_argument("--model", choices=("8b", "32b", "30b-a3b"), required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--save-steps", type=int, default=0, help="0 = only at the end")

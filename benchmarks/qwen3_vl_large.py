@@ -1,4 +1,4 @@
-"""Randomly initialised models with the real Qwen3-VL-8B-Instruct and Qwen3-VL-30B-A3B-Instruct architectures.
+"""Randomly initialised models with the real Qwen3-VL-8B-, 32B- and 30B-A3B-Instruct architectures.
 
 No weights can be downloaded on the GPU machine, so the larger-model benchmarks build the
 published architectures (config fields below, as in each model's config.json) with random
@@ -7,9 +7,11 @@ memory, merge time and sizes depend on the shapes, not on the values.
 
     python -m benchmarks.qwen3_vl_large 8b OUT_DIR
     python -m benchmarks.qwen3_vl_large 30b-a3b OUT_DIR
+    python -m benchmarks.qwen3_vl_large 32b OUT_DIR
 
 The 30B-A3B build needs one GPU with about 62 GB free (weights are created in bf16 on the
-GPU) and 62 GB of disk; the 8B build about 18 GB of each.
+GPU) and 62 GB of disk; the 8B build about 18 GB of each; the 32B about 67 GB of each (the H200 machine's 64 GiB
+disk holds it alone, nothing else beside it).
 """
 
 from __future__ import annotations
@@ -76,6 +78,26 @@ QWEN3_VL_8B_CONFIG: dict[str, Any] = {
     "vision_config": {**_VISION_LARGE, "model_type": "qwen3_vl", "out_hidden_size": 4096},
 }
 
+# Qwen/Qwen3-VL-32B-Instruct config.json (architecture fields; its language model is Qwen3-32B's): 33.4 B parameters,
+# 64 layers of hidden 5120, 64 query heads and 8 key / value heads of 128, MLP 25600.
+QWEN3_VL_32B_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "model_type": "qwen3_vl",
+    **_TOKENS,
+    "tie_word_embeddings": False,
+    "text_config": {
+        **_TEXT_COMMON,
+        "model_type": "qwen3_vl_text",
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+    },
+    "vision_config": {**_VISION_LARGE, "model_type": "qwen3_vl", "out_hidden_size": 5120},
+}
+
 # Qwen/Qwen3-VL-30B-A3B-Instruct config.json (architecture fields): 31.1 B parameters, 128
 # experts of which 8 are active per token (about 3 B active), no shared expert.
 QWEN3_VL_30B_A3B_CONFIG: dict[str, Any] = {
@@ -103,6 +125,7 @@ QWEN3_VL_30B_A3B_CONFIG: dict[str, Any] = {
 
 ARCHITECTURES = {
     "8b": ("qwen3_vl", QWEN3_VL_8B_CONFIG),
+    "32b": ("qwen3_vl", QWEN3_VL_32B_CONFIG),
     "30b-a3b": ("qwen3_vl_moe", QWEN3_VL_30B_A3B_CONFIG),
 }
 
@@ -123,7 +146,7 @@ def build_random_model(name: str, out_dir: str | Path, seed: int = 0, tiny: bool
     """Writes a random-weight model folder of one of ARCHITECTURES (bf16 safetensors, 5 GB shards).
 
     Args:
-        name: "8b" or "30b-a3b".
+        name: "8b", "32b" or "30b-a3b".
         out_dir: Output folder.
         seed: Weight init seed. Default 0.
         tiny: Tiny dimensions of the same architecture (`shrunk`; CPU smoke runs). Default False.
