@@ -21,8 +21,8 @@ matmul each; `functionapart`: the LoRA function after the frozen layer (not with
 `_LoraLinear`); `...copy`: that, with the LoRA product added out of place (a copy of the layer's output first);
 `functiontorch`: the LoRA function with PyTorch's kernels for its dropout backward (not the plugin's Triton ones);
 `functionnormold`: `functionnorm` with the adapters cast in every forward and LoRA's scaling as kernels of its own
-(speedups/fused_lora.py: `CAST_CACHE`, `FOLD` off). `--cprofile` adds where the host time goes (cProfile, own time per
-function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
+(speedups/lora_switches.py: `CAST_CACHE`, `FOLD` off). `--cprofile` adds where the host time goes (cProfile, own time
+per function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
     python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
 
@@ -78,7 +78,7 @@ def build_layer(dropout: float, liger: bool, lora: bool = True, torch_norm: bool
         if "lora_" in name:
             param.data = param.data.float()
     if group:
-        from speedups.fused_lora import group_shared_inputs
+        from speedups.lora_lean import group_shared_inputs
 
         group_shared_inputs(model)
     model.train()
@@ -212,7 +212,7 @@ def _is_gemm(name: str) -> bool:
 def _set_variant(variant: str) -> None:
     from peft.tuners.lora.layer import Linear
 
-    from speedups import fused_lora
+    from speedups import fused_lora, lora_switches
 
     original = getattr(Linear.forward, "_vlm_lora_original", Linear.forward)
     if variant == "peft":
@@ -225,14 +225,14 @@ def _set_variant(variant: str) -> None:
 
     forward._vlm_lora_original = original
     Linear.forward = forward
-    fused_lora.LEAN = variant.startswith(("lean", "group"))
-    fused_lora.GROUP = variant.startswith("group")
-    fused_lora.INPLACE = not variant.endswith("copy")
-    fused_lora.FUSED_BASE = not variant.endswith(("apart", "copy"))
-    fused_lora.TRITON = not variant.endswith("torch")  # with dropout on a GPU: LoRA's backward by PyTorch's kernels
+    lora_switches.LEAN = variant.startswith(("lean", "group"))
+    lora_switches.GROUP = variant.startswith("group")
+    lora_switches.INPLACE = not variant.endswith("copy")
+    lora_switches.FUSED_BASE = not variant.endswith(("apart", "copy"))
+    lora_switches.TRITON = not variant.endswith("torch")  # with dropout on a GPU: LoRA's backward by PyTorch's kernels
     # `...old`: the adapters cast in every forward and LoRA's scaling in kernels of its own (before the 2026-11-26
     # changes of benchmarks/ARCHIVE.md, "Fewer launches per LoRA layer")
-    fused_lora.CAST_CACHE = fused_lora.FOLD = not variant.endswith("old")
+    lora_switches.CAST_CACHE = lora_switches.FOLD = not variant.endswith("old")
 
 
 VARIANTS = (

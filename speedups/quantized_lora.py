@@ -6,7 +6,7 @@ dropped-out input, its mask and, for the down projection, the SiLU-multiply's ou
 as on peft's bf16 path. On one H200 (2026-12-01, 4B, 16 rows x 1,207 tokens, no checkpointing) that made nf4 peak
 113.6 GiB against 90.2 GiB in bf16 at the same plan: QLoRA cost memory.
 
-Here such a layer goes through the fused branch's own functions (`fused_lora._LoraLinear`,
+Here such a layer goes through the fused branch's own functions (`lora_functions._LoraLinear`,
 `_SiluMulLoraLinear`) with a `Dequantized` weight in place of the frozen tensor: the forward asks it for the dense
 [out, in] matrix in the compute dtype (bitsandbytes' own dequantisation kernel), uses it and drops it; the backward
 asks again for the input gradient. So a quantised layer keeps what a bf16 one keeps (the shared input, the masks or

@@ -103,7 +103,7 @@ def check(ctx, trainer):
     no product)."""
     import functools
 
-    from speedups import fused_lora, registry
+    from speedups import fused_lora, lora_switches, registry
 
     training_args = getattr(trainer, "args", None)
     if not getattr(training_args, "use_liger_kernel", False):
@@ -115,7 +115,7 @@ def check(ctx, trainer):
         return registry.target_missing("liger_kernel.ops.LigerSiLUMulFunction", version_of="liger-kernel")
     silu_mul, kernels = liger
     down = None
-    if ctx.on(3) and fused_lora.SILU_MUL_DOWN:
+    if ctx.on(3) and lora_switches.SILU_MUL_DOWN:
         down = functools.partial(fused_lora.silu_mul_lora, silu_mul=kernels)
     count = fuse_silu_mul(trainer.model, silu_mul, down)
     if not count:

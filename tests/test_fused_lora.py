@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
 
-from speedups import fused_lora
+from speedups import fused_lora, lora_cast_cache, lora_functions, lora_lean, lora_switches
 from tests.peft_routing import peft_forward as _peft_forward
 from tests.peft_routing import routed
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
@@ -53,7 +53,7 @@ def _run(model, x, fused: bool, seed=1):
 @pytest.fixture(params=[True, False], ids=["layer-in-function", "layer-apart"])
 def fused_base(request, monkeypatch):
     """Both plain-LoRA functions: the frozen Linear inside (`_LoraLinear`) or before it (`_LoraDelta`)."""
-    monkeypatch.setattr(fused_lora, "FUSED_BASE", request.param)
+    monkeypatch.setattr(lora_switches, "FUSED_BASE", request.param)
     return request.param
 
 
@@ -100,9 +100,9 @@ def test_with_dropout_equals_the_plain_graph_with_the_same_masks(fused_base):
         t.grad = None
     torch.manual_seed(9)
     if fused_base:  # the frozen layer (with a bias) inside the function
-        out = fused_lora._LoraLinear.apply(x, base_w, bias, a, b, 2.0, 0.3, torch.float32)
+        out = lora_functions._LoraLinear.apply(x, base_w, bias, a, b, 2.0, 0.3, torch.float32)
     else:
-        out = fused_lora.lora_delta(x, x @ base_w.t(), a, b, 2.0, 0.3)
+        out = lora_functions.lora_delta(x, x @ base_w.t(), a, b, 2.0, 0.3)
     out.square().sum().backward()
     _close(out, ref, rtol=1e-5, atol=1e-5)
     for got, want in zip((x.grad, a.grad, b.grad), ref_grads):
@@ -161,11 +161,11 @@ def test_lean_path_without_dropout_equals_the_function_and_uses_autograds_nodes(
     peft_model, fused_model = _models()
     lean_model = copy.deepcopy(fused_model)
     x = torch.randn(4, 9, 24)
-    monkeypatch.setattr(fused_lora, "LEAN", False)
+    monkeypatch.setattr(lora_switches, "LEAN", False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_f, gx_f, g_f = _run(fused_model, x, fused=True)
         assert _function_node(fused_base) in _grad_fn_names(fused_model, x)  # the Python function
-    monkeypatch.setattr(fused_lora, "LEAN", True)
+    monkeypatch.setattr(lora_switches, "LEAN", True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_l, gx_l, g_l = _run(lean_model, x, fused=True)
         assert "AddmmBackward0" in _grad_fn_names(lean_model, x)
@@ -260,7 +260,7 @@ def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch
     masks turned off; they are checked against autograd in tests/test_lora_triton.py)."""
     from speedups import swift_plugin
 
-    monkeypatch.setattr(fused_lora, "SEEDED", False)
+    monkeypatch.setattr(lora_switches, "SEEDED", False)
     assert not swift_plugin.CONTEXT.loaded[2].skipped  # peft's dropout runs on the bf16 input, as in training
     torch.manual_seed(0)
     block = Block(d=256, d_out=512).cuda()
@@ -338,12 +338,12 @@ def _matmuls(names: list[str]) -> int:
 
 
 def test_layers_that_read_one_input_share_one_rank_r_matmul_and_train_the_same(monkeypatch):
-    monkeypatch.setattr(fused_lora, "LEAN", True)
-    monkeypatch.setattr(fused_lora, "GROUP", True)
+    monkeypatch.setattr(lora_switches, "LEAN", True)
+    monkeypatch.setattr(lora_switches, "GROUP", True)
     alone = _text_lora()
     grouped, exact = copy.deepcopy(alone), copy.deepcopy(alone)
-    assert fused_lora.group_shared_inputs(grouped) == 4  # q/k/v and gate/up in each of 2 layers
-    assert fused_lora.group_shared_inputs(grouped) == 0  # once
+    assert lora_lean.group_shared_inputs(grouped) == 4  # q/k/v and gate/up in each of 2 layers
+    assert lora_lean.group_shared_inputs(grouped) == 0  # once
     ids = torch.randint(0, 64, (2, 7))
     ops_alone, ops_grouped = _Ops(), _Ops()
     out_a, g_a = _text_run(alone, ids, ops=ops_alone)
@@ -376,15 +376,15 @@ class Apart(torch.nn.Module):
 
 
 def test_a_group_whose_layers_read_different_inputs_turns_itself_off(monkeypatch):
-    monkeypatch.setattr(fused_lora, "LEAN", True)
-    monkeypatch.setattr(fused_lora, "GROUP", True)
+    monkeypatch.setattr(lora_switches, "LEAN", True)
+    monkeypatch.setattr(lora_switches, "GROUP", True)
     torch.manual_seed(0)
     alone = get_peft_model(Apart(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj"]))
     for name, param in alone.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.2)
     grouped = copy.deepcopy(alone)
-    assert fused_lora.group_shared_inputs(grouped) == 1
+    assert lora_lean.group_shared_inputs(grouped) == 1
     x = torch.randn(3, 5, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_a, _, g_a = _run(alone, x, fused=True)
@@ -399,10 +399,10 @@ def test_a_group_whose_layers_read_different_inputs_turns_itself_off(monkeypatch
 @pytest.mark.parametrize(("dropout", "autocast"), [(0.0, True), (0.1, True), (0.1, False)])
 def test_the_lora_product_is_added_into_the_layers_output_without_copying_it(monkeypatch, dropout, autocast):
     """An out-of-place addmm copies the frozen layer's output first; the branch adds into it in place."""
-    monkeypatch.setattr(fused_lora, "FUSED_BASE", False)  # with the frozen layer inside, always in place
+    monkeypatch.setattr(lora_switches, "FUSED_BASE", False)  # with the frozen layer inside, always in place
     runs = {}
     for inplace in (True, False):
-        monkeypatch.setattr(fused_lora, "INPLACE", inplace)
+        monkeypatch.setattr(lora_switches, "INPLACE", inplace)
         model = _text_lora(dropout)
         model.train()
         ops = _Ops()
@@ -427,7 +427,7 @@ def test_the_lora_product_is_added_into_the_layers_output_without_copying_it(mon
 
 def test_a_base_layer_someone_else_holds_the_output_of_is_not_added_into(monkeypatch):
     """With a hook on the frozen layer (it may keep the output), the product goes into a new tensor."""
-    monkeypatch.setattr(fused_lora, "INPLACE", True)
+    monkeypatch.setattr(lora_switches, "INPLACE", True)
     _, model = _models(dropout=0.1)
     kept = []
     base_layer = model.base_model.model.q.base_layer
@@ -473,8 +473,8 @@ class _CountCasts(torch.utils._python_dispatch.TorchDispatchMode):
 def _train(model, xs, cast_cache: bool, monkeypatch) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list]:
     """Three optimizer steps of the fused branch under bf16 autocast (dropout: the LoRA function); the outputs,
     the adapters' final weights and, per step, the casts counted in the forward."""
-    monkeypatch.setattr(fused_lora, "CAST_CACHE", cast_cache)
-    monkeypatch.setattr(fused_lora, "CASTS", fused_lora.CastCache())
+    monkeypatch.setattr(lora_switches, "CAST_CACHE", cast_cache)
+    monkeypatch.setattr(lora_cast_cache, "CASTS", lora_cast_cache.CastCache())
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=0.05)
     outs, counts = [], []
@@ -519,8 +519,8 @@ def test_cached_adapter_casts_train_the_same_and_cast_once_per_step(monkeypatch,
 
 
 def test_the_cast_cache_follows_in_place_changes_and_forgets_freed_weights(monkeypatch):
-    monkeypatch.setattr(fused_lora, "CAST_CACHE", True)
-    cache = fused_lora.CastCache()
+    monkeypatch.setattr(lora_switches, "CAST_CACHE", True)
+    cache = lora_cast_cache.CastCache()
     w = torch.nn.Parameter(torch.randn(4, 6))
     first = cache.get(w, torch.bfloat16)
     assert torch.equal(first, w.detach().to(torch.bfloat16)) and cache.get(w, torch.bfloat16) is first
@@ -542,7 +542,7 @@ def test_the_cast_cache_follows_in_place_changes_and_forgets_freed_weights(monke
     assert torch.equal(cache.get(w, torch.bfloat16), w.detach().to(torch.bfloat16))  # the step hook told it
     del w
     assert cache.refresh() == 0 and cache.entries == {}
-    monkeypatch.setattr(fused_lora, "CAST_CACHE", False)  # the switch: a new cast each time
+    monkeypatch.setattr(lora_switches, "CAST_CACHE", False)  # the switch: a new cast each time
     v = torch.nn.Parameter(torch.randn(2, 2))
     assert cache.get(v, torch.bfloat16) is not cache.get(v, torch.bfloat16) and cache.entries == {}
 
@@ -551,7 +551,7 @@ def test_the_cast_cache_follows_in_place_changes_and_forgets_freed_weights(monke
 def test_on_a_gpu_folded_scaling_gives_the_same_gradients_with_fewer_kernels(monkeypatch):
     """With dropout on a GPU (Triton kernels) LoRA's scaling rides in the kernels' scale and B's float32 gradient
     comes from one float32-output matmul: gradients equal to the separate kernels' up to rounding, fewer kernels."""
-    monkeypatch.setattr(fused_lora, "SEEDED", False)
+    monkeypatch.setattr(lora_switches, "SEEDED", False)
     torch.manual_seed(0)
     x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16) * 0.05
@@ -559,11 +559,11 @@ def test_on_a_gpu_folded_scaling_gives_the_same_gradients_with_fewer_kernels(mon
     b = (torch.randn(1024, 8, device="cuda") * 0.05).requires_grad_(True)
 
     def run(fold: bool):
-        monkeypatch.setattr(fused_lora, "FOLD", fold)
+        monkeypatch.setattr(lora_switches, "FOLD", fold)
         for t in (x, a, b):
             t.grad = None
         torch.manual_seed(1)
-        out = fused_lora._LoraLinear.apply(x, w, None, a, b, 4.0, 0.1, torch.bfloat16)
+        out = lora_functions._LoraLinear.apply(x, w, None, a, b, 4.0, 0.1, torch.bfloat16)
         grad = torch.randn_like(out)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             out.backward(grad)

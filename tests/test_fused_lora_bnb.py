@@ -14,7 +14,7 @@ bnb = pytest.importorskip("bitsandbytes")
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora import bnb as peft_bnb  # noqa: E402
 
-from speedups import fused_lora, quantized_lora  # noqa: E402
+from speedups import fused_lora, lora_functions, lora_switches, quantized_lora  # noqa: E402
 from tests.speedups_isolation import restored_speedups  # noqa: E402, F401 (autouse: no plugin left behind)
 
 D, D_OUT = 64, 96  # multiples of bitsandbytes' 64-element nf4 blocks
@@ -106,7 +106,7 @@ def _rel(got, want) -> float:
 
 @pytest.fixture(params=[True, False], ids=["layer-in-function", "layer-apart"])
 def fused_base(request, monkeypatch):
-    monkeypatch.setattr(fused_lora, "FUSED_BASE", request.param)
+    monkeypatch.setattr(lora_switches, "FUSED_BASE", request.param)
     return request.param
 
 
@@ -176,7 +176,7 @@ def test_nf4_down_projection_from_silu_mul_equals_peft():
     want_grads = [gate.grad.clone(), up.grad.clone(), o.lora_A["default"].weight.grad.clone()]
     for t in (gate, up, o.lora_A["default"].weight, o.lora_B["default"].weight):
         t.grad = None
-    got = fused_lora.silu_mul_lora(o, gate, up, fused_lora.TorchSiluMul)
+    got = fused_lora.silu_mul_lora(o, gate, up, lora_functions.TorchSiluMul)
     assert got is not None and type(got.grad_fn).__name__ == "_SiluMulLoraLinearBackward"
     got.square().sum().backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -221,7 +221,7 @@ def test_the_plugin_routes_bitsandbytes_lora_and_says_so_in_its_table():
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_on_a_gpu_nf4_under_bf16_autocast_equals_peft(monkeypatch, dropout):
     """On CUDA, bf16 autocast, the same dropout masks as peft (kept masks: `SEEDED` off)."""
-    monkeypatch.setattr(fused_lora, "SEEDED", False)
+    monkeypatch.setattr(lora_switches, "SEEDED", False)
     peft_model, fused_model = _lora("nf4", dropout=dropout, device="cuda")
     x = torch.randn(4, 300, D, device="cuda", dtype=torch.bfloat16)
     out_p, gx_p, g_p = _run(peft_model, x, fused=False, autocast=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import benchmarks.layer_host_time as bench
-from speedups import fused_lora
+from speedups import lora_switches
 
 
 @pytest.fixture(autouse=True)
@@ -16,7 +16,7 @@ def _cpu(monkeypatch):
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(Linear, "forward", Linear.forward)  # restored after the variants swap it
     for flag in ("LEAN", "GROUP", "INPLACE", "FUSED_BASE", "TRITON", "CAST_CACHE", "FOLD"):  # the variants set them
-        monkeypatch.setattr(fused_lora, flag, getattr(fused_lora, flag))
+        monkeypatch.setattr(lora_switches, flag, getattr(lora_switches, flag))
 
 
 def _run(variant: str, dropout: float):
@@ -35,8 +35,8 @@ def test_variants_train_the_same_layer_their_own_way():
     for variant in ("peft", "function", "functionapart", "functiontorch", "functionnormold", "lean", "group", "nolora"):
         layer, grads[variant] = _run(variant, 0.0)
         if variant != "peft":
-            assert fused_lora.TRITON == (variant != "functiontorch"), variant
-            assert fused_lora.CAST_CACHE == fused_lora.FOLD == (variant != "functionnormold"), variant
+            assert lora_switches.TRITON == (variant != "functiontorch"), variant
+            assert lora_switches.CAST_CACHE == lora_switches.FOLD == (variant != "functionnormold"), variant
         lora_b = getattr(layer.self_attn.q_proj, "lora_B", None)
         grouped = getattr(layer.self_attn.q_proj, "_vlm_lora_shared_input", None)
         assert (grouped is not None) == (variant == "group"), variant

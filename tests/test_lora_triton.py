@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from components.train_lora import job_env
-from speedups import fused_lora
+from speedups import lora_functions, lora_switches
 from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 pytest.importorskip("triton")
@@ -147,9 +147,9 @@ def _seeded_layer(monkeypatch, seeded: bool = True):
     from tests.triton_interpret_checks import _Recorded
 
     recorded = _Recorded(_FakeKernels())
-    monkeypatch.setattr(fused_lora, "_kernels", recorded)
-    monkeypatch.setattr(fused_lora, "TRITON", True)
-    monkeypatch.setattr(fused_lora, "SEEDED", seeded)
+    monkeypatch.setattr(lora_functions, "_kernels", recorded)
+    monkeypatch.setattr(lora_switches, "TRITON", True)
+    monkeypatch.setattr(lora_switches, "SEEDED", seeded)
     return recorded
 
 
@@ -158,7 +158,7 @@ def test_seeded_masks_keep_no_mask_for_the_backward(monkeypatch):
     recorded = _seeded_layer(monkeypatch)
     sizes = {}
     for seeded in (False, True):
-        monkeypatch.setattr(fused_lora, "SEEDED", seeded)
+        monkeypatch.setattr(lora_switches, "SEEDED", seeded)
         saved: list[int] = []
 
         def pack(t, saved=saved):
@@ -168,7 +168,7 @@ def test_seeded_masks_keep_no_mask_for_the_backward(monkeypatch):
         x = torch.randn(4, 32, requires_grad=True)
         w, a, b = torch.randn(16, 32), torch.randn(8, 32, requires_grad=True), torch.randn(16, 8, requires_grad=True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = fused_lora._LoraLinear.apply(x, w, None, a, b, 2.0, 0.2, x.dtype)
+            out = lora_functions._LoraLinear.apply(x, w, None, a, b, 2.0, 0.2, x.dtype)
         out.sum().backward()
         sizes[seeded] = sum(saved)
         assert x.grad is not None and a.grad is not None and b.grad is not None
@@ -191,7 +191,7 @@ def test_seeded_masks_under_gradient_checkpointing_draw_the_same_seed_again(monk
         x, a, b = x0.clone().requires_grad_(True), a0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
 
         def layer(x, a=a, b=b):
-            return fused_lora._LoraLinear.apply(x, w, None, a, b, 2.0, 0.2, x.dtype).tanh()
+            return lora_functions._LoraLinear.apply(x, w, None, a, b, 2.0, 0.2, x.dtype).tanh()
 
         torch.manual_seed(11)
         out = checkpoint(layer, x, use_reentrant=reentrant) if use_checkpoint else layer(x)
@@ -205,8 +205,8 @@ def test_seeded_masks_under_gradient_checkpointing_draw_the_same_seed_again(monk
 
 def test_the_kernels_are_not_used_off_the_gpu():
     tensors = [torch.randn(4, 8), torch.randn(4, 2), torch.rand(4, 8) > 0.5]
-    assert fused_lora._load_kernels()  # Triton is installed with torch (requirements.lock)
-    assert fused_lora._masked_kernels(*tensors) is None  # CPU tensors, not interpreting
+    assert lora_functions._load_kernels()  # Triton is installed with torch (requirements.lock)
+    assert lora_functions._masked_kernels(*tensors) is None  # CPU tensors, not interpreting
 
 
 def test_with_the_switch_off_the_kernels_are_not_called(interpreted):
@@ -241,11 +241,11 @@ def test_on_a_gpu_the_seeded_kernels_agree_and_drop_at_the_rate_asked():
     torch.manual_seed(7)
     _assert_seeded_cases(seeded_kernel_cases(lora_triton, device="cuda"))
     _assert_seeded_stats(seeded_mask_stats(lora_triton, device="cuda"))
-    saved = fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED
+    saved = lora_functions._kernels, lora_switches.TRITON, lora_switches.SEEDED
     try:
-        layer = seeded_layer_case(fused_lora, lora_triton, device="cuda")
+        layer = seeded_layer_case(lora_functions, lora_switches, lora_triton, device="cuda")
     finally:
-        fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = saved
+        lora_functions._kernels, lora_switches.TRITON, lora_switches.SEEDED = saved
     for name, difference in layer["differences"].items():
         assert max(difference.values()) < 1e-5, (name, difference)  # float32 on the GPU (no TF32)
 

@@ -62,7 +62,7 @@ import torch
 import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl  # loaded first, without the function: untouched
 from transformers.models.qwen3_vl_moe import modeling_qwen3_vl_moe as before
 from speedups import swift_plugin as entry
-from speedups import fused_lora, token_count
+from speedups import lora_switches, token_count
 from transformers.models.qwen3_vl import modeling_qwen3_vl as after
 from transformers import Trainer, masking_utils
 from liger_kernel.transformers.model import loss_utils, qwen3_vl as liger_qwen3_vl
@@ -86,14 +86,14 @@ print(
     flag(after.get_vision_attention_seqlens, "_vlm_lora_host_seqlens"),
     on(3), flag(Trainer.__init__, "_vlm_lora_init"),
     "processing_class" in inspect.signature(Trainer.__init__).parameters,  # ms-swift reads it
-    fused_lora.LEAN, fused_lora.GROUP, fused_lora.INPLACE, fused_lora.FUSED_BASE,
+    lora_switches.LEAN, lora_switches.GROUP, lora_switches.INPLACE, lora_switches.FUSED_BASE,
     token_count.ASYNC_TOKENS, on(9), flag(__import__("transformers.trainer").trainer.apply_liger_kernel, "_vlm_lora_torch_rms_norm"),
-    fused_lora.TRITON,
+    lora_switches.TRITON,
     on(12), flag(Trainer.save_model, "_vlm_lora_adapter_save"),
-    fused_lora.SILU_MUL_DOWN, fused_lora.SEEDED,
+    lora_switches.SILU_MUL_DOWN, lora_switches.SEEDED,
     on(7) and bool(grid), flag(after.Qwen3VLVisionModel.forward, "_vlm_lora_host_grid"),
     flag(after.get_vision_position_ids, "_vlm_lora_host_grid"), on(14),
-    fused_lora.CAST_CACHE, fused_lora.FOLD,
+    lora_switches.CAST_CACHE, lora_switches.FOLD,
     flag(after.Qwen3VLModel.forward, "_vlm_lora_host_grid"),
     on(16),
     on(18), flag(flce_ops.fused_linear_cross_entropy_forward, "_vlm_lora_count"),

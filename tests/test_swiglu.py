@@ -171,7 +171,7 @@ def test_liger_product_keeps_less_and_matches_gpu():
     for g_fused, g_ref in zip(grads_fused, grads_ref):
         assert (g_fused - g_ref).abs().max().item() <= 0.02 * g_ref.abs().max().item()
     # the kernels the down projection calls (forward, then the backward into gate and up) against PyTorch's
-    from speedups.fused_lora import TorchSiluMul
+    from speedups.lora_functions import TorchSiluMul
 
     a, b = gate.detach().view(-1, 9728), up.detach().view(-1, 9728)
     dc = torch.randn_like(a)
@@ -187,7 +187,7 @@ class _SavingSiluMul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate, up):
-        from speedups.fused_lora import TorchSiluMul
+        from speedups.lora_functions import TorchSiluMul
 
         ctx.save_for_backward(gate, up)
         return TorchSiluMul.forward(gate, up)
@@ -218,7 +218,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
     function, the same masks from the same seed; autograd keeps one product's bytes less per MLP."""
     import functools
 
-    from speedups import fused_lora
+    from speedups import fused_lora, lora_functions
 
     def model():
         torch.manual_seed(0)
@@ -231,7 +231,7 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
     reference, fused = model(), model()
     fused.load_state_dict(reference.state_dict())
     assert fuse_silu_mul(reference, _SavingSiluMul.apply) == 2
-    down = functools.partial(fused_lora.silu_mul_lora, silu_mul=fused_lora.TorchSiluMul)
+    down = functools.partial(fused_lora.silu_mul_lora, silu_mul=lora_functions.TorchSiluMul)
     assert fuse_silu_mul(fused, _SavingSiluMul.apply, down) == 2
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(1))
     results = []
@@ -254,32 +254,32 @@ def test_down_projection_keeps_no_product_and_trains_the_same(dropout):
 
 
 def test_down_projection_not_taken_where_it_is_not_plain_lora(monkeypatch):
-    from speedups import fused_lora
+    from speedups import fused_lora, lora_functions, lora_switches
 
     m = _lora(_text_model(layers=1)).train()
     mlp = m.base_model.model.layers[0].mlp
     gate = torch.randn(1, 3, mlp.down_proj.in_features, requires_grad=True)
     up = torch.randn_like(gate)
-    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is not None
-    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up[..., :-1], fused_lora.TorchSiluMul) is None
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, lora_functions.TorchSiluMul) is not None
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up[..., :-1], lora_functions.TorchSiluMul) is None
     with torch.no_grad():  # inference: peft's forward
-        assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+        assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, lora_functions.TorchSiluMul) is None
     mlp.down_proj.base_layer.weight.requires_grad_(True)  # a base that trains: not frozen
-    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, lora_functions.TorchSiluMul) is None
     mlp.down_proj.base_layer.weight.requires_grad_(False)
-    monkeypatch.setattr(fused_lora, "SILU_MUL_DOWN", False)
-    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, fused_lora.TorchSiluMul) is None
+    monkeypatch.setattr(lora_switches, "SILU_MUL_DOWN", False)
+    assert fused_lora.silu_mul_lora(mlp.down_proj, gate, up, lora_functions.TorchSiluMul) is None
     # a down projection without LoRA (not among the targets): the MLP runs the product and the plain layer
-    monkeypatch.setattr(fused_lora, "SILU_MUL_DOWN", True)
+    monkeypatch.setattr(lora_switches, "SILU_MUL_DOWN", True)
     from peft import LoraConfig, get_peft_model
 
     only_gate_up = get_peft_model(_text_model(layers=1), LoraConfig(r=4, target_modules=["gate_proj", "up_proj"]))
     down = only_gate_up.base_model.model.layers[0].mlp.down_proj
     assert type(down) is torch.nn.Linear
-    assert fused_lora.silu_mul_lora(down, gate, up, fused_lora.TorchSiluMul) is None
+    assert fused_lora.silu_mul_lora(down, gate, up, lora_functions.TorchSiluMul) is None
     import functools
 
-    wrapped = functools.partial(fused_lora.silu_mul_lora, silu_mul=fused_lora.TorchSiluMul)
+    wrapped = functools.partial(fused_lora.silu_mul_lora, silu_mul=lora_functions.TorchSiluMul)
     assert fuse_silu_mul(only_gate_up, lambda a, b: F.silu(a) * b, wrapped) == 1
     only_gate_up.train()(input_ids=torch.randint(0, 64, (1, 5))).last_hidden_state.sum().backward()
 

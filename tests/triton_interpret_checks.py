@@ -95,18 +95,18 @@ class _Counted:
         return self.kernels.dropped_weight_grad(*args)
 
 
-def _lora_linear_grads(fused_lora, layer, x, seed: int):
+def _lora_linear_grads(lora_functions, layer, x, seed: int):
     weight_a, weight_b = layer["a"], layer["b"]
     x = x.clone().requires_grad_(True)
     torch.manual_seed(seed)
-    out = fused_lora._LoraLinear.apply(x, layer["w"], layer["bias"], weight_a, weight_b, 2.0, 0.2, x.dtype)
+    out = lora_functions._LoraLinear.apply(x, layer["w"], layer["bias"], weight_a, weight_b, 2.0, 0.2, x.dtype)
     out.square().sum().backward()
     grads = {"x": x.grad, "a": weight_a.grad, "b": weight_b.grad, "out": out.detach()}
     weight_a.grad = weight_b.grad = None
     return grads
 
 
-def layer_case(fused_lora, kernels) -> dict:
+def layer_case(lora_functions, lora_switches, kernels) -> dict:
     torch.manual_seed(0)
     d_in, d_out, r = 96, 80, 8
     layer = {
@@ -117,12 +117,13 @@ def layer_case(fused_lora, kernels) -> dict:
     }
     x = torch.randn(3, 45, d_in)
     counted = _Counted(kernels)
-    fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = counted, True, False  # PyTorch's masks either way
-    on = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
+    # PyTorch's masks either way
+    lora_functions._kernels, lora_switches.TRITON, lora_switches.SEEDED = counted, True, False
+    on = _lora_linear_grads(lora_functions, copy.deepcopy(layer), x, seed=5)
     calls = dict(counted.calls)
     counted.calls = dict.fromkeys(calls, 0)
-    fused_lora.TRITON = False
-    off = _lora_linear_grads(fused_lora, copy.deepcopy(layer), x, seed=5)
+    lora_switches.TRITON = False
+    off = _lora_linear_grads(lora_functions, copy.deepcopy(layer), x, seed=5)
     return {
         "calls": calls,
         "calls_with_switch_off": counted.calls,
@@ -188,7 +189,7 @@ class _Recorded:
         return self.seeds[-1]
 
 
-def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
+def seeded_layer_case(lora_functions, lora_switches, kernels, device: str = "cpu") -> dict:
     """`_LoraLinear` and `_SiluMulLoraLinear` with seeded masks against autograd over the written-out masks."""
     torch.manual_seed(0)
     d_in, d_out, r, p, scaling = 96, 80, 8, 0.2, 2.0
@@ -196,7 +197,7 @@ def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
     a0 = torch.randn(r, d_in, device=device) / d_in**0.5
     b0 = torch.randn(d_out, r, device=device) * 0.2
     recorded = _Recorded(kernels)
-    fused_lora._kernels, fused_lora.TRITON, fused_lora.SEEDED = recorded, True, True
+    lora_functions._kernels, lora_switches.TRITON, lora_switches.SEEDED = recorded, True, True
     differences = {}
     for name in ("linear", "silu_mul"):
         inputs = [
@@ -204,10 +205,10 @@ def seeded_layer_case(fused_lora, kernels, device: str = "cpu") -> dict:
         ]
         a, b = a0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
         if name == "linear":
-            out = fused_lora._LoraLinear.apply(inputs[0], w, bias, a, b, scaling, p, inputs[0].dtype)
+            out = lora_functions._LoraLinear.apply(inputs[0], w, bias, a, b, scaling, p, inputs[0].dtype)
         else:
-            out = fused_lora._SiluMulLoraLinear.apply(
-                *inputs, w, bias, a, b, scaling, p, inputs[0].dtype, fused_lora.TorchSiluMul
+            out = lora_functions._SiluMulLoraLinear.apply(
+                *inputs, w, bias, a, b, scaling, p, inputs[0].dtype, lora_functions.TorchSiluMul
             )
         out.square().sum().backward()
         got = {"out": out.detach(), "a": a.grad, "b": b.grad, **{f"x{i}": t.grad for i, t in enumerate(inputs)}}
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
     """All checks, or with the argument `vision` the vision rotary kernel's only."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (Triton's interpreter; the kernels run on the CPU)")
-    from speedups import fused_lora, lora_triton, vision_triton
+    from speedups import lora_functions, lora_switches, lora_triton, vision_triton
 
     gap = interpreter_gap()
     if gap:
@@ -300,11 +301,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(result))
         return result
     result = {"interpreting": lora_triton.INTERPRETING, "kernels": kernel_cases(lora_triton)}
-    result["layer"] = layer_case(fused_lora, lora_triton)
+    result["layer"] = layer_case(lora_functions, lora_switches, lora_triton)
     result["seeded"] = {
         "kernels": seeded_kernel_cases(lora_triton),
         "stats": seeded_mask_stats(lora_triton),
-        "layer": seeded_layer_case(fused_lora, lora_triton),
+        "layer": seeded_layer_case(lora_functions, lora_switches, lora_triton),
     }
     result["vision_rotary"] = vision_rotary_cases(vision_triton)
     print(json.dumps(result))
