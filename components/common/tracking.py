@@ -78,11 +78,14 @@ class Settings:
         experiment: MLflow experiment name. Default "Default" (MLflow's own).
         required: Stop the task when the server cannot be reached (true), or go on without
             MLflow (false). Default true.
+        model_name: Registered model in MLflow's model registry that evaluate and register add the
+            adapter's version to (`components.common.mlflow_registry`); "" = none. Default "".
     """
 
     uri: str = ""
     experiment: str = DEFAULT_EXPERIMENT
     required: bool = True
+    model_name: str = ""
 
     @classmethod
     def from_param(cls, param: Mapping[str, Any] | None) -> Settings:
@@ -92,6 +95,7 @@ class Settings:
             str(p.get("mlflow_uri") or ""),
             str(p.get("experiment") or DEFAULT_EXPERIMENT),
             p.get("required", True) is not False,
+            str(p.get("register_model") or ""),
         )
 
     @classmethod
@@ -103,7 +107,10 @@ class Settings:
 
     def as_param(self) -> dict[str, Any]:
         """The settings as a component parameter ({} when there is no server)."""
-        return {"mlflow_uri": self.uri, "experiment": self.experiment, "required": self.required} if self.uri else {}
+        if not self.uri:
+            return {}
+        out = {"mlflow_uri": self.uri, "experiment": self.experiment, "required": self.required}
+        return {**out, "register_model": self.model_name} if self.model_name else out
 
     def job_env(self) -> dict[str, str]:
         """The settings as the training job's environment variables ({} when there is no server)."""
@@ -229,7 +236,7 @@ def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S, environ: Mapping[str, st
         return "answers, but not with JSON: is it an MLflow tracking server?"
 
 
-def _unreachable(settings: Settings, problem: str, task: str) -> None:
+def unreachable(settings: Settings, problem: str, task: str) -> None:
     """Raises TrackingError when tracking is required; else prints one warning line."""
     where = f"MLflow server {redact_uri(settings.uri)} (tracking.mlflow_uri)"
     if settings.required:
@@ -316,7 +323,7 @@ def prepare_training(
         return dict(args), {}
     problem = probe(settings.uri)
     if problem:
-        _unreachable(settings, problem, "train-lora")
+        unreachable(settings, problem, "train-lora")
         out = dict(args)
         if "report_to" in out:
             current = out["report_to"]
@@ -458,7 +465,7 @@ def record(
         return ""
     problem = probe(s.uri)
     if problem:
-        _unreachable(s, problem, task)
+        unreachable(s, problem, task)
         return ""
     os.environ.setdefault(ENV_NO_TELEMETRY, "true")
     from mlflow import MlflowClient
@@ -489,7 +496,7 @@ def record(
         if metrics:
             client.log_dict(run_id, scrub(dict(metrics)), f"{task}/metrics.json")
     except MlflowException as exc:
-        _unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
+        unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
         return ""
     print(f"{task}: MLflow: recorded in run {run_id} of experiment {s.experiment!r} at {redact_uri(s.uri)}", flush=True)
     return run_id
@@ -517,7 +524,7 @@ def attach_files(
         return ""
     problem = probe(s.uri)
     if problem:
-        _unreachable(s, problem, task)
+        unreachable(s, problem, task)
         return ""
     os.environ.setdefault(ENV_NO_TELEMETRY, "true")
     from mlflow import MlflowClient
@@ -531,7 +538,7 @@ def attach_files(
                 folder, _, leaf = name.rpartition("/")
                 _log_file(client, run_id, Path(path), folder, leaf)
     except MlflowException as exc:
-        _unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
+        unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
         return ""
     return run_id
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from components.common.boxes import ResizeRule, resolve_convention
 from components.common.kfp_outputs import ArtifactLike, StepOutputs
+from components.common.mlflow_registry import gate_tags, register_version
 from components.common.quantization import QuantizationUnavailable
 from components.common.reference import Reference
 from components.common.tracking import TrackingError, record
@@ -81,7 +82,7 @@ def run_step(
         regression_samples=result.regression_samples, drops=result.drops, quantization=result.quantization,
         intervals=result.intervals,
     )  # fmt: skip
-    _record(tracking, result, figures, tuned_model, report, data_report)
+    _record(tracking, result, figures, tuned_model, report, data_report, gate=(gate_metric, gate_on))
     print(f"evaluate: {result.reason}")
     return StepOutputs(
         metrics=figures,
@@ -113,14 +114,16 @@ def metric_entries(
 
 def _record(
     tracking: dict | None, result: EvalResult, figures: dict[str, Any], tuned_model: ArtifactLike,
-    report: ArtifactLike, data_report: ArtifactLike | None,
+    report: ArtifactLike, data_report: ArtifactLike | None, gate: tuple[str, str] = ("", ""),
 ) -> None:  # fmt: skip
-    """Records the step to the adapter's MLflow run (`components.common.tracking.record`)."""
+    """Records the step to the adapter's MLflow run (`components.common.tracking.record`) and, with
+    `register_model` in `tracking`, the run as a model version tagged with the gate's decision (`gate`:
+    metric, gate_on; `components.common.mlflow_registry`)."""
     tags = {"report": report.uri, "passed": result.passed}
     if result.quantization != "none":
         tags["quantization"] = result.quantization
     try:
-        record(
+        run_id = record(
             tracking,
             "evaluate",
             model_uri=tuned_model.uri,
@@ -133,5 +136,6 @@ def _record(
                 **({"validate-data/report.html": data_report.path} if data_report is not None else {}),
             },  # fmt: skip
         )
+        register_version(tracking, run_id, "evaluate", gate_tags(figures, gate[0], result.reason, gate[1]))
     except TrackingError as exc:
         raise SystemExit(f"evaluate: {exc}") from None

@@ -26,15 +26,22 @@ class TrackingSection:
             sets it too. Default "".
         required: An MLflow server that cannot be reached stops the run before training (true), or
             is one warning line and the run goes on without MLflow (false). Default true.
+        register_model: Also make the adapter's run a version of a registered model in MLflow's
+            model registry, tagged with the gate's decision (`components.common.mlflow_registry`).
+            Needs mlflow_uri. Default false.
+        model_name: The registered model; "" = pipeline.name. Default "".
     """
 
     mlflow_uri: str = ""
     experiment: str = ""
     required: bool = True
+    register_model: bool = False
+    model_name: str = ""
 
     def settings(self, pipeline_name: str) -> Settings:
         """The components' tracking settings (`components.common.tracking.Settings`)."""
-        return Settings(self.mlflow_uri, self.experiment or pipeline_name, self.required)
+        model = (self.model_name or pipeline_name) if self.register_model else ""
+        return Settings(self.mlflow_uri, self.experiment or pipeline_name, self.required, model)
 
 
 def check_tracking(
@@ -73,8 +80,33 @@ def check_tracking(
         problem = uri_problem(values["mlflow_uri"])
         if problem:
             raise ConfigError(f"{where(key)}: '{key}': {problem}")
+    _check_registry(t, values["mlflow_uri"], where)
     if "report_to" in swift:
         problem = report_to_problem(swift["report_to"], values["mlflow_uri"])
         if problem:
             raise ConfigError(f"{where('swift.report_to')}: 'swift.report_to' {problem}")
     return dataclasses.replace(t, **values)
+
+
+# MLflow refuses these in a registered model's name (its REST paths and `models:/name/version` URIs).
+_BAD_MODEL_NAME = ("/", ":", "%", "'", '"', "\\")
+
+
+def _check_registry(t: TrackingSection, mlflow_uri: str, where: Where) -> None:
+    """Refuses register_model without a server, a model_name without register_model, and a name MLflow refuses."""
+    if t.register_model and not mlflow_uri:
+        raise ConfigError(
+            f"{where('tracking.register_model')}: 'tracking.register_model' needs an MLflow server: set "
+            "tracking.mlflow_uri (http://host:port), or remove register_model"
+        )
+    if t.model_name and not t.register_model:
+        raise ConfigError(
+            f"{where('tracking.model_name')}: 'tracking.model_name' is set but tracking.register_model is not "
+            "true: set register_model: true to register, or remove model_name"
+        )
+    bad = [c for c in _BAD_MODEL_NAME if c in t.model_name]
+    if bad or t.model_name != t.model_name.strip():
+        raise ConfigError(
+            f"{where('tracking.model_name')}: 'tracking.model_name' {t.model_name!r} may not hold "
+            f"{' '.join(bad) or 'leading or trailing spaces'}: use letters, digits, '-', '_' and '.'"
+        )
