@@ -53,8 +53,8 @@ TRAINING_KEY_TAG = "vlm_lora.training_key"
 SNAPSHOT_TAG = "vlm_lora.data_snapshot"
 # `swift sft`'s own default when the config sets no report_to (ms-swift 4.x TrainArguments).
 SWIFT_DEFAULT_REPORT_TO = ("tensorboard",)
-# report_to values the project's images can serve: TensorBoard and MLflow are in the lock.
-SUPPORTED_REPORT_TO = ("tensorboard", "mlflow", "none")
+# report_to values the project's images can serve: TensorBoard, MLflow and W&B are in the lock.
+SUPPORTED_REPORT_TO = ("tensorboard", "mlflow", "wandb", "none")
 PROBE_TIMEOUT_S = 10.0
 MODEL_LINEAGE_FILE = "lineage.json"  # merge-export's record of base model, adapter and run
 START_SERVER = "mlflow server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000"
@@ -143,13 +143,13 @@ def uri_problem(uri: str) -> str:
     return ""
 
 
-def report_to_problem(report_to: Any, mlflow_uri: str) -> str:
+def report_to_problem(report_to: Any, mlflow_uri: str, wandb_project: str = "") -> str:
     """Why `swift.report_to` cannot run in the training job ("" when it can).
 
-    W&B, SwanLab and the other integrations are refused here rather than inside the GPU job: their
-    packages are not in the lock or the images, and their keys are not allowed in the job
-    environment. `mlflow` needs `tracking.mlflow_uri` (else the runs would land in the task's
-    scratch folder).
+    SwanLab and the other integrations are refused here rather than inside the GPU job: their packages
+    are not in the lock or the images, and their keys are not allowed in the job environment. `mlflow`
+    needs `tracking.mlflow_uri` (else the runs would land in the task's scratch folder), `wandb` a
+    `tracking.wandb` section (its project, and where the key is read: `components.common.wandb_tracking`).
     """
     values = [report_to] if isinstance(report_to, str) else report_to
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
@@ -157,11 +157,16 @@ def report_to_problem(report_to: Any, mlflow_uri: str) -> str:
     for value in values:
         if value == "mlflow" and not mlflow_uri:
             return "names mlflow but tracking.mlflow_uri is not set: set it to your MLflow server (http://host:port)"
+        if value == "wandb" and not wandb_project:
+            return (
+                "names wandb but tracking.wandb is not set: add tracking.wandb.project (and api_key_from: "
+                "env:VAR or projects/P/secrets/S, never the key; docs/tracking.md)"
+            )
         if value not in SUPPORTED_REPORT_TO:
             return (
                 f"{value!r} is not supported: its package is not in the project's lock or training image and its "
                 f"keys are not allowed in the job environment, so it would fail inside the GPU job; use "
-                f"{', '.join(SUPPORTED_REPORT_TO)} (MLflow: set tracking.mlflow_uri)"
+                f"{', '.join(SUPPORTED_REPORT_TO)} (MLflow: set tracking.mlflow_uri; W&B: tracking.wandb)"
             )
     return ""
 
@@ -352,7 +357,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _numbers(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
+def numeric_figures(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
     """The numeric entries of `metrics` (booleans as 0 / 1), keys prefixed; text and NaN left out."""
     out = {}
     for key, value in metrics.items():
@@ -361,7 +366,7 @@ def _numbers(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
     return out
 
 
-def _lineage(model_uri: str, model_dir: str, model_meta: Mapping[str, Any]) -> tuple[dict, dict, dict]:
+def lineage_record(model_uri: str, model_dir: str, model_meta: Mapping[str, Any]) -> tuple[dict, dict, dict]:
     """(tags, metrics, artifacts) of a merged model's lineage: base model, adapter, data snapshot, pipeline run."""
     data = _read_json(Path(model_dir) / LINEAGE_FILE) if model_dir else {}
     model = _read_json(Path(model_dir) / MODEL_LINEAGE_FILE) if model_dir else {}
@@ -472,9 +477,9 @@ def record(
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
 
-    lineage_tags, counts, artifacts = _lineage(model_uri, model_dir, model_meta)
+    lineage_tags, counts, artifacts = lineage_record(model_uri, model_dir, model_meta)
     all_tags = scrub({**lineage_tags, **{f"vlm_lora.{task}.{k}": str(v) for k, v in (tags or {}).items()}})
-    figures = {**counts, **_numbers(metrics or {}, f"{task}/")}
+    figures = {**counts, **numeric_figures(metrics or {}, f"{task}/")}
     try:
         client = MlflowClient(s.uri)
         run_id = _run_for(client, _experiment_id(client, s.experiment), lineage_tags, task)
