@@ -221,8 +221,14 @@ def test_training_curves_reach_wandb_and_evaluate_adds_to_the_same_run(offline, 
     config = _items(records["config"])
     assert config["learning_rate"] == 0.001 and config["max_steps"] == 3  # WandbCallback's training arguments
 
-    folder, meta = _merged_model(tmp_path / "merge", str(adapter))
     settings = {"wandb": {"project": "tiny-train"}}
+    curve = tmp_path / "loss_curve"  # train-lora's component attaches its report (KFP's file has no suffix)
+    curve.write_text("<html>loss</html>")
+    assert wandb_tracking.attach_files(settings, str(adapter), {"train-lora/loss_curve.html": curve}, "t") == ident
+    attached = _records(offline, ident)
+    assert "train-lora/loss_curve.html" in {f.path for r in attached["files"] for f in r.files}
+
+    folder, meta = _merged_model(tmp_path / "merge", str(adapter))
     again = wandb_tracking.record(
         settings, "evaluate", model_uri=str(folder), model_dir=str(folder), model_meta=meta,
         metrics={"tuned_f1": 0.5},

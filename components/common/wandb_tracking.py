@@ -255,10 +255,52 @@ def record(
     return ident
 
 
+def attach_files(
+    settings: Mapping[str, Any] | None, adapter_out: str, files: Mapping[str, str | Path], task: str
+) -> str:
+    """Saves a task's files (train-lora's loss-curve report) into the adapter's W&B run.
+
+    Args:
+        settings: A tracking parameter with a `wandb` entry; none = no W&B.
+        adapter_out: The adapter's folder or URI (the run's ID, `run_id`).
+        files: {file name in the run: local file}; a missing file is left out.
+        task: The saving task, for messages.
+
+    Returns:
+        The run ID ("" without W&B, or when it cannot be reached and tracking is not required).
+
+    Raises:
+        TrackingError: W&B cannot be reached (or the key not read) and tracking is required.
+    """
+    s = WandbSettings.from_param(settings)
+    if not s.project:
+        return ""
+    problem = probe()
+    if problem:
+        _unreachable(s, problem, task)
+        return ""
+    login(s)
+    os.environ.setdefault(ENV_NO_ERROR_REPORTS, "false")
+    ident = run_id(adapter_out)
+    try:
+        run = _open_run(s, ident, task, {})
+    except Exception as exc:  # noqa: BLE001 - wandb's errors are one message
+        _unreachable(s, f"refused the run ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})", task)
+        return ""
+    try:
+        _save_files(run, {}, {k: Path(v) for k, v in files.items()})
+    finally:
+        run.finish()
+        _teardown()
+    return ident
+
+
 def _open_run(s: WandbSettings, ident: str, task: str, tags: Mapping[str, str]) -> Any:
+    """Opens (or resumes) run `ident`; named after the training key when the tags hold it, else unrenamed."""
     import wandb
 
-    name = f"train-lora {tags.get(tracking.TRAINING_KEY_TAG) or tags.get(tracking.ADAPTER_TAG) or ident}"
+    key = tags.get(tracking.TRAINING_KEY_TAG)
+    name = f"train-lora {key}" if key else None
     return wandb.init(
         project=s.project, entity=s.entity or None, id=ident, resume="allow", name=name, job_type=task,
         settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
