@@ -143,10 +143,17 @@ def test_an_unreachable_wandb_stops_training_in_one_line_or_is_skipped(monkeypat
     assert len(lines) == 2 and all("WARNING" in line and "going on without W&B" in line for line in lines)
 
 
-def test_a_missing_key_variable_is_a_named_error(offline):
+def test_a_missing_key_variable_is_a_named_error_or_one_warning(offline, capsys):
     s = wandb_tracking.WandbSettings("p", api_key_from="env:NOT_SET_ANYWHERE")
     with pytest.raises(tracking.TrackingError, match="NOT_SET_ANYWHERE"):
         wandb_tracking.login(s)
+    env = s.job_env()
+    with pytest.raises(tracking.TrackingError, match="NOT_SET_ANYWHERE.*tracking.required: false"):
+        wandb_tracking.prepare_training({"report_to": "wandb"}, env, "/a")
+    out = wandb_tracking.prepare_training({"report_to": "wandb"}, {**env, "VLM_LORA_TRACKING_REQUIRED": "0"}, "/a")
+    assert out == ({"report_to": "none"}, {})
+    lines = [line for line in capsys.readouterr().out.splitlines() if "W&B" in line]
+    assert len(lines) == 1 and "NOT_SET_ANYWHERE" in lines[0] and "going on without W&B" in lines[0]
 
 
 # ---------------------------------------------------------------- evaluate's record, offline

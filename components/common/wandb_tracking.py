@@ -154,6 +154,28 @@ def login(s: WandbSettings) -> None:
         os.environ[ENV_API_KEY] = key
 
 
+def ready(s: WandbSettings, task: str) -> bool:
+    """Checks W&B's server and reads the key (`probe`, `login`); turns wandb's Sentry reports off in this process.
+
+    Returns:
+        True to write to W&B; False after one WARNING line when it cannot be used and tracking is not required.
+
+    Raises:
+        TrackingError: The server cannot be reached or the key not read, and tracking is required.
+    """
+    problem = probe()
+    if not problem:
+        try:
+            login(s)
+        except TrackingError as exc:
+            problem = f"cannot be used: {exc}"
+    if problem:
+        _unreachable(s, problem, task)
+        return False
+    os.environ.setdefault(ENV_NO_ERROR_REPORTS, "false")
+    return True
+
+
 # ---------------------------------------------------------------- train-lora: `swift sft` reports to W&B
 
 
@@ -184,11 +206,8 @@ def prepare_training(
     others = [v for v in ([current] if isinstance(current, str) else list(current)) if v not in ("none", "wandb")]
     if not s.project:
         return dict(args), {}
-    problem = probe()
-    if problem:
-        _unreachable(s, problem, "train-lora")
+    if not ready(s, "train-lora"):
         return ({**args, "report_to": others or "none"} if "report_to" in args else dict(args)), {}
-    login(s)
     out = {**args, "report_to": [*others, "wandb"]}
     name = (tags or {}).get(tracking.TRAINING_KEY_TAG) or adapter_key(adapter_out)
     if "run_name" not in out and name:
@@ -225,12 +244,8 @@ def record(
     s = WandbSettings.from_param(settings)
     if not s.project:
         return ""
-    problem = probe()
-    if problem:
-        _unreachable(s, problem, task)
+    if not ready(s, task):
         return ""
-    login(s)
-    os.environ.setdefault(ENV_NO_ERROR_REPORTS, "false")
     tags, counts, lineage_files = tracking.lineage_record(model_uri, model_dir, model_meta)
     ident = run_id(tags.get(tracking.ADAPTER_TAG) or model_uri)
     config = {**tracking.training_params(model_dir), "vlm_lora.lineage": tags}
@@ -275,12 +290,8 @@ def attach_files(
     s = WandbSettings.from_param(settings)
     if not s.project:
         return ""
-    problem = probe()
-    if problem:
-        _unreachable(s, problem, task)
+    if not ready(s, task):
         return ""
-    login(s)
-    os.environ.setdefault(ENV_NO_ERROR_REPORTS, "false")
     ident = run_id(adapter_out)
     try:
         run = _open_run(s, ident, task, {})
