@@ -148,7 +148,7 @@ def jobset_spec(cfg: Config, image: str, name: str, command: list[str], args: li
 
 
 def _job_env(cfg: Config) -> dict[str, Any]:
-    return {**{str(k): v for k, v in cfg.environment.items()}, **cfg.tracking.settings(cfg.pipeline.name).job_env()}
+    return {**{str(k): v for k, v in cfg.environment.items()}, **cfg.tracking.job_env(cfg.pipeline.name)}
 
 
 def _check_folder(out: Path, name: str) -> None:

@@ -569,7 +569,7 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
         preflight=cfg.resources.preflight,
         job_env={
             **{str(k): v for k, v in cfg.environment.items()},
-            **cfg.tracking.settings(cfg.pipeline.name).job_env(),  # MLflow (components.common.tracking)
+            **cfg.tracking.job_env(cfg.pipeline.name),  # MLflow and W&B (docs/tracking.md)
         },
         **vertex_args,
     ).set_display_name("train-lora")
@@ -585,8 +585,8 @@ def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: A
 
 
 def _tracking_args(cfg: Config) -> dict[str, Any]:
-    """evaluate's and register's `tracking` argument (the MLflow server); nothing when the config names none."""
-    param = cfg.tracking.settings(cfg.pipeline.name).as_param()
+    """evaluate's and register's `tracking` argument (MLflow, W&B); nothing when the config names neither."""
+    param = cfg.tracking.param(cfg.pipeline.name)
     return {"tracking": param} if param else {}
 
 

@@ -216,7 +216,7 @@ def test_tracking_keys_load_and_the_environment_variables_fold_into_them():
         ),
         ({"environment.VLM_LORA_TRACKING_REQUIRED": 0}, "environment", "use tracking.required"),
         ({"tracking.required": "no"}, "tracking.required", "true or false"),
-        ({"swift.report_to": "wandb"}, "swift.report_to", "'wandb' is not supported"),
+        ({"swift.report_to": "wandb"}, "swift.report_to", "tracking.wandb is not set"),
         ({"swift.report_to": ["tensorboard", "swanlab"]}, "swift.report_to", "'swanlab' is not supported"),
         ({"swift.report_to": "mlflow"}, "swift.report_to", "tracking.mlflow_uri is not set"),
         ({"tracking.mlflow_url": "http://a:1"}, "tracking.mlflow_url", "did you mean"),
@@ -239,9 +239,11 @@ def test_a_tracking_uri_with_credentials_is_refused_without_echoing_them(tmp_pat
     assert "s3cret" not in message and "MLFLOW_TRACKING_TOKEN" in message
 
 
-def test_wandb_is_refused_even_where_the_package_is_installed():
-    """The training image has no wandb and the job environment takes no W&B key: refused, never a late failure."""
-    assert "not supported" in tracking.report_to_problem(["wandb"], "http://h:1")
+def test_wandb_needs_its_section_and_other_integrations_stay_refused():
+    """W&B only with tracking.wandb (its project; the key read at run time); SwanLab and the rest are in no image."""
+    assert "tracking.wandb is not set" in tracking.report_to_problem(["wandb"], "http://h:1")
+    assert tracking.report_to_problem(["wandb", "mlflow"], "http://h:1", "vlm-lora") == ""
+    assert "not supported" in tracking.report_to_problem(["swanlab"], "http://h:1", "vlm-lora")
     assert tracking.report_to_problem(["tensorboard", "mlflow"], "http://h:1") == ""
     assert tracking.report_to_problem("none", "") == ""
 
@@ -422,7 +424,7 @@ def test_the_lock_holds_the_tracking_extra_and_the_images_install_it():
             if sub.marker is None or sub.marker.evaluate({**env, "extra": ""}):
                 todo.append(sub)
     assert not missing, f"not in requirements.lock: {missing}"
-    assert "mlflow-skinny" in seen
+    assert "mlflow-skinny" in seen and "wandb" in seen
     for dockerfile in ("Dockerfile.train", "Dockerfile.light"):
         text = (ROOT / "images" / dockerfile).read_text()
         assert "tracking" in text.split('-c requirements.lock ".[', 1)[1].split("]", 1)[0], dockerfile

@@ -53,8 +53,8 @@ TRAINING_KEY_TAG = "vlm_lora.training_key"
 SNAPSHOT_TAG = "vlm_lora.data_snapshot"
 # `swift sft`'s own default when the config sets no report_to (ms-swift 4.x TrainArguments).
 SWIFT_DEFAULT_REPORT_TO = ("tensorboard",)
-# report_to values the project's images can serve: TensorBoard and MLflow are in the lock.
-SUPPORTED_REPORT_TO = ("tensorboard", "mlflow", "none")
+# report_to values the project's images can serve: TensorBoard, MLflow and W&B are in the lock.
+SUPPORTED_REPORT_TO = ("tensorboard", "mlflow", "wandb", "none")
 PROBE_TIMEOUT_S = 10.0
 MODEL_LINEAGE_FILE = "lineage.json"  # merge-export's record of base model, adapter and run
 START_SERVER = "mlflow server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000"
@@ -78,11 +78,14 @@ class Settings:
         experiment: MLflow experiment name. Default "Default" (MLflow's own).
         required: Stop the task when the server cannot be reached (true), or go on without
             MLflow (false). Default true.
+        model_name: Registered model in MLflow's model registry that evaluate and register add the
+            adapter's version to (`components.common.mlflow_registry`); "" = none. Default "".
     """
 
     uri: str = ""
     experiment: str = DEFAULT_EXPERIMENT
     required: bool = True
+    model_name: str = ""
 
     @classmethod
     def from_param(cls, param: Mapping[str, Any] | None) -> Settings:
@@ -92,6 +95,7 @@ class Settings:
             str(p.get("mlflow_uri") or ""),
             str(p.get("experiment") or DEFAULT_EXPERIMENT),
             p.get("required", True) is not False,
+            str(p.get("register_model") or ""),
         )
 
     @classmethod
@@ -103,7 +107,10 @@ class Settings:
 
     def as_param(self) -> dict[str, Any]:
         """The settings as a component parameter ({} when there is no server)."""
-        return {"mlflow_uri": self.uri, "experiment": self.experiment, "required": self.required} if self.uri else {}
+        if not self.uri:
+            return {}
+        out = {"mlflow_uri": self.uri, "experiment": self.experiment, "required": self.required}
+        return {**out, "register_model": self.model_name} if self.model_name else out
 
     def job_env(self) -> dict[str, str]:
         """The settings as the training job's environment variables ({} when there is no server)."""
@@ -136,13 +143,13 @@ def uri_problem(uri: str) -> str:
     return ""
 
 
-def report_to_problem(report_to: Any, mlflow_uri: str) -> str:
+def report_to_problem(report_to: Any, mlflow_uri: str, wandb_project: str = "") -> str:
     """Why `swift.report_to` cannot run in the training job ("" when it can).
 
-    W&B, SwanLab and the other integrations are refused here rather than inside the GPU job: their
-    packages are not in the lock or the images, and their keys are not allowed in the job
-    environment. `mlflow` needs `tracking.mlflow_uri` (else the runs would land in the task's
-    scratch folder).
+    SwanLab and the other integrations are refused here rather than inside the GPU job: their packages
+    are not in the lock or the images, and their keys are not allowed in the job environment. `mlflow`
+    needs `tracking.mlflow_uri` (else the runs would land in the task's scratch folder), `wandb` a
+    `tracking.wandb` section (its project, and where the key is read: `components.common.wandb_tracking`).
     """
     values = [report_to] if isinstance(report_to, str) else report_to
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
@@ -150,11 +157,16 @@ def report_to_problem(report_to: Any, mlflow_uri: str) -> str:
     for value in values:
         if value == "mlflow" and not mlflow_uri:
             return "names mlflow but tracking.mlflow_uri is not set: set it to your MLflow server (http://host:port)"
+        if value == "wandb" and not wandb_project:
+            return (
+                "names wandb but tracking.wandb is not set: add tracking.wandb.project (and api_key_from: "
+                "env:VAR or projects/P/secrets/S, never the key; docs/tracking.md)"
+            )
         if value not in SUPPORTED_REPORT_TO:
             return (
                 f"{value!r} is not supported: its package is not in the project's lock or training image and its "
                 f"keys are not allowed in the job environment, so it would fail inside the GPU job; use "
-                f"{', '.join(SUPPORTED_REPORT_TO)} (MLflow: set tracking.mlflow_uri)"
+                f"{', '.join(SUPPORTED_REPORT_TO)} (MLflow: set tracking.mlflow_uri; W&B: tracking.wandb)"
             )
     return ""
 
@@ -229,7 +241,7 @@ def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S, environ: Mapping[str, st
         return "answers, but not with JSON: is it an MLflow tracking server?"
 
 
-def _unreachable(settings: Settings, problem: str, task: str) -> None:
+def unreachable(settings: Settings, problem: str, task: str) -> None:
     """Raises TrackingError when tracking is required; else prints one warning line."""
     where = f"MLflow server {redact_uri(settings.uri)} (tracking.mlflow_uri)"
     if settings.required:
@@ -316,7 +328,7 @@ def prepare_training(
         return dict(args), {}
     problem = probe(settings.uri)
     if problem:
-        _unreachable(settings, problem, "train-lora")
+        unreachable(settings, problem, "train-lora")
         out = dict(args)
         if "report_to" in out:
             current = out["report_to"]
@@ -345,7 +357,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _numbers(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
+def numeric_figures(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
     """The numeric entries of `metrics` (booleans as 0 / 1), keys prefixed; text and NaN left out."""
     out = {}
     for key, value in metrics.items():
@@ -354,7 +366,7 @@ def _numbers(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
     return out
 
 
-def _lineage(model_uri: str, model_dir: str, model_meta: Mapping[str, Any]) -> tuple[dict, dict, dict]:
+def lineage_record(model_uri: str, model_dir: str, model_meta: Mapping[str, Any]) -> tuple[dict, dict, dict]:
     """(tags, metrics, artifacts) of a merged model's lineage: base model, adapter, data snapshot, pipeline run."""
     data = _read_json(Path(model_dir) / LINEAGE_FILE) if model_dir else {}
     model = _read_json(Path(model_dir) / MODEL_LINEAGE_FILE) if model_dir else {}
@@ -458,16 +470,16 @@ def record(
         return ""
     problem = probe(s.uri)
     if problem:
-        _unreachable(s, problem, task)
+        unreachable(s, problem, task)
         return ""
     os.environ.setdefault(ENV_NO_TELEMETRY, "true")
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
 
-    lineage_tags, counts, artifacts = _lineage(model_uri, model_dir, model_meta)
+    lineage_tags, counts, artifacts = lineage_record(model_uri, model_dir, model_meta)
     all_tags = scrub({**lineage_tags, **{f"vlm_lora.{task}.{k}": str(v) for k, v in (tags or {}).items()}})
-    figures = {**counts, **_numbers(metrics or {}, f"{task}/")}
+    figures = {**counts, **numeric_figures(metrics or {}, f"{task}/")}
     try:
         client = MlflowClient(s.uri)
         run_id = _run_for(client, _experiment_id(client, s.experiment), lineage_tags, task)
@@ -489,7 +501,7 @@ def record(
         if metrics:
             client.log_dict(run_id, scrub(dict(metrics)), f"{task}/metrics.json")
     except MlflowException as exc:
-        _unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
+        unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
         return ""
     print(f"{task}: MLflow: recorded in run {run_id} of experiment {s.experiment!r} at {redact_uri(s.uri)}", flush=True)
     return run_id
@@ -517,7 +529,7 @@ def attach_files(
         return ""
     problem = probe(s.uri)
     if problem:
-        _unreachable(s, problem, task)
+        unreachable(s, problem, task)
         return ""
     os.environ.setdefault(ENV_NO_TELEMETRY, "true")
     from mlflow import MlflowClient
@@ -531,7 +543,7 @@ def attach_files(
                 folder, _, leaf = name.rpartition("/")
                 _log_file(client, run_id, Path(path), folder, leaf)
     except MlflowException as exc:
-        _unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
+        unreachable(s, f"refused the write ({str(exc).splitlines()[0][:200]})", task)
         return ""
     return run_id
 

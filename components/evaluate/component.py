@@ -82,9 +82,10 @@ def evaluate(
             it and the gate's regression rule applies. None = no regression set. Default None.
         regression_max_drop: {"overall" or kind: absolute drop allowed} (`eval.regression_max_drop`);
             names left out take 0.05. Default None (all 0.05).
-        tracking: MLflow settings ({"mlflow_uri", "experiment", "required"}; components.common.tracking):
-            the metrics, the data snapshot and the lineage go to the adapter's MLflow run. Default
-            None (no MLflow).
+        tracking: MLflow settings ({"mlflow_uri", "experiment", "required", "register_model"};
+            components.common.tracking): the metrics, the data snapshot and the lineage go to the adapter's
+            MLflow run; with register_model (a model name) the run becomes a version of that registered
+            model, tagged with the gate's decision. Default None (no MLflow).
         quantization: How both models are loaded for generation (`eval.quantization`): "none"
             (bf16), "nf4" or "int8" (both quantised by bitsandbytes, as a QLoRA base: what a 4-bit
             deployment would score). Default "none".

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.common import wandb_tracking
 from components.common.boxes import ResizeRule, resolve_convention
 from components.common.kfp_outputs import ArtifactLike, StepOutputs
+from components.common.mlflow_registry import gate_tags, register_version
 from components.common.quantization import QuantizationUnavailable
 from components.common.reference import Reference
 from components.common.tracking import TrackingError, record
@@ -81,7 +83,7 @@ def run_step(
         regression_samples=result.regression_samples, drops=result.drops, quantization=result.quantization,
         intervals=result.intervals,
     )  # fmt: skip
-    _record(tracking, result, figures, tuned_model, report, data_report)
+    _record(tracking, result, figures, tuned_model, report, data_report, gate=(gate_metric, gate_on))
     print(f"evaluate: {result.reason}")
     return StepOutputs(
         metrics=figures,
@@ -113,25 +115,22 @@ def metric_entries(
 
 def _record(
     tracking: dict | None, result: EvalResult, figures: dict[str, Any], tuned_model: ArtifactLike,
-    report: ArtifactLike, data_report: ArtifactLike | None,
+    report: ArtifactLike, data_report: ArtifactLike | None, gate: tuple[str, str] = ("", ""),
 ) -> None:  # fmt: skip
-    """Records the step to the adapter's MLflow run (`components.common.tracking.record`)."""
+    """Records the step to the adapter's MLflow run (`components.common.tracking.record`) and W&B run
+    (`components.common.wandb_tracking.record`) and, with `register_model` in `tracking`, the MLflow run as
+    a model version tagged with the gate's decision (`gate`: metric, gate_on; `components.common.mlflow_registry`)."""
     tags = {"report": report.uri, "passed": result.passed}
     if result.quantization != "none":
         tags["quantization"] = result.quantization
+    model = {"model_uri": tuned_model.uri, "model_dir": tuned_model.path, "model_meta": dict(tuned_model.metadata)}
+    files = {
+        "evaluate/report.html": report.path,
+        **({"validate-data/report.html": data_report.path} if data_report is not None else {}),
+    }
     try:
-        record(
-            tracking,
-            "evaluate",
-            model_uri=tuned_model.uri,
-            model_dir=tuned_model.path,
-            model_meta=dict(tuned_model.metadata),
-            metrics=dict(figures),
-            tags=tags,
-            files={
-                "evaluate/report.html": report.path,
-                **({"validate-data/report.html": data_report.path} if data_report is not None else {}),
-            },  # fmt: skip
-        )
+        run_id = record(tracking, "evaluate", **model, metrics=dict(figures), tags=tags, files=files)
+        register_version(tracking, run_id, "evaluate", gate_tags(figures, gate[0], result.reason, gate[1]))
+        wandb_tracking.record(tracking, "evaluate", **model, metrics=dict(figures), files=files)
     except TrackingError as exc:
         raise SystemExit(f"evaluate: {exc}") from None

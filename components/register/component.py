@@ -58,9 +58,10 @@ def register(
             was none. Default "".
         promote: Move the alias to the new version now; False when a deploy step promotes it
             after its smoke test. Default True.
-        tracking: MLflow settings ({"mlflow_uri", "experiment", "required"}; components.common.tracking):
-            the registered version, the data snapshot and the lineage go to the adapter's MLflow run.
-            Default None (no MLflow).
+        tracking: MLflow settings ({"mlflow_uri", "experiment", "required", "register_model"};
+            components.common.tracking): the registered version, the data snapshot and the lineage go to the
+            adapter's MLflow run; with register_model, its MLflow model version gets the Vertex version as a
+            tag. Default None (no MLflow).
         eval_report: evaluate's HTML report; the evaluation links it. Default none.
         gate_reason: evaluate's `reason` output (the gate's decision in words). Default "".
         gate_metric: The gate's metric (`eval.metric`); "" = the rules are not recorded. Default "".

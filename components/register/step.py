@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import sys
 
+from components.common import wandb_tracking
 from components.common.kfp_outputs import ArtifactLike, StepOutputs
+from components.common.mlflow_registry import gate_tags, register_version
 from components.common.tracking import TrackingError, record
 from components.register.core import (
     RegisterError,
@@ -75,9 +77,15 @@ def register_step(
         **outcome.metadata(),
     }
     try:
-        record(
+        run_id = record(
             tracking, "register", model_uri=merged_model.uri, model_dir=merged_model.path,
             model_meta=dict(merged_model.metadata), tags={"version": uri, "run_name": run_name},
+        )  # fmt: skip
+        decision = gate_tags(metrics, gate_metric, gate_reason)  # the same as evaluate's, were its version lost
+        register_version(tracking, run_id, "register", {**decision, "vlm_lora.vertex_model_version": uri})
+        wandb_tracking.record(
+            tracking, "register", model_uri=merged_model.uri, model_dir=merged_model.path,
+            model_meta=dict(merged_model.metadata), metrics={"version": uri, "run_name": run_name},
         )  # fmt: skip
     except TrackingError as exc:
         raise SystemExit(f"register: {exc}; {version} is registered") from None

@@ -60,6 +60,8 @@ def train_lora(
     import tempfile
 
     from components.common.tracking import Settings, TrackingError, attach_files
+    from components.common.wandb_tracking import WandbSettings
+    from components.common.wandb_tracking import attach_files as wandb_files
     from components.train_lora.core import TrainError, durable_checkpoint_dir, loss_curve_html
     from components.train_lora.core import train_lora as train
 
@@ -93,9 +95,10 @@ def train_lora(
         metrics.log_metric(key, value)
     with open(loss_curve.path, "w", encoding="utf-8") as f:
         f.write(loss_curve_html(result.log_history, speedups=result.speedups))
-    try:  # beside the curves MLflow already has: the report as the task shows it
-        attach_files(Settings.from_env(dict(job_env)).as_param(), adapter.path,
-                     {"train-lora/loss_curve.html": loss_curve.path}, "train-lora")  # fmt: skip
+    try:  # beside the curves MLflow and W&B already have: the report as the task shows it
+        curve = {"train-lora/loss_curve.html": loss_curve.path}
+        attach_files(Settings.from_env(dict(job_env)).as_param(), adapter.path, curve, "train-lora")
+        wandb_files({"wandb": WandbSettings.from_env(dict(job_env)).as_param()}, adapter.path, curve, "train-lora")
     except TrackingError as exc:
         raise SystemExit(f"train-lora: {exc}") from None
     adapter.metadata.update(

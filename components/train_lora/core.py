@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import cluster, tracking
+from components.common import cluster, tracking, wandb_tracking
 from components.common import preflight as gpu_check
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.errors import TrainError  # re-exported: core.TrainError
@@ -228,11 +228,7 @@ def train_lora(
     args, strategy = _swift_args.final_swift_args(
         swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
     )
-    try:  # MLflow (MLFLOW_TRACKING_URI in the job environment): report_to mlflow, the server checked before swift
-        args, tracking_env = tracking.prepare_training(args, extra_env, train_dir, adapter_out)
-    except tracking.TrackingError as exc:
-        raise TrainError(str(exc)) from None
-    extra_env.update(tracking_env)
+    args = _report_to_trackers(args, extra_env, train_dir, adapter_out)  # adds their variables to extra_env
     expected = _fit.planned_speedups(args, model_dir, launch, extra_env)
     batch_plan = _fit.micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env, expected)
     if launch.plan.is_chief:
@@ -263,6 +259,23 @@ def train_lora(
     if result.is_chief:  # last: a reuse of the adapter checks its files against this marker
         result.manifest_sha256 = write_manifest(adapter_out, producer="train-lora")
     return result
+
+
+def _report_to_trackers(args: dict, extra_env: dict, train_dir: str, adapter_out: str) -> dict:
+    """MLflow (MLFLOW_TRACKING_URI) and W&B (WANDB_PROJECT in the job environment): `report_to` and their
+    variables (added to `extra_env`), each server checked before `swift sft` starts.
+
+    Raises:
+        TrainError: A server cannot be reached (or W&B's key not read) and tracking is required.
+    """
+    try:
+        args, tracking_env = tracking.prepare_training(args, extra_env, train_dir, adapter_out)
+        tags = tracking.training_tags(train_dir, adapter_out)
+        args, wandb_env = wandb_tracking.prepare_training(args, extra_env, adapter_out, tags)
+    except tracking.TrackingError as exc:
+        raise TrainError(str(exc)) from None
+    extra_env.update({**tracking_env, **wandb_env})
+    return args
 
 
 def _plan_launch(

@@ -57,6 +57,12 @@ JOB_ENV_NAMES = frozenset(
         "MLFLOW_TRACKING_URI",
         "MLFLOW_EXPERIMENT_NAME",
         "VLM_LORA_TRACKING_REQUIRED",
+        # W&B (components/common/wandb_tracking.py): the project, the entity, offline mode, and where the
+        # task reads the API key at run time (env:VAR or a Secret Manager name; never the key)
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_MODE",
+        "VLM_LORA_WANDB_LOGIN_FROM",
     }
 ) | frozenset(_PLUGIN_SWITCHES)  # and its switches
 # Common names under the prefixes, offered as "did you mean".

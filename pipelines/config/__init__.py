@@ -21,7 +21,7 @@ A config is value-only YAML with eleven sections (`pipeline`, `model` and `data`
 * `images`: container image overrides (default: `components.images`).
 * `register`: the Vertex Model Registry entry a passing model becomes a version of.
 * `schedule`: the recurring run of `python -m pipelines.schedule`.
-* `tracking`: the MLflow server results go to (`components.common.tracking`, docs/tracking.md);
+* `tracking`: the MLflow server and W&B project results go to (`components.common.tracking`, docs/tracking.md);
   `swift.report_to` names only what the images can serve (W&B is refused here, not in the GPU job).
 
 Unknown keys and wrong types are errors that name the file, the line, the key and what
