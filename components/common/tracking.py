@@ -241,15 +241,19 @@ def probe(uri: str, timeout_s: float = PROBE_TIMEOUT_S, environ: Mapping[str, st
         return "answers, but not with JSON: is it an MLflow tracking server?"
 
 
+def refuse_or_warn(required: bool, where: str, problem: str, fix: str, task: str, tracker: str) -> None:
+    """A tracker that cannot be used: TrackingError naming `where`, the problem and the fix when tracking is
+    required; else one WARNING line, and the task goes on without `tracker` (MLflow, W&B)."""
+    if required:
+        raise TrackingError(f"{where} {problem}; {fix}")
+    print(f"{task}: WARNING: {where} {problem}; going on without {tracker} (tracking.required is false)", flush=True)
+
+
 def unreachable(settings: Settings, problem: str, task: str) -> None:
     """Raises TrackingError when tracking is required; else prints one warning line."""
     where = f"MLflow server {redact_uri(settings.uri)} (tracking.mlflow_uri)"
-    if settings.required:
-        raise TrackingError(
-            f"{where} {problem}; start it (`{START_SERVER}`) or correct the URI, or set tracking.required: false "
-            "to go on without MLflow"
-        )
-    print(f"{task}: WARNING: {where} {problem}; going on without MLflow (tracking.required is false)", flush=True)
+    fix = f"start it (`{START_SERVER}`) or correct the URI, or set tracking.required: false to go on without MLflow"
+    refuse_or_warn(settings.required, where, problem, fix, task, "MLflow")
 
 
 # ---------------------------------------------------------------- train-lora: `swift sft` reports to MLflow
