@@ -260,3 +260,18 @@ def test_the_compiled_pipeline_gives_train_lora_and_evaluate_the_wandb_settings(
     job_env = source(index, "train-lora", "job_env").value
     assert job_env["WANDB_PROJECT"] == "vlm-lora-tests" and job_env["VLM_LORA_WANDB_LOGIN_FROM"] == "env:MY_WANDB_KEY"
     assert "MLFLOW_TRACKING_URI" not in job_env and "WANDB_API_KEY" not in text
+
+
+def test_a_second_offline_record_within_one_second_gets_its_own_folder(tmp_path, monkeypatch):
+    """wandb names offline folders by the second: a record in the same second as the last would share its folder."""
+    import time
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    ident = "vlm0123"
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    (tmp_path / f"offline-run-{stamp}-{ident}").mkdir()
+    wandb_tracking.wait_for_free_offline_folder(ident, tmp_path)
+    assert time.strftime("%Y%m%d_%H%M%S") != stamp  # a new second, so a new folder
+    before = time.time()
+    wandb_tracking.wait_for_free_offline_folder("vlm-other", tmp_path)  # nothing to wait for
+    assert time.time() - before < 0.5

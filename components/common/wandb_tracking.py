@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -128,12 +129,11 @@ def probe(timeout_s: float = tracking.PROBE_TIMEOUT_S, environ: Mapping[str, str
 def _unreachable(s: WandbSettings, problem: str, task: str) -> None:
     """Raises TrackingError when tracking is required, else one WARNING line (W&B's server named)."""
     where = f"W&B server {base_url()} (tracking.wandb, WANDB_BASE_URL)"
-    if s.required:
-        raise TrackingError(
-            f"{where} {problem}; check the network or WANDB_BASE_URL, set WANDB_MODE=offline to write the run for "
-            "a later `wandb sync`, or set tracking.required: false to go on without W&B"
-        )
-    print(f"{task}: WARNING: {where} {problem}; going on without W&B (tracking.required is false)", flush=True)
+    fix = (
+        "check the network or WANDB_BASE_URL, set WANDB_MODE=offline to write the run for a later `wandb sync`, "
+        "or set tracking.required: false to go on without W&B"
+    )
+    tracking.refuse_or_warn(s.required, where, problem, fix, task, "W&B")
 
 
 def login(s: WandbSettings) -> None:
@@ -306,9 +306,24 @@ def attach_files(
     return ident
 
 
+def wait_for_free_offline_folder(ident: str, root: Path | None = None) -> None:
+    """Offline, wandb names a run's folder `offline-run-<local second>-<id>`: a second record of the same run within
+    the same second would write into the first one's folder and one of the two would be lost. Waits (at most 3 s)
+    until this second's folder name is free."""
+    if os.environ.get("WANDB_MODE") != "offline":
+        return
+    base = root or Path(os.environ.get("WANDB_DIR") or ".") / "wandb"
+    for _ in range(3):
+        if not (base / f"offline-run-{time.strftime('%Y%m%d_%H%M%S')}-{ident}").exists():
+            return
+        time.sleep(1.0 - time.time() % 1.0 + 0.01)
+
+
 def _open_run(s: WandbSettings, ident: str, task: str, tags: Mapping[str, str]) -> Any:
     """Opens (or resumes) run `ident`; named after the training key when the tags hold it, else unrenamed."""
     import wandb
+
+    wait_for_free_offline_folder(ident)
 
     key = tags.get(tracking.TRAINING_KEY_TAG)
     name = f"train-lora {key}" if key else None
