@@ -17,6 +17,7 @@ phase=$1
 ours=${2:-}
 peers=${3:-}
 steps=${STEPS:-10}
+model=${MODEL:-4b}  # 4b, or 8b / 32b (benchmarks/qwen3_vl_large.py builds those; `ours` runs only)
 install() {  # install TARGET DIR...: one pip call (a second --target --upgrade call replaces TARGET/bin, swift's)
     local target=$1
     shift
@@ -39,14 +40,21 @@ if [ "$phase" = tests ]; then
     python3 -m pytest -o addopts= -q tests/test_fused_lora_bnb.py tests/test_partial_checkpointing.py 2>&1 | tail -15 | tee -a "$log"
     exit 0
 fi
-[ -f /tmp/m/model/config.json ] || python3 -m benchmarks.qwen3_vl_4b /tmp/m/model > /dev/null
+if [ "$model" = 4b ]; then
+    mdir=/tmp/m/model tp=/tmp/tp
+    [ -f $mdir/config.json ] || python3 -m benchmarks.qwen3_vl_4b $mdir > /dev/null
+else
+    mdir=/tmp/m_$model/model tp=/tmp/tp_$model
+    [ -n "$peers" ] && { echo "MODEL=$model: Unsloth runs only with the 4b" | tee -a "$log"; exit 2; }
+    [ -f $mdir/config.json ] || python3 -m benchmarks.qwen3_vl_large "$model" $mdir | tee -a "$log"
+fi
 runs=()
 for p in $ours; do runs+=("ours:$p"); done
 for p in $peers; do runs+=("peer:$p"); done
 mapfile -t order < <(printf '%s\n' "${runs[@]}" | grep -v capLEAN | shuf; printf '%s\n' "${runs[@]}" | grep capLEAN)
 lean=""
-echo "order: ${order[*]}" | tee -a "$log"
-train=/tmp/tp/train-$((16 * steps + 8))-1024px-mp1048576
+echo "model: $model order: ${order[*]}" | tee -a "$log"
+train=$tp/train-$((16 * steps + 8))-1024px-mp1048576
 for run in "${order[@]}"; do
     kind=${run%%:*}
     spec=${run#*:}
@@ -57,11 +65,11 @@ for run in "${order[@]}"; do
         run="ours:$spec"
     fi
     if [ "$kind" = ours ]; then
-        python3 -m benchmarks.train_throughput --model /tmp/m/model --out /tmp/tp --steps "$steps" \
+        python3 -m benchmarks.train_throughput --model $mdir --out $tp --steps "$steps" \
             --n-train $((16 * steps + 8)) --profiles "$spec" > "$OUT/run.log" 2>&1
     else
         IFS=: read -r prec batch gc cap <<< "$spec"
-        flags=(--model /tmp/m/model --train "$train" --steps "$steps" --batch "$batch" --gc "$gc")
+        flags=(--model $mdir --train "$train" --steps "$steps" --batch "$batch" --gc "$gc")
         [ "$prec" = 4bit ] && flags+=(--load-in-4bit)
         [ -n "${cap:-}" ] && flags+=(--cap-gib "$cap")
         PYTHONPATH=/tmp/usite:/tmp/site:$PWD python3 -m benchmarks.unsloth_peer "${flags[@]}" > "$OUT/run.log" 2>&1

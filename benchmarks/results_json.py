@@ -1,11 +1,13 @@
 """One JSON file per GPU run under benchmarks/results/, from the `RESULT {...}` lines of a benchmark log.
 
     python -m benchmarks.results_json LOG --date 2026-12-01 --machine "1 x H200 (nvidia-h200)" \\
-        --command "bash benchmarks/cards_gpu.sh ours ..." [--leanest PROFILE,...] [--out benchmarks/results]
+        --command "bash benchmarks/cards_gpu.sh ours ..." [--leanest PROFILE,...] [--model 8b] [--tag b] \\
+        [--out benchmarks/results]
 
 Reads the lines `benchmarks/cards_gpu.sh` writes (`[ours:PROFILE] RESULT {...}` from train_throughput, `[peer:SPEC]
 RESULT {...}` from unsloth_peer) and writes the keys issue 53 names: date, machine, versions, command, trainer,
 model, precision, cap_gib, plan, leanest, seconds_per_step, tokens_per_second, peak_gib, predicted_peak_gib.
+A file of that name already there (an earlier call on the same date) is refused: `--tag` tells the two apart.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 LINE = re.compile(r"^\[(ours|peer):([^\]]+)\] RESULT (\{.*)$")
 
 
-def record(kind: str, spec: str, row: dict[str, Any], date: str, machine: str, command: str, leanest: set[str]):
+def record(
+    kind: str, spec: str, row: dict[str, Any], date: str, machine: str, command: str, leanest: set[str], model: str = "4b"
+):
     """The issue's keys for one run (pure)."""
     if kind == "ours":
         tags = spec.split("@")[1:]
@@ -59,7 +63,7 @@ def record(kind: str, spec: str, row: dict[str, Any], date: str, machine: str, c
         "versions": versions,
         "command": command,
         "trainer": trainer,
-        "model": "4b",
+        "model": model,
         "precision": precision,
         "cap_gib": cap,
         "plan": plan,
@@ -89,6 +93,8 @@ def main() -> None:
     parser.add_argument("--machine", required=True)
     parser.add_argument("--command", required=True)
     parser.add_argument("--leanest", default="", help="comma-separated runs that are the leanest plans")
+    parser.add_argument("--model", default="4b", choices=("4b", "8b", "32b"), help="the call's MODEL (cards_gpu.sh)")
+    parser.add_argument("--tag", default="", help="added to each file's name (a second call on one date)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     out = Path(args.out)
@@ -99,8 +105,11 @@ def main() -> None:
         if not match:
             continue
         kind, spec, text = match.groups()
-        rec = record(kind, spec, _row(text), args.date, args.machine, args.command, leanest)
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{args.date}_{rec['trainer']}_{spec}") + ".json"
+        rec = record(kind, spec, _row(text), args.date, args.machine, args.command, leanest, args.model)
+        model = "" if args.model == "4b" else args.model + "_"
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{args.date}{args.tag}_{rec['trainer']}_{model}{spec}") + ".json"
+        if (out / name).exists():
+            raise SystemExit(f"{out / name} exists (an earlier run of that date): give this call a --tag")
         (out / name).write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
         print(out / name)
 

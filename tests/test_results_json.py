@@ -62,3 +62,19 @@ def test_a_call_log_becomes_one_record_per_run(tmp_path):
     assert refused["peak_gib"] is None and refused["cap_gib"] == 10.7
     lean = records["2026-12-02_project_b1_gc_liger.json"]
     assert lean["leanest"] is True and lean["precision"] == "bf16" and lean["cap_gib"] is None
+
+
+def test_the_model_and_a_tag_name_the_files_and_an_earlier_record_is_kept(tmp_path):
+    log = tmp_path / "ours.log"
+    log.write_text(f"[ours:auto_liger@nf4@cap39.4] RESULT {json.dumps(OURS)}\n", encoding="utf-8")
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "benchmarks.results_json", str(log), "--date", "2026-12-02", "--machine", "1 x H200",
+           "--command", "MODEL=8b bash benchmarks/cards_gpu.sh ours ...", "--model", "8b", "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    first = out / "2026-12-02_project_8b_auto_liger_nf4_cap39.4.json"
+    assert json.loads(first.read_text())["model"] == "8b"
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode != 0 and "give this call a --tag" in again.stderr
+    assert json.loads(first.read_text())["command"].startswith("MODEL=8b")
+    subprocess.run([*cmd, "--tag", "b"], capture_output=True, text=True, check=True)
+    assert (out / "2026-12-02b_project_8b_auto_liger_nf4_cap39.4.json").is_file()
