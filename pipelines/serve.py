@@ -29,17 +29,29 @@ from openai import OpenAI
 import base64
 
 client = OpenAI(base_url="{base_url}/v1", api_key="EMPTY")
-image = base64.b64encode(open("drawing.png", "rb").read()).decode()
+image = base64.b64encode(open({image!r}, "rb").read()).decode()
 reply = client.chat.completions.create(
     model="{model}",
     messages=[{{"role": "user", "content": [
         {{"type": "image_url", "image_url": {{"url": "data:image/png;base64," + image}}}},
-        {{"type": "text", "text": "Detect the title_block, part_outline, hole and dimension elements."}},
+        {{"type": "text", "text": {prompt!r}}},
     ]}}],
     max_tokens=512,
     temperature=0,
 )
 print(reply.choices[0].message.content)"""
+# without a held-out row to copy: the image and the question of the demo's drawings
+FALLBACK_EXAMPLE = ("drawing.png", "Detect the title_block, part_outline, hole and dimension elements.")
+
+
+def example_of(rows: list[dict]) -> tuple[str, str]:
+    """The image and question of the first held-out row (what the model was trained to answer), for the snippet."""
+    for row in rows:
+        user = next((m for m in row.get("messages") or [] if m.get("role") == "user"), None)
+        text = user.get("content") if isinstance(user, dict) else None
+        if isinstance(text, str) and row.get("images"):
+            return str(row["images"][0]), text.replace("<image>", "").strip()
+    return FALLBACK_EXAMPLE
 
 
 def newest_merged_model(root: str | Path) -> Path | None:
@@ -89,6 +101,13 @@ def task_of(model_dir: Path) -> str | None:
     return None
 
 
+def _rows_or_none(model_dir: Path, root: str | Path, limit: int) -> list[dict]:
+    try:
+        return eval_rows_for(model_dir, root, limit)
+    except DeployError:
+        return []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -126,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         waited = server.start()
         print(f"serve: healthy after {waited:.0f} s\nbase URL: {server.base_url}/v1  (model {args.name!r})\n")
-        print(SNIPPET.format(base_url=server.base_url, model=args.name), flush=True)
+        image, prompt = example_of(_rows_or_none(model, args.root, 1))
+        print(SNIPPET.format(base_url=server.base_url, model=args.name, image=image, prompt=prompt), flush=True)
         return _smoke(server, args, model, task) if args.smoke else _serve_until_exit(server)
     except DeployError as exc:
         print(f"serve: {type(exc).__name__}: {exc}", file=sys.stderr)

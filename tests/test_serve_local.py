@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.serve import eval_rows_for, main, newest_merged_model, task_of
+from pipelines.serve import FALLBACK_EXAMPLE, eval_rows_for, example_of, main, newest_merged_model, task_of
 
 
 def _run_folder(root: Path, name: str, model: Path | None) -> Path:
@@ -54,6 +54,17 @@ def test_newest_merged_model_and_its_eval_rows(tmp_path, runs):
     newer.mkdir()
     (newer / "config.json").write_text("{}")
     assert newest_merged_model(tmp_path) == newer  # by time, not by name
+
+
+def test_the_client_snippet_asks_what_the_model_was_trained_on(tmp_path):
+    prompt = "Extract the fields of this document as a JSON object with the keys number and total."
+    rows = [
+        {"messages": [{"role": "system", "content": "s"}], "images": ["/x/0.png"]},  # no user turn: not an example
+        {"messages": [{"role": "user", "content": "<image>" + prompt}, {"role": "assistant", "content": "{}"}],
+         "images": [str(tmp_path / "doc.png")]},
+    ]  # fmt: skip
+    assert example_of(rows) == (str(tmp_path / "doc.png"), prompt)
+    assert example_of([]) == FALLBACK_EXAMPLE  # no held-out rows anywhere: the demo drawings' question
 
 
 def test_no_merged_model_says_what_to_do(tmp_path, capsys):
@@ -108,6 +119,9 @@ def test_smoke_run_exits_0_and_prints_the_client_snippet(runs, tmp_path):
     assert proc.returncode == 0, out
     assert "base URL: http://127.0.0.1:" in out and 'client = OpenAI(base_url="http://127.0.0.1:' in out
     assert "smoke: passed, 2 answers parse for task ''" in out
+    first = eval_rows_for(newest_merged_model(runs), runs, 1)[0]
+    assert f"open({first['images'][0]!r}, " in out  # the snippet runs as pasted: a held-out image, its question
+    assert repr(first["messages"][0]["content"].replace("<image>", "").strip()) in out
     # the random tiny model writes no detection list: exit 1 with the raw answer
     proc = _serve(
         "--root", str(runs), "--smoke", "--task", "detection", "--rows", "1", "--max-tokens", "16",
