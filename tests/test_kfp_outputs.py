@@ -29,6 +29,36 @@ def test_write_outputs_logs_numbers_sets_metadata_and_returns_the_values():
         write_outputs(StepOutputs(metadata={"missing": {}}))
 
 
+def test_write_outputs_copies_files_whole_before_it_writes_any_metadata(tmp_path):
+    src, dst = tmp_path / "work" / "curve.html", tmp_path / "out" / "loss_curve"
+    src.parent.mkdir()
+    dst.parent.mkdir()
+    src.write_bytes(b"<html>\xc3\xa9 new</html>")
+    dst.write_text("old")
+    curve, adapter = dsl.HTML(uri=str(dst)), dsl.Model(uri=str(tmp_path / "adapter"))
+    write_outputs(StepOutputs(files={"loss_curve": str(src)}, metadata={"adapter": {"a": 1}}), loss_curve=curve,
+                  adapter=adapter)  # fmt: skip
+    assert dst.read_bytes() == b"<html>\xc3\xa9 new</html>" and adapter.metadata == {"a": 1}
+    assert [p.name for p in dst.parent.iterdir()] == ["loss_curve"]  # the staging file renamed, none left
+    # a copy that fails leaves the old file and no staging file, and nothing is written after it
+    dst.write_text("old")
+    again = dsl.Model(uri=str(tmp_path / "adapter2"))
+    with pytest.raises(FileNotFoundError):
+        write_outputs(StepOutputs(files={"loss_curve": str(src) + ".missing"}, metadata={"adapter": {"a": 1}}),
+                      loss_curve=curve, adapter=again)  # fmt: skip
+    assert dst.read_text() == "old" and [p.name for p in dst.parent.iterdir()] == ["loss_curve"]
+    assert again.metadata == {}
+
+
+def test_write_outputs_names_a_metrics_entry_that_is_neither_a_number_nor_json():
+    metrics = dsl.Metrics(uri="m")
+    with pytest.raises(TypeError, match=r"Metrics entry 'peak_mem' is set .*neither a number .* nor JSON data"):
+        write_outputs(StepOutputs(metrics={"loss": 0.5, "peak_mem": {1, 2}}), metrics)
+    assert metrics.metadata == {"loss": 0.5}  # logged up to the bad entry
+    write_outputs(StepOutputs(metrics={"flag": True, "n": 3, "block": {"a": [1, None]}}), metrics)
+    assert metrics.metadata["flag"] is True and metrics.metadata["block"] == {"a": [1, None]}
+
+
 def _run_component(tmp_path, monkeypatch, **extra):
     import components.evaluate.step as step
     from components.evaluate.component import evaluate

@@ -33,9 +33,14 @@ def test_checksums_and_copy_log_bytes_done_of_total_then_no_copy_on_a_cache_hit(
 
 
 def test_the_pipeline_task_turns_progress_on():
+    """The task runs `stage_step`, which stages with progress=True (tests/test_component_steps.py runs it)."""
+    import inspect
+
+    from components.stage_model import step
     from components.stage_model.component import stage_model as task
 
-    assert "progress=True" in task.component_spec.implementation.container.command[-1]
+    assert "stage_step(" in task.component_spec.implementation.container.command[-1]
+    assert "progress=True" in inspect.getsource(step.stage_step)
 
 
 def test_one_large_file_shows_progress_while_it_is_written(tmp_path, monkeypatch):

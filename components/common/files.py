@@ -156,6 +156,29 @@ def write_json_atomic(path: str | Path, data: Any, tmp_dir: str | Path | None = 
     write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True), tmp_dir=tmp_dir)
 
 
+def copy_atomic(src: str | Path, dst: str | Path) -> None:
+    """Copies a file so that a reader of `dst` sees either no file, the old one, or the whole copy.
+
+    The bytes go to a uniquely named temporary file beside `dst` (named as in
+    `write_text_atomic`), are fsynced, then renamed into place. A failed copy leaves `dst` as
+    it was and no temporary file behind.
+
+    Args:
+        src: The file to copy.
+        dst: The copy (its folder must exist).
+    """
+    dst = Path(dst)
+    tmp = dst.parent / f".{dst.parent.name}.{dst.name}.partial-{uuid.uuid4().hex}"
+    try:
+        with open(src, "rb") as f, open(tmp, "xb") as out:
+            shutil.copyfileobj(f, out, CHUNK)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def copy_verified(
     src: str | Path,
     dst: str | Path,

@@ -24,26 +24,7 @@ def merge_export(
     No per-run value (job id or name) is an input, so an unchanged run is a cache hit; the
     lineage records the data snapshot instead (`data_snapshot.json`, lineage.json, card).
     """
-    import tempfile
+    from components.common.kfp_outputs import write_outputs
+    from components.merge_export.step import merge_step
 
-    from components.merge_export.core import MergeDiskError, MergeError
-    from components.merge_export.core import merge_export as merge
-
-    try:
-        result = merge(
-            adapter.path,
-            base_model.path,
-            merged_model.path,
-            tempfile.mkdtemp(prefix="merge-"),
-            adapter_marker=adapter.metadata.get("manifest_sha256", ""),
-        )
-    except (MergeError, MergeDiskError) as exc:  # AdapterBaseMismatch and MergeVerificationError included
-        raise SystemExit(f"merge-export: {type(exc).__name__}: {exc}") from None
-    merged_model.metadata.update(
-        {
-            **result.metadata,
-            "base_model": base_model.uri,
-            "adapter": adapter.uri,
-            "model_type": base_model.metadata.get("model_type", ""),
-        }
-    )
+    write_outputs(merge_step(base_model, adapter, merged_model), merged_model=merged_model)

@@ -28,24 +28,7 @@ def stage_model(
         model: Output: the verified cache entry, with metadata source, revision,
             architecture, model_type, num_parameters, dtype, total_bytes, cache_hit.
     """
-    from components.stage_model.core import StageError, result_summary
-    from components.stage_model.core import stage_model as stage
+    from components.common.kfp_outputs import write_outputs
+    from components.stage_model.step import stage_step
 
-    try:
-        result = stage(
-            source,
-            cache,
-            allow or None,
-            ignore or None,
-            revision=revision or None,
-            token_from=token_from or None,
-            progress=True,  # rate-limited lines in the task's log: one per 5 % or 30 s
-        )
-    except StageError as exc:
-        raise SystemExit(f"stage-model: {exc}") from None
-    model.uri = result.entry
-    model.metadata.update(result_summary(result))
-    print(
-        f"stage-model: {'cache hit' if result.cache_hit else 'staged'} {result.entry} "
-        f"({result.bytes_copied} bytes copied)"
-    )
+    write_outputs(stage_step(source, cache, revision, token_from, allow, ignore), model=model)

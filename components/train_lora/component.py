@@ -57,61 +57,19 @@ def train_lora(
     from it. On SIGTERM (preemption) the task stops swift, copies the last finished
     checkpoint and exits non-zero ("preempted: last durable checkpoint is N").
     """
-    import tempfile
+    from components.common.kfp_outputs import write_outputs
+    from components.train_lora.step import train_step
 
-    from components.common.tracking import Settings, TrackingError, attach_files
-    from components.common.wandb_tracking import WandbSettings
-    from components.common.wandb_tracking import attach_files as wandb_files
-    from components.train_lora.core import TrainError, durable_checkpoint_dir, loss_curve_html
-    from components.train_lora.core import train_lora as train
-
-    ref = {k: base_model.metadata.get(k) for k in ("source", "revision", "architecture", "model_type")}
-    if not checkpoint_dir:
-        inputs = (base_model.uri, train_dataset.uri, eval_dataset.uri, dict(swift_args))
-        checkpoint_dir = durable_checkpoint_dir(checkpoint_root, *inputs)
-    try:
-        result = train(
-            model_dir=base_model.path,
-            model_type=base_model.metadata.get("model_type", ""),
-            train_dir=train_dataset.path,
-            eval_dir=eval_dataset.path,
-            swift_args=swift_args,
-            adapter_out=adapter.path,
-            work_dir=tempfile.mkdtemp(prefix="train-lora-"),
-            base_model_ref={**ref, "uri": base_model.uri},
-            checkpoint_dir=checkpoint_dir or None,
-            expected_gpus=accelerator_count,
-            ddp_timeout_s=ddp_timeout_s or None,
-            preflight=preflight,
-            job_env=dict(job_env),
-            dataset_markers={d.path: d.metadata.get("manifest_sha256", "") for d in (train_dataset, eval_dataset)},
-        )
-    except TrainError as exc:
-        raise SystemExit(f"train-lora: {exc}") from None
-    if not result.is_chief:
-        print("train-lora: worker node done; the chief writes the outputs", flush=True)
-        raise SystemExit(0)
-    for key, value in result.metrics.items():
-        metrics.log_metric(key, value)
-    with open(loss_curve.path, "w", encoding="utf-8") as f:
-        f.write(loss_curve_html(result.log_history, speedups=result.speedups))
-    try:  # beside the curves MLflow and W&B already have: the report as the task shows it
-        curve = {"train-lora/loss_curve.html": loss_curve.path}
-        attach_files(Settings.from_env(dict(job_env)).as_param(), adapter.path, curve, "train-lora")
-        wandb_files({"wandb": WandbSettings.from_env(dict(job_env)).as_param()}, adapter.path, curve, "train-lora")
-    except TrackingError as exc:
-        raise SystemExit(f"train-lora: {exc}") from None
-    adapter.metadata.update(
-        {
-            "base_model": base_model.uri,
-            **ref,
-            "checkpoint": result.checkpoint.rsplit("/", 1)[-1],
-            "strategy": result.strategy,
-            "resumed_from": result.resumed_from,
-            "data_snapshot": train_dataset.metadata.get("data_snapshot", ""),
-            "manifest_sha256": result.manifest_sha256,
-        }
-    )
+    write_outputs(
+        train_step(
+            base_model, train_dataset, eval_dataset, adapter, swift_args=swift_args, checkpoint_dir=checkpoint_dir,
+            accelerator_count=accelerator_count, ddp_timeout_s=ddp_timeout_s, checkpoint_root=checkpoint_root,
+            preflight=preflight, job_env=job_env,
+        ),
+        metrics,
+        adapter=adapter,
+        loss_curve=loss_curve,
+    )  # fmt: skip
 
 
 @dsl.component(base_image=LIGHT_IMAGE, install_kfp_package=False)
@@ -150,30 +108,15 @@ def train_lora_jobset(
     there (one that failed is replaced); a cancelled run deletes it (SIGTERM). A failed JobSet
     fails the task with the failed pod's last log lines.
     """
-    import json
-    import shutil
+    from components.common.kfp_outputs import write_outputs
+    from components.train_lora.step import jobset_step
 
-    from components.common import jobset as js
-    from components.common.kube_jobs import JobSetFailed, follow_jobset, in_cluster_client
-    from components.train_lora.core import durable_checkpoint_dir
-
-    inputs = (base_model.uri, train_dataset.uri, eval_dataset.uri, dict(swift_args))
-    checkpoints = durable_checkpoint_dir(checkpoint_root, *inputs)
-    name = "vlm-lora-" + durable_checkpoint_dir("k", *inputs).split("/")[1]  # the inputs' key: one JobSet per inputs
-    _, args = js.training_command(
-        base_model.uri, train_dataset.uri, eval_dataset.uri, adapter.uri, checkpoints, dict(swift_args),
-        accelerator_count, preflight, dict(job_env), base_model.metadata.get("model_type", ""),
+    write_outputs(
+        jobset_step(
+            base_model, train_dataset, eval_dataset, adapter, swift_args=swift_args, jobset=jobset,
+            checkpoint_root=checkpoint_root, accelerator_count=accelerator_count, preflight=preflight, job_env=job_env,
+        ),
+        metrics,
+        adapter=adapter,
+        loss_curve=loss_curve,
     )  # fmt: skip
-    try:
-        follow_jobset(in_cluster_client(), js.with_run(jobset, name, args))
-    except JobSetFailed as exc:
-        raise SystemExit(f"train-lora: {exc}") from None
-    result = js.result_path(adapter.uri)
-    with open(result, encoding="utf-8") as f:
-        record = json.load(f)
-    for key, value in record["metrics"].items():
-        metrics.log_metric(key, value)
-    shutil.copyfile(result + ".html", loss_curve.path)
-    adapter.metadata.update(
-        {"base_model": base_model.uri, **{k: record[k] for k in ("checkpoint", "strategy", "resumed_from")}}
-    )
