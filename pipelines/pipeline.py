@@ -19,7 +19,9 @@ Parameters (what a run can change) and the naming rule:
 * Components keep their own short names (a component does not know config sections); the
   pipeline function's body is the one place that maps a parameter to a component input,
   e.g. `data_train` -> snapshot-data's `train_sources`, `eval_max_new_tokens` -> evaluate's
-  `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`.
+  `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`. A stage whose settings type is its
+  config section takes it as one value: deploy's `settings` is the `deploy` section
+  (`components.deploy.settings.DeploySettings`), field for field under the YAML's names.
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
   `images`, `register`, `deploy`, `vertex` (task machines, images, the CustomJob, the registry
   entry, labels), `eval.reference` (whether a find-champion task exists), `eval.regression`
@@ -69,6 +71,7 @@ set as an optional input and applies `eval.regression_max_drop`.
 """
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -642,22 +645,13 @@ def _register_version_task(
 
 def _deploy_and_promote(plan: _Plan, registered: Any, eval_dataset: Any, check: dict) -> None:
     """Adds deploy (beside the old version, smoke test, traffic share), then promote (alias, default version)."""
-    cfg, reg, d = plan.cfg, plan.cfg.register, plan.cfg.deploy
+    cfg, reg = plan.cfg, plan.cfg.register
     deployed = _light(
         plan.deploy_op(
             registered_model=registered.outputs["registered_model"],
             eval_dataset=eval_dataset,
-            endpoint=d.endpoint,
-            machine_type=d.machine_type,
+            settings=dataclasses.asdict(cfg.deploy),  # the section itself; the task rebuilds it (from_dict)
             task=cfg.data.task,
-            accelerator_type=d.accelerator_type,
-            accelerator_count=d.accelerator_count,
-            min_replicas=d.min_replicas,
-            max_replicas=d.max_replicas,
-            traffic_percent=d.traffic_percent,
-            smoke_rows=d.smoke_rows,
-            served_model_name=d.served_model_name,
-            deploy_timeout_s=d.timeout_s,
             alias=reg.alias,
             **check,
         ),

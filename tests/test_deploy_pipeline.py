@@ -7,6 +7,7 @@ the alias, the default version and the endpoint's traffic on the previous champi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -63,15 +64,54 @@ def test_deploy_and_promote_sit_under_the_gate_after_register(tmp_path):
         assert str(source(index, task, "champion_version")) == "find-champion.version_id"
     assert _const(index, "deploy", "alias") == "champion"
     assert not index["deploy"].caches and not index["promote"].caches
-    assert _const(index, "deploy", "endpoint") == "qwen-drawings"
-    assert (_const(index, "deploy", "machine_type"), _const(index, "deploy", "accelerator_type")) == (
-        "g2-standard-12",
-        "NVIDIA_L4",
-    )
-    assert _const(index, "deploy", "task") == "detection" and _const(index, "deploy", "smoke_rows") == 2
+    settings = _const(index, "deploy", "settings")
+    assert settings["endpoint"] == "qwen-drawings"
+    assert (settings["machine_type"], settings["accelerator_type"]) == ("g2-standard-12", "NVIDIA_L4")
+    assert _const(index, "deploy", "task") == "detection" and settings["smoke_rows"] == 2
     container = _const(index, "register", "serving_container")
     assert container["command"] == [] and container["port"] == 8080  # [] = the project's entry point
     assert _const(index, "register", "serving_image").endswith(f"/train:{images.TAG}")  # serving_image: train
+
+
+def test_the_deploy_task_gets_the_config_section_itself_and_the_core_reads_it(api, tmp_path, monkeypatch):
+    """No copy on the way: the compiled task holds the section's fields under their YAML names, and the
+    deploy the component runs from that value uses the config's machine, replicas, rows and model name."""
+    from components.deploy import core as deploy_core
+    from components.deploy import deploy
+    from components.deploy.settings import DeploySettings
+
+    section = {**DEPLOY, "min_replicas": 1, "max_replicas": 3, "served_model_name": "drawings", "timeout_s": 900}
+    cfg_path = _config(tmp_path, section)
+    cfg = load_config(cfg_path)
+    settings = _const(tasks(_compiled(cfg_path, tmp_path)), "deploy", "settings")
+    assert settings == dataclasses.asdict(cfg.deploy) and DeploySettings.from_dict(settings) == cfg.deploy
+
+    init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
+    real_ask = deploy_core.vertex_invoke_ask
+    monkeypatch.setattr(
+        deploy_core,
+        "vertex_invoke_ask",
+        lambda name, dm, **kw: real_ask(name, dm, **{**kw, "credentials": CRED, "api_base": api.url}),
+    )
+    row = {"messages": [{"role": "user", "content": "Detect the holes."}], "images": []}
+    (tmp_path / "data.jsonl").write_text((json.dumps(row) + "\n") * 3)
+    reg = _register_run(_components()[3], tmp_path, "run-1", promote=False, champion=None)
+    dep = dsl.Artifact(uri=str(tmp_path / "dep"))
+    deploy.python_func(
+        registered_model=reg,
+        eval_dataset=dsl.Dataset(uri=str(tmp_path)),
+        settings=settings,
+        task="detection",
+        deployment=dep,
+        project="test-project",
+        location="us-central1",
+    )
+    [call] = api.calls("POST", ":deployModel")
+    resources = call.body["deployedModel"]["dedicatedResources"]
+    assert resources["machineSpec"]["machineType"] == cfg.deploy.machine_type
+    assert (resources["minReplicaCount"], resources["maxReplicaCount"]) == (1, 3)
+    smoke = [r for r in api.requests if "/invoke/" in r.path]
+    assert len(smoke) == cfg.deploy.smoke_rows == 2 and {r.body["model"] for r in smoke} == {"drawings"}
 
 
 def test_without_an_endpoint_register_promotes_and_there_is_no_deploy(tmp_path):
@@ -159,8 +199,7 @@ def test_a_failing_smoke_test_leaves_alias_default_and_traffic_on_the_champion(a
     parent = f"{PARENT}/models/qwen-drawings"
     deploy_args = dict(
         eval_dataset=dsl.Dataset(uri=str(tmp_path)),
-        endpoint="qwen-drawings",
-        machine_type="g2-standard-12",
+        settings={"endpoint": "qwen-drawings", "machine_type": "g2-standard-12"},
         task="detection",
         project="test-project",
         location="us-central1",
@@ -249,8 +288,7 @@ def test_a_champion_promoted_meanwhile_stops_the_deploy_before_traffic_moves(api
     parent = f"{PARENT}/models/qwen-drawings"
     args = dict(
         eval_dataset=dsl.Dataset(uri=str(tmp_path)),
-        endpoint="qwen-drawings",
-        machine_type="g2-standard-12",
+        settings={"endpoint": "qwen-drawings", "machine_type": "g2-standard-12"},
         task="detection",
         project="test-project",
         location="us-central1",

@@ -9,19 +9,22 @@ register without the alias, promote after the deploy, the champion check at prom
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud.aiplatform_v1.types import AcceleratorType
 
-from components.deploy.core import DeployPlan, check_plan, deploy_to_vertex, shifted_split, vertex_invoke_ask
+from components.deploy.core import check_settings, deploy_to_vertex, shifted_split, vertex_invoke_ask
 from components.deploy.errors import DeployError, EndpointLocationError, SmokeTestError
+from components.deploy.settings import DeploySettings
 from components.register.core import RegisterError, build_upload_request, promote_version, register_model
 from pipelines.vertex import init_vertex
 from tests.test_vertex_submit import PARENT, api  # noqa: F401 (fixture)
 
 CRED = AnonymousCredentials()
 ROWS = [{"messages": [{"role": "user", "content": "<image>Detect the holes."}], "images": []}]
-PLAN = DeployPlan(
+PLAN = DeploySettings(
     endpoint="qwen-drawings",
     machine_type="g2-standard-12",
     accelerator_type="NVIDIA_L4",
@@ -40,7 +43,7 @@ def _register(run: str, promote: bool = True, **container) -> str:
     return f"{reg.resource_name}@{reg.version_id}"
 
 
-def _deploy(api, model: str, plan: DeployPlan = PLAN):
+def _deploy(api, model: str, plan: DeploySettings = PLAN):
     return deploy_to_vertex(
         model,
         plan,
@@ -119,7 +122,7 @@ def test_canary_keeps_the_champion_deployed(api):
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
     first = _deploy(api, _register("run-1"))
     api.requests.clear()
-    canary = _deploy(api, _register("run-2"), DeployPlan(**{**PLAN.__dict__, "traffic_percent": 10}))
+    canary = _deploy(api, _register("run-2"), dataclasses.replace(PLAN, traffic_percent=10))
     [deploy] = api.calls("POST", ":deployModel")
     assert deploy.body["trafficSplit"] == {"0": 0, first.deployed_model_id: 100}
     assert _verbs(api) == ["deployModel", "invoke", "patch"]
@@ -207,24 +210,26 @@ def test_endpoint_in_another_project_or_region_is_refused_before_deploying(api):
         "projects/test-project/locations/europe-west4/endpoints/123",
     ):
         with pytest.raises(EndpointLocationError, match="use an endpoint of this project and region"):
-            _deploy(api, model, DeployPlan(**{**PLAN.__dict__, "endpoint": other}))
+            _deploy(api, model, dataclasses.replace(PLAN, endpoint=other))
     assert api.requests == []  # nothing was asked, nothing deployed
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"endpoint": ""}, "deploy.endpoint is empty"),
-        ({"endpoint": "projects/p/endpoints/1"}, "is not projects/P/locations/R/endpoints/ID"),
-        ({"machine_type": ""}, "machine_type is empty"),
-        ({"traffic_percent": 0}, "traffic_percent is 0; expected 1..100"),
-        ({"min_replicas": 3}, r"min \(3\) <= max \(2\)"),
-        ({"accelerator_count": 0}, "go together"),
+        ({"endpoint": ""}, "'deploy.endpoint' is empty"),
+        ({"endpoint": "projects/p/endpoints/1"}, "'deploy.endpoint' must be a display name or projects/P/locations/R/"),
+        ({"machine_type": ""}, "'deploy.machine_type' must be a Vertex serving machine type"),
+        ({"traffic_percent": 0}, r"'deploy.traffic_percent' must be 1..100 \(100 = all traffic\), got 0"),
+        ({"min_replicas": 3}, "'deploy.max_replicas' must be at least deploy.min_replicas, got 2"),
+        ({"accelerator_count": 0}, "'deploy.accelerator_type' must be set together with deploy.accelerator_count"),
+        ({"timeout_s": 0}, "'deploy.timeout_s' must be a positive number of seconds, got 0"),
     ],
 )
-def test_bad_plans_are_named(change, message):
-    with pytest.raises(DeployError, match=message):
-        check_plan(DeployPlan(**{**PLAN.__dict__, **change}), "test-project", "us-central1")
+def test_bad_settings_are_named_before_anything_is_deployed(change, message):
+    with pytest.raises(DeployError, match=message) as err:
+        check_settings(dataclasses.replace(PLAN, **change), "test-project", "us-central1")
+    assert type(err.value) is DeployError  # not the location error: these are the section's own fields
 
 
 def test_component_function_against_the_fake(api, tmp_path, monkeypatch):
@@ -250,8 +255,8 @@ def test_component_function_against_the_fake(api, tmp_path, monkeypatch):
     args = dict(
         registered_model=registered,
         eval_dataset=dsl.Dataset(uri=str(tmp_path)),
-        endpoint="qwen-drawings",
-        machine_type="g2-standard-12",
+        # whole numbers as doubles, as a JSON struct may carry them
+        settings={**dataclasses.asdict(PLAN), "max_replicas": 2.0, "timeout_s": 600.0},
         task="detection",
         deployment=out,
         project="test-project",
@@ -260,8 +265,13 @@ def test_component_function_against_the_fake(api, tmp_path, monkeypatch):
     component.python_func(**args)
     assert out.metadata["traffic_split"] == {out.metadata["deployed_model_id"]: 100}
     assert out.uri.endswith(out.metadata["resourceName"])
+    [deployed] = api.calls("POST", ":deployModel")
+    assert _deploy_body(deployed)["dedicatedResources"]["maxReplicaCount"] == 2
     api.raw_answers[:] = ["no"]
     with pytest.raises(SystemExit, match="^deploy: SmokeTestError: smoke-test answer 0 does not parse"):
         component.python_func(**{**args, "deployment": dsl.Artifact(uri="y")})
+    elsewhere = {**args["settings"], "endpoint": "projects/p/locations/europe-west4/endpoints/1"}
     with pytest.raises(SystemExit, match="^deploy: EndpointLocationError"):
-        component.python_func(**{**args, "endpoint": "projects/p/locations/europe-west4/endpoints/1"})
+        component.python_func(**{**args, "settings": elsewhere})
+    with pytest.raises(SystemExit, match="^deploy: DeployError: unknown deploy setting 'deploy.deploy_timeout_s'"):
+        component.python_func(**{**args, "settings": {**args["settings"], "deploy_timeout_s": 1}})

@@ -1,8 +1,9 @@
 """Deploy a registered model version to a Vertex AI endpoint, proved by a smoke test before it takes traffic.
 
-`check_plan` (endpoint, machine, traffic of a Vertex deployment) and `shifted_split` (the
-traffic split after a new model passed) are pure; `deploy_to_vertex` (aiplatform) does the
-work. The smoke test itself is `smoke`, a local `swift deploy` is `local_server`.
+The settings are the config's `deploy` section (`components.deploy.settings.DeploySettings`);
+`check_settings` (them, against the job's project and region) and `shifted_split` (the traffic
+split after a new model passed) are pure; `deploy_to_vertex` (aiplatform) does the work. The
+smoke test itself is `smoke`, a local `swift deploy` is `local_server`.
 
 Order on Vertex (`deploy_to_vertex`): the new version is deployed beside the champion's
 deployed models with no traffic, smoke-tested directly (the endpoint's per-deployed-model
@@ -13,50 +14,15 @@ deployment: traffic never left the champion.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from components.common.tasks import get_task
 from components.deploy.errors import DeployError, EndpointLocationError, SmokeTestError
+from components.deploy.settings import DeploySettings
 from components.deploy.smoke import ANSWER_SHOWN_CHARS, Ask, SmokeResult, run_smoke
-from components.deploy.smoke import load_rows as load_rows  # component.py reads its rows through core
-
-_ENDPOINT_RE = re.compile(r"^projects/([^/]+)/locations/([^/]+)/endpoints/([^/]+)$")
-
-
-@dataclass(frozen=True)
-class DeployPlan:
-    """Where and how a model version is deployed on Vertex AI.
-
-    Attributes:
-        endpoint: Endpoint display name (created when missing) or resource name
-            `projects/P/locations/R/endpoints/ID` (must exist, in the deployment's project and region).
-        machine_type: Serving machine, e.g. g2-standard-12.
-        accelerator_type: e.g. NVIDIA_L4; "" = none. Default "".
-        accelerator_count: GPUs per replica. Default 0.
-        min_replicas: Default 1.
-        max_replicas: Default 1.
-        traffic_percent: Share of the endpoint's traffic the new version takes, 1..100; 100 =
-            all traffic, and the previous deployed models are undeployed after the smoke test.
-            Default 100.
-        deployed_name: Display name of the deployed model ("" = the model's). Default "".
-        deploy_timeout_s: Longest wait for the deployment, s. Default 3600.
-        served_model_name: The serving container's model name (its `--served_model_name`),
-            sent as `model` in the smoke test. Default "tuned".
-    """
-
-    endpoint: str
-    machine_type: str
-    accelerator_type: str = ""
-    accelerator_count: int = 0
-    min_replicas: int = 1
-    max_replicas: int = 1
-    traffic_percent: int = 100
-    deployed_name: str = ""
-    deploy_timeout_s: float = 3600.0
-    served_model_name: str = "tuned"
+from components.deploy.smoke import load_rows as load_rows  # step.py reads its rows through core
 
 
 @dataclass(frozen=True)
@@ -80,33 +46,22 @@ class Deployed:
     smoke: SmokeResult
 
 
-def check_plan(plan: DeployPlan, project: str, location: str) -> None:
-    """Checks a plan before anything is deployed.
+def check_settings(settings: DeploySettings, project: str, location: str) -> None:
+    """Checks the deploy settings before anything is deployed (the config's checks, again, where the job runs).
 
     Raises:
         EndpointLocationError: The endpoint resource name is in another project or region.
-        DeployError: No machine type, traffic outside 1..100, replicas out of order, or a GPU
-            type without a count.
+        DeployError: No endpoint, or a field check of `DeploySettings.checks` fails (the message
+            names `deploy.<field>` and what it must be).
     """
-    if not plan.endpoint:
-        raise DeployError("deploy.endpoint is empty: give an endpoint display name or resource name")
-    m = _ENDPOINT_RE.match(plan.endpoint)
-    if plan.endpoint.startswith("projects/") and not m:
-        raise DeployError(f"deploy.endpoint {plan.endpoint!r} is not projects/P/locations/R/endpoints/ID")
-    if m and (m.group(1), m.group(2)) != (project, location):
-        raise EndpointLocationError(
-            f"deploy.endpoint {plan.endpoint!r} is in project {m.group(1)!r}, region {m.group(2)!r}, but this run "
-            f"deploys in project {project!r}, region {location!r}: a model is served only in its own region; "
-            "use an endpoint of this project and region (or its display name to create one)"
-        )
-    if not plan.machine_type:
-        raise DeployError("deploy.machine_type is empty")
-    if not 1 <= int(plan.traffic_percent) <= 100:
-        raise DeployError(f"deploy.traffic_percent is {plan.traffic_percent}; expected 1..100")
-    if not 1 <= int(plan.min_replicas) <= int(plan.max_replicas):
-        raise DeployError(f"deploy replicas: need 1 <= min ({plan.min_replicas}) <= max ({plan.max_replicas})")
-    if bool(plan.accelerator_type) != (int(plan.accelerator_count) > 0):
-        raise DeployError("deploy.accelerator_type and deploy.accelerator_count go together (both set or neither)")
+    if not settings.endpoint:
+        raise DeployError("'deploy.endpoint' is empty: give an endpoint display name or resource name")
+    problems = settings.problems()
+    if problems:
+        raise DeployError(f"{problems[0]}; fix the config's deploy section")
+    problem = settings.endpoint_location_problem(project, location)
+    if problem:
+        raise EndpointLocationError(problem)
 
 
 def vertex_invoke_ask(
@@ -188,37 +143,38 @@ def shifted_split(old_split: dict[str, int], new_id: str, percent: int) -> dict[
     return split
 
 
-def find_or_create_endpoint(plan: DeployPlan, project: str, location: str, credentials: Any = None):
-    """Returns (the aiplatform Endpoint, created?) for the plan's endpoint name or display name."""
+def find_or_create_endpoint(endpoint: str, project: str, location: str, credentials: Any = None):
+    """Returns (the aiplatform Endpoint, created?) for an endpoint resource name or display name."""
     from google.cloud import aiplatform
 
     where = {"project": project, "location": location, "credentials": credentials}
-    if plan.endpoint.startswith("projects/"):
-        return aiplatform.Endpoint(plan.endpoint, **where), False
-    found = [e for e in aiplatform.Endpoint.list(**where) if e.display_name == plan.endpoint]
+    if endpoint.startswith("projects/"):
+        return aiplatform.Endpoint(endpoint, **where), False
+    found = [e for e in aiplatform.Endpoint.list(**where) if e.display_name == endpoint]
     if len(found) > 1:
         names = ", ".join(e.resource_name for e in found)
-        raise DeployError(f"{len(found)} endpoints are named {plan.endpoint!r} ({names}); set deploy.endpoint to one")
+        raise DeployError(f"{len(found)} endpoints are named {endpoint!r} ({names}); set deploy.endpoint to one")
     if found:
         return found[0], False
-    return aiplatform.Endpoint.create(display_name=plan.endpoint, sync=True, **where), True
+    return aiplatform.Endpoint.create(display_name=endpoint, sync=True, **where), True
 
 
 def deploy_to_vertex(
     model_name: str,
-    plan: DeployPlan,
+    settings: DeploySettings,
     project: str,
     location: str,
     rows: Sequence[dict[str, Any]],
     task: str,
     *,
+    deployed_name: str = "",
     credentials: Any = None,
     ask_for: Callable[[str, str], Ask] | None = None,
     before_traffic: Callable[[], None] | None = None,
 ) -> Deployed:
     """Deploys a registered model version, smoke-tests it, then gives it traffic and retires the old models.
 
-    Order: check the plan (nothing touched on error) → find or create the endpoint → deploy
+    Order: check the settings (nothing touched on error) → find or create the endpoint → deploy
     the version beside the deployed models already there, with no traffic while they serve
     (all traffic on an empty endpoint) → smoke test that deployed model directly (its
     `invoke` route, whatever the split) → only when it passes, the new split (the new model
@@ -228,11 +184,13 @@ def deploy_to_vertex(
 
     Args:
         model_name: Model version resource name, `projects/P/locations/R/models/ID@VERSION`.
-        plan: Endpoint, machine, GPU, replicas, traffic.
+        settings: The config's deploy section: endpoint, machine, GPU, replicas, traffic, timeout,
+            served model name (`smoke_rows` is the caller's: it reads `rows`).
         project: Google Cloud project ID.
         location: Vertex region.
         rows: Smoke-test rows (`load_rows`).
         task: Smoke-test task ("detection", "json", "").
+        deployed_name: Display name of the deployed model; "" = the model's. Default "".
         credentials: google-auth credentials; default ADC.
         ask_for: (endpoint resource name, deployed model ID) -> `ask` transport; default
             `vertex_invoke_ask`.
@@ -245,19 +203,20 @@ def deploy_to_vertex(
 
     Raises:
         EndpointLocationError: The endpoint is in another project or region (before deploying).
-        DeployError: The plan is invalid, or the endpoint name is ambiguous.
+        DeployError: A setting is invalid (named `deploy.<field>`), or the endpoint name is ambiguous.
         SmokeTestError: The deployed model's answers do not parse (it was undeployed again).
     """
     from google.cloud import aiplatform
 
-    check_plan(plan, project, location)
+    check_settings(settings, project, location)
     get_task(task)
     if not rows:
         raise SmokeTestError("no smoke-test rows")
     model = aiplatform.Model(model_name, project=project, location=location, credentials=credentials)
-    endpoint, created = find_or_create_endpoint(plan, project, location, credentials)
-    new_id, before, old_split = _deploy_without_traffic(endpoint, model, plan)
-    ask = (ask_for or _invoke_transport(plan, location, credentials))(endpoint.resource_name, new_id)
+    endpoint, created = find_or_create_endpoint(settings.endpoint, project, location, credentials)
+    new_id, before, old_split = _deploy_without_traffic(endpoint, model, settings, deployed_name)
+    transport = ask_for or _invoke_transport(settings.served_model_name, location, credentials)
+    ask = transport(endpoint.resource_name, new_id)
     try:
         smoke = run_smoke(ask, rows, task)
         if before_traffic is not None:
@@ -267,7 +226,7 @@ def deploy_to_vertex(
         print(f"deploy: {why}; undeploying {new_id}, traffic stays {old_split or 'none'}", flush=True)
         endpoint.undeploy(new_id)
         raise
-    split = shifted_split(old_split, new_id, int(plan.traffic_percent))
+    split = shifted_split(old_split, new_id, settings.traffic_percent)
     if split != {k: int(v) for k, v in dict(endpoint.traffic_split).items()}:
         endpoint.update(traffic_split=split)
     undeployed: list[str] = []
@@ -281,30 +240,32 @@ def deploy_to_vertex(
     return Deployed(endpoint.resource_name, new_id, created, undeployed, final, smoke)
 
 
-def _invoke_transport(plan: DeployPlan, location: str, credentials: Any) -> Callable[[str, str], Ask]:
+def _invoke_transport(model_name: str, location: str, credentials: Any) -> Callable[[str, str], Ask]:
     def ask_for(endpoint: str, deployed_model_id: str) -> Ask:
         return vertex_invoke_ask(
-            endpoint, deployed_model_id, location=location, credentials=credentials, model_name=plan.served_model_name
+            endpoint, deployed_model_id, location=location, credentials=credentials, model_name=model_name
         )
 
     return ask_for
 
 
-def _deploy_without_traffic(endpoint: Any, model: Any, plan: DeployPlan) -> tuple[str, set[str], dict[str, int]]:
+def _deploy_without_traffic(
+    endpoint: Any, model: Any, settings: DeploySettings, deployed_name: str
+) -> tuple[str, set[str], dict[str, int]]:
     """Deploys `model` to `endpoint` taking no traffic while other models serve; returns (new ID, old IDs, old split)."""
     before = {m.id for m in endpoint.list_models()}
     old_split = {k: int(v) for k, v in dict(endpoint.traffic_split).items()}
     serving = sum(old_split.values()) > 0
     endpoint.deploy(
         model,
-        deployed_model_display_name=plan.deployed_name or None,
+        deployed_model_display_name=deployed_name or None,
         traffic_percentage=0 if serving else 100,
-        machine_type=plan.machine_type,
-        min_replica_count=int(plan.min_replicas),
-        max_replica_count=int(plan.max_replicas),
-        accelerator_type=plan.accelerator_type or None,
-        accelerator_count=int(plan.accelerator_count) or None,
-        deploy_request_timeout=plan.deploy_timeout_s,
+        machine_type=settings.machine_type,
+        min_replica_count=settings.min_replicas,
+        max_replica_count=settings.max_replicas,
+        accelerator_type=settings.accelerator_type or None,
+        accelerator_count=settings.accelerator_count or None,
+        deploy_request_timeout=float(settings.timeout_s),
         sync=True,
     )
     endpoint._sync_gca_resource()  # noqa: SLF001 - the SDK's own refresh after deploy

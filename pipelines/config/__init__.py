@@ -20,6 +20,8 @@ A config is value-only YAML with eleven sections (`pipeline`, `model` and `data`
   against the machine-shape and region tables in `pipelines.shapes`.
 * `images`: container image overrides (default: `components.images`).
 * `register`: the Vertex Model Registry entry a passing model becomes a version of.
+* `deploy`: the endpoint a promoted model is deployed to: the deploy step's own settings type,
+  `components.deploy.settings.DeploySettings` (its field checks beside its fields), composed here.
 * `schedule`: the recurring run of `python -m pipelines.schedule`.
 * `tracking`: the MLflow server and W&B project results go to (`components.common.tracking`, docs/tracking.md);
   `swift.report_to` names only what the images can serve (W&B is refused here, not in the GPU job).
@@ -41,7 +43,8 @@ The package, one concept per module (each section's dataclass with its checks be
 * `_yaml`: the bounded YAML reader and its file:line:column errors; `_overrides`: `section.key=value`
   words; `_paths`: the shipped configs and the demo sources; `_cron`: cron expressions.
 * `_inputs` (pipeline, model, data), `_eval`, `_swift`, `_vertex` (vertex, resources, images),
-  `_serving` (register, deploy), `_schedule`, `_tracking`: the sections and their checks.
+  `_serving` (register; deploy's checks across sections), `_schedule`, `_tracking`: the sections
+  and their checks.
 * `_schema`: `Config` and the section table; `_checks`: the order the checks run in;
   `_load`: `load_config`; `_local_dirs`: the local folders a run writes.
 """
@@ -70,7 +73,7 @@ from pipelines.config._paths import (
 )
 from pipelines.config._schedule import ScheduleSection
 from pipelines.config._schema import Config
-from pipelines.config._serving import TRAIN_SERVING, DeploySection, RegisterSection
+from pipelines.config._serving import TRAIN_SERVING, RegisterSection
 from pipelines.config._swift import SWIFT_ARG_RULES
 from pipelines.config._tracking import TrackingSection
 from pipelines.config._vertex import ImagesSection, ResourcesSection, VertexSection
@@ -95,7 +98,6 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataSection",
-    "DeploySection",
     "EvalSection",
     "GkeSection",
     "ImagesSection",

@@ -114,6 +114,6 @@ def _check_vertex(cfg: Config, where: Where) -> None:
 
 def _check_serving(cfg: Config, where: Where) -> None:
     """Checks register's serving container and the deploy section (refused here, before any job)."""
-    refuse_bad_fields(cfg, serving_checks(cfg.register, cfg.deploy), where)
+    refuse_bad_fields(cfg, [*serving_checks(cfg.register), *cfg.deploy.checks()], where)
     check_serving_env(cfg.register, where)
     check_deploy(cfg.register, cfg.deploy, cfg.vertex, where)

@@ -10,11 +10,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.deploy.settings import DeploySettings
 from pipelines.config._errors import ConfigError, Where
 from pipelines.config._eval import EvalSection
 from pipelines.config._inputs import DataSection, ModelSection, PipelineSection
 from pipelines.config._schedule import ScheduleSection
-from pipelines.config._serving import DeploySection, RegisterSection
+from pipelines.config._serving import RegisterSection
 from pipelines.config._tracking import TrackingSection
 from pipelines.config._vertex import ImagesSection, ResourcesSection, VertexSection
 from pipelines.gke_section import GkeSection
@@ -34,7 +35,7 @@ class Config:
     resources: ResourcesSection = field(default_factory=ResourcesSection)
     images: ImagesSection = field(default_factory=ImagesSection)
     register: RegisterSection = field(default_factory=RegisterSection)
-    deploy: DeploySection = field(default_factory=DeploySection)
+    deploy: DeploySettings = field(default_factory=DeploySettings)
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
     gke: GkeSection = field(default_factory=GkeSection)
@@ -57,7 +58,7 @@ SECTIONS: dict[str, type] = {
     "resources": ResourcesSection,
     "images": ImagesSection,
     "register": RegisterSection,
-    "deploy": DeploySection,
+    "deploy": DeploySettings,
     "schedule": ScheduleSection,
     "tracking": TrackingSection,
     "gke": GkeSection,

@@ -1,4 +1,9 @@
-"""What a promoted model becomes: the `register` (Model Registry) and `deploy` (endpoint) sections, with their checks."""
+"""What a promoted model becomes: the `register` (Model Registry) section, and `deploy`'s checks across sections.
+
+The `deploy` section is the deploy step's own settings type (`components.deploy.settings.DeploySettings`,
+with its field checks); what it needs of other sections (a registered model, the Vertex project and region,
+the machine tables) is checked here.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.deploy.settings import DeploySettings
 from pipelines import shapes
 from pipelines.config._errors import Check, ConfigError, Where
 from pipelines.config._values import looks_like_token
@@ -63,43 +69,8 @@ class RegisterSection:
 TRAIN_SERVING = "train"  # register.serving_image: the project's training image serves the model
 
 
-@dataclass(frozen=True)
-class DeploySection:
-    """The Vertex AI endpoint a promoted model is deployed to (after register, before the alias moves).
-
-    Attributes:
-        endpoint: Endpoint display name (created when missing) or resource name
-            `projects/P/locations/R/endpoints/ID` of this project and region; "" = no deploy step.
-        machine_type: Serving machine. Default g2-standard-12 (one L4).
-        accelerator_type: Serving GPU; "" = none. Default NVIDIA_L4.
-        accelerator_count: GPUs per replica. Default 1.
-        min_replicas: Default 1.
-        max_replicas: Default 1.
-        traffic_percent: Share of the endpoint's traffic the new version takes once its smoke
-            test passed, 1..100; 100 undeploys the previous models, less is a canary beside
-            them. Default 100.
-        smoke_rows: Held-out eval rows sent through the deployed model; each answer must parse
-            for `data.task`. Default 3.
-        served_model_name: The serving container's model name (`model` of each request).
-            Default tuned (the default container's).
-        timeout_s: Longest wait for the deployment, s. Default 3600.
-    """
-
-    endpoint: str = ""
-    machine_type: str = "g2-standard-12"
-    accelerator_type: str = "NVIDIA_L4"
-    accelerator_count: int = 1
-    min_replicas: int = 1
-    max_replicas: int = 1
-    traffic_percent: int = 100
-    smoke_rows: int = 3
-    served_model_name: str = "tuned"
-    timeout_s: int = 3600
-
-
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_NAME = re.compile(r"(?i)(secret|token|password|passwd|api_?key|credential)")
-_ENDPOINT_NAME = re.compile(r"^projects/([^/]+)/locations/([^/]+)/endpoints/([^/]+)$")
 
 
 def register_checks(reg: RegisterSection) -> list[Check]:
@@ -120,18 +91,12 @@ def register_checks(reg: RegisterSection) -> list[Check]:
     ]
 
 
-def serving_checks(reg: RegisterSection, d: DeploySection) -> list[Check]:
-    """The serving container's and the deployment's own field checks (port, routes, traffic, replicas)."""
+def serving_checks(reg: RegisterSection) -> list[Check]:
+    """The serving container's own field checks (port, routes); the deploy section's are `DeploySettings.checks`."""
     return [
         ("register.serving_port", 1 <= reg.serving_port <= 65535, "a port number 1..65535"),
         ("register.predict_route", reg.predict_route.startswith("/"), "a route starting with '/'"),
         ("register.health_route", reg.health_route.startswith("/"), "a route starting with '/'"),
-        ("deploy.traffic_percent", 1 <= d.traffic_percent <= 100, "1..100 (100 = all traffic)"),
-        ("deploy.min_replicas", d.min_replicas >= 1, "a positive integer"),
-        ("deploy.max_replicas", d.max_replicas >= d.min_replicas, "at least deploy.min_replicas"),
-        ("deploy.smoke_rows", d.smoke_rows >= 1, "a positive integer (rows of the smoke test)"),
-        ("deploy.timeout_s", d.timeout_s > 0, "a positive number of seconds"),
-        ("deploy.accelerator_count", d.accelerator_count >= 0, "0 or a positive integer"),
     ]
 
 
@@ -148,11 +113,14 @@ def check_serving_env(reg: RegisterSection, where: Where) -> None:
             )
 
 
-def check_deploy(reg: RegisterSection, d: DeploySection, v: VertexSection, where: Where) -> None:
-    """Checks a deploy step (when `deploy.endpoint` is set): what it deploys, where, and on which machine.
+def check_deploy(reg: RegisterSection, d: DeploySettings, v: VertexSection, where: Where) -> None:
+    """Checks a deploy step (when `deploy.endpoint` is set) against the other sections: what it deploys, where, on what.
+
+    The section's own field checks (`DeploySettings.checks`: endpoint form, traffic, replicas, the GPU
+    type and count together, ...) ran before.
 
     Raises:
-        ConfigError: No registered model or alias to deploy, an endpoint of another form, project or
+        ConfigError: No registered model or alias to deploy, an endpoint of another project or
             region, or a serving machine Vertex does not offer there.
     """
     if not d.endpoint:
@@ -165,33 +133,14 @@ def check_deploy(reg: RegisterSection, d: DeploySection, v: VertexSection, where
         )
     if not reg.alias:
         raise ConfigError(f"{where('register.alias')}: a deploy step promotes with 'register.alias'; it is empty")
-    _check_endpoint(d, v, where)
+    problem = d.endpoint_location_problem(v.project, v.region)
+    if problem:
+        raise ConfigError(f"{where('deploy.endpoint')}: {problem}")
     _check_serving_machine(d, v, where)
 
 
-def _check_endpoint(d: DeploySection, v: VertexSection, where: Where) -> None:
-    """Refuses a `deploy.endpoint` resource name of another form, project or region."""
-    m = _ENDPOINT_NAME.match(d.endpoint)
-    if d.endpoint.startswith("projects/") and not m:
-        raise ConfigError(
-            f"{where('deploy.endpoint')}: 'deploy.endpoint' must be a display name or "
-            "projects/P/locations/R/endpoints/ID"
-        )
-    if m and (m.group(2) != v.region or (v.project and m.group(1) != v.project)):
-        raise ConfigError(
-            f"{where('deploy.endpoint')}: 'deploy.endpoint' is in project {m.group(1)!r}, region {m.group(2)!r}, but "
-            f"the pipeline runs in project {v.project or '(the job project)'!r}, region {v.region!r}: a model is "
-            "served only in its own region; use an endpoint of this project and region, or a display name"
-        )
-
-
-def _check_serving_machine(d: DeploySection, v: VertexSection, where: Where) -> None:
-    """Refuses a serving machine and GPU that do not go together, or a GPU the region does not offer."""
-    if bool(d.accelerator_type) != (d.accelerator_count > 0):
-        raise ConfigError(
-            f"{where('deploy.accelerator_type')}: 'deploy.accelerator_type' and 'deploy.accelerator_count' go "
-            "together (both set, or '' and 0)"
-        )
+def _check_serving_machine(d: DeploySettings, v: VertexSection, where: Where) -> None:
+    """Refuses a serving machine and GPU that the machine tables do not pair, or a GPU the region does not offer."""
     problem = shapes.check_machine(d.machine_type, d.accelerator_type, d.accelerator_count)
     if problem:
         raise ConfigError(f"{where('deploy.machine_type')}: {problem}")
