@@ -45,6 +45,8 @@ if [ "$model" = 4b ]; then
     [ -f $mdir/config.json ] || python3 -m benchmarks.qwen3_vl_4b $mdir > /dev/null
 else
     mdir=/tmp/m_$model/model tp=/tmp/tp_$model
+    # the 32B's random bf16 weights (66.7 GB) exceed the GPU machine's 64 GiB disk; its /dev/shm holds 128 GiB
+    [ "$model" = 32b ] && mdir=/dev/shm/m_$model/model
     [ -n "$peers" ] && { echo "MODEL=$model: Unsloth runs only with the 4b" | tee -a "$log"; exit 2; }
     [ -f $mdir/config.json ] || python3 -m benchmarks.qwen3_vl_large "$model" $mdir | tee -a "$log"
 fi
