@@ -268,7 +268,7 @@ def test_train_lora_records_gpu_hours_of_its_wall_time(tmp_path, monkeypatch, ca
     """gpu_hours = the task's wall time x GPUs, whatever ran inside (swift itself is faked here)."""
     import types
 
-    from components.train_lora import _data, _fit, _launch, _swift_args, core
+    from components.train_lora import _data, _fit, _launch, core
 
     clock = iter([1000.0, 1000.0 + 1800.0])  # the task starts, then ends half an hour later
     monkeypatch.setattr(core, "time", types.SimpleNamespace(time=lambda: next(clock)))
@@ -276,9 +276,6 @@ def test_train_lora_records_gpu_hours_of_its_wall_time(tmp_path, monkeypatch, ca
     monkeypatch.setattr(core, "_plan_launch", lambda *a, **k: launch)
     monkeypatch.setattr(core, "run_node_preflight", lambda *a, **k: {})
     monkeypatch.setattr(_data, "materialize_inputs", lambda *a, **k: None)
-    monkeypatch.setattr(
-        _swift_args, "final_swift_args", lambda args, *a, **k: (args, types.SimpleNamespace(name="ddp"))
-    )
     monkeypatch.setattr(_fit, "micro_batch_plan", lambda *a, **k: None)
     monkeypatch.setattr(core, "_train_until_it_fits", lambda *a, **k: core._Run(wall=1700.0, resume=None, plan=None))
     (tmp_path / "out").mkdir()  # what the faked _collect_outputs would have written the adapter into

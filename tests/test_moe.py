@@ -372,11 +372,14 @@ def test_swift_trains_and_merges_lora_on_the_experts(tiny_moe, tmp_path):
 
 
 def test_the_cost_estimate_of_a_moe_counts_active_parameters(tiny_moe):
+    from components.common.cluster import LaunchPlan
     from components.common.cost import Profile, Workload, estimate, is_moe_name
+    from components.train_lora._facts import RunFacts
     from components.train_lora._fit import _active_billions
+    from components.train_lora._launch import Launch
 
     total = sum(p.stat().st_size for p in tiny_moe.glob("*.safetensors")) / 4 / 1e9  # float32 on disk
-    active, moe = _active_billions(str(tiny_moe))
+    active, moe = _active_billions(RunFacts.gather(str(tiny_moe), {}, Launch(LaunchPlan(), 0, 0)))
     assert moe and active < total  # 2 of 4 experts per token
     assert is_moe_name("hf://Qwen/Qwen3-VL-30B-A3B-Instruct") and not is_moe_name("Qwen3-VL-8B-Instruct")
     rows = Workload(rows=64, mean_tokens=1207, max_steps=12, micro_batch=8, checkpointing=False, liger=True)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from components.common import cluster
-from components.train_lora import _fit, _launch, _offload, _plan
+from components.train_lora import _facts, _fit, _launch, _offload, _plan
 
 GIB = 1024**3
 CONFIG = {"text_config": {"num_hidden_layers": 36, "hidden_size": 2560, "vocab_size": 151936}}
@@ -61,14 +61,16 @@ def test_train_lora_checks_the_plan_it_will_run(tmp_path, monkeypatch):
     plan = _plan.Plan(16, 1, True, 0, 0, (), checkpoint_layers=20)  # 20 of 36 layers checkpointed
     monkeypatch.setattr(_offload, "MEMINFO", meminfo(tmp_path, 5 * 1024 * 1024))  # 5 GiB available
     env = {_offload.OFFLOAD: "1"}
+    facts = _facts.RunFacts.gather(str(model), {}, launch, str(train))
     with pytest.raises(_offload.OffloadHostMemoryError, match="x 20 layers"):
-        _fit.check_offload({}, plan, str(model), str(train), launch, env)
+        _fit.check_offload({}, plan, facts, env)
     # fixed settings without a plan: every layer of micro-batch 1 (0.2 GiB)
     fixed = {"per_device_train_batch_size": 1, "gradient_checkpointing": True}
-    assert _fit.check_offload(fixed, None, str(model), str(train), launch, env) == 1221 * 2560 * 2 * 36
+    assert _fit.check_offload(fixed, None, facts, env) == 1221 * 2560 * 2 * 36
     # no GPU, or the switch off: not checked
-    assert _fit.check_offload({}, plan, str(model), str(train), _launch.Launch(cluster.LaunchPlan(), 0, 0), env) == 0
-    assert _fit.check_offload({}, plan, str(model), str(train), launch, {}) == 0
+    cpu = _facts.RunFacts.gather(str(model), {}, _launch.Launch(cluster.LaunchPlan(), 0, 0), str(train))
+    assert _fit.check_offload({}, plan, cpu, env) == 0
+    assert _fit.check_offload({}, plan, facts, {}) == 0
 
 
 def test_the_check_runs_where_train_lora_settles_its_plan(tmp_path, monkeypatch):
@@ -79,6 +81,7 @@ def test_the_check_runs_where_train_lora_settles_its_plan(tmp_path, monkeypatch)
     monkeypatch.setattr(_offload, "MEMINFO", meminfo(tmp_path, 5 * 1024 * 1024))
     launch = _launch.Launch(cluster.LaunchPlan(), 1, 24 * GIB)
     fixed = {"per_device_train_batch_size": 16, "gradient_checkpointing": True, "max_length": 3000}
+    facts = _facts.RunFacts.gather(str(model), fixed, launch, str(tmp_path))
     with pytest.raises(_offload.OffloadHostMemoryError, match="micro-batch 16 x 3000 tokens x 36 layers"):
-        _fit.micro_batch_plan(fixed, str(model), str(tmp_path), launch, "single", {_offload.OFFLOAD: "1"})
-    assert _fit.micro_batch_plan(fixed, str(model), str(tmp_path), launch, "single", {}) is None
+        _fit.micro_batch_plan(fixed, facts, {_offload.OFFLOAD: "1"})
+    assert _fit.micro_batch_plan(fixed, facts, {}) is None

@@ -325,7 +325,7 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
     outside its range means a padding mask in the memory model, whatever the switch says; a memory-relevant item the
     run's table has otherwise is named after the run."""
     from components.common import cluster
-    from components.train_lora import _fit, _launch, _plan, _plan_run
+    from components.train_lora import _facts, _fit, _launch, _plan, _plan_run
     from pipelines.demo.tiny_model import ensure_tiny_model
 
     model = str(ensure_tiny_model())
@@ -338,12 +338,13 @@ def test_the_planner_s_memory_flags_come_from_the_items_it_expects(monkeypatch, 
 
     monkeypatch.setattr(_plan_run, "plan_for_run", plan_for_run)
     args = {"per_device_train_batch_size": "auto"}
-    _fit.micro_batch_plan(args, model, str(tmp_path), launch, "single", {})
+    facts = _facts.RunFacts.gather(model, args, launch, str(tmp_path))
+    _fit.micro_batch_plan(args, facts, {})
     assert seen["padding_mask"] is False
     real = registry.installed_version
     monkeypatch.setattr(versions, "installed_version", lambda d: "5.21.0" if d == "transformers" else real(d))
-    expected = _fit.planned_speedups(args, model, launch, {})
-    _fit.micro_batch_plan(args, model, str(tmp_path), launch, "single", {}, expected)
+    expected = _fit.planned_speedups(args, facts, {})
+    _fit.micro_batch_plan(args, facts, {}, expected)
     assert seen["padding_mask"] is True and expected.outcomes[6].kind == registry.VERSION
     ran = Table({it.number: expected.outcomes[it.number] for it in ITEMS})
     ran.outcomes[6] = registry.applied()

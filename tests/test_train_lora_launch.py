@@ -9,9 +9,9 @@ import pytest
 
 from components.common import cluster
 from components.train_lora import _checkpoints as ck
+from components.train_lora import _facts, _layers, _swift_args, core
 from components.train_lora import _input_checks as pf
 from components.train_lora import _launch as la
-from components.train_lora import _swift_args, core
 from components.train_lora.core import TrainError
 
 GIB = 1024**3
@@ -423,16 +423,23 @@ def test_the_unused_parameter_search_stays_where_a_parameter_may_miss_a_step(arg
     assert la.ddp_unused_args(args, strategy, config) == {}
 
 
-def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_path, capsys):
+def _job_args(swift: dict, model_dir: str, launch: la.Launch) -> tuple[_layers.Layered, la.Strategy]:
+    """The run's argument layers up to durable checkpoints, merged, and the strategy its facts chose."""
+    facts = _facts.RunFacts.gather(model_dir, swift, launch)
+    layers = _swift_args.task_layers(swift, facts, ddp_timeout_s=None, environ={}, checkpoint_dir=None, job_env={})
+    return _layers.merge(layers), facts.strategy
+
+
+def test_the_job_args_of_ddp_over_a_dense_model_skip_the_search_and_say_so(tmp_path):
     launch = la.Launch(cluster.launch_plan({}, 2), 2, 80 * GIB)
     (tmp_path / "config.json").write_text(json.dumps(DENSE))
-    run = dict(ddp_timeout_s=None, environ={}, checkpoint_dir=None)
-    args, strategy = _swift_args.final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
-    assert strategy.name == "ddp" and args["ddp_find_unused_parameters"] is False
-    assert "DDP without the search for unused parameters" in capsys.readouterr().out
+    layered, strategy = _job_args({"lora_rank": 8}, str(tmp_path), launch)
+    assert strategy.name == "ddp" and layered.final["ddp_find_unused_parameters"] is False
+    assert layered.source["ddp_find_unused_parameters"] == "distributed"
+    assert any("DDP without the search for unused parameters" in line for line in layered.log_lines())
     (tmp_path / "config.json").write_text(json.dumps(MOE))
-    args, strategy = _swift_args.final_swift_args({"lora_rank": 8}, str(tmp_path), launch, **run)
-    assert strategy.name == "ddp" and "ddp_find_unused_parameters" not in args
+    layered, strategy = _job_args({"lora_rank": 8}, str(tmp_path), launch)
+    assert strategy.name == "ddp" and "ddp_find_unused_parameters" not in layered.final
     one = la.Launch(cluster.launch_plan({}, 1), 1, 80 * GIB)
-    args, strategy = _swift_args.final_swift_args({"lora_rank": 8}, str(tmp_path), one, **run)
-    assert strategy.name == "single" and "ddp_find_unused_parameters" not in args
+    layered, strategy = _job_args({"lora_rank": 8}, str(tmp_path), one)
+    assert strategy.name == "single" and "ddp_find_unused_parameters" not in layered.final

@@ -293,6 +293,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     import sys
 
     from components.train_lora import _data, _launch, _run_swift, core
+    from components.train_lora._layers import Layer
 
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "swift"
@@ -307,7 +308,7 @@ def _fake_run(tmp_path, monkeypatch, fits: int, nnodes: int = 1, plan=None):
     durable = _run_swift.Durability(None, 5.0, 2, 60.0, 5.0, 10.0)
     plan = plan or plan_micro_batch(QWEN3_VL_4B, SEED_ROWS, H100, liger=True)
     run = core._train_until_it_fits(
-        {"use_liger_kernel": True},
+        [Layer("user", {"use_liger_kernel": True})],
         plan,
         model_dir=str(tmp_path),
         model_type="qwen3_vl",

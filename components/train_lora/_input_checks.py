@@ -28,6 +28,7 @@ class QuantizationUnavailableError(InputCheckError):
 
 
 def load_model_config(model_dir: str | Path) -> dict[str, Any]:
+    """The base model's config.json ({} when missing or not JSON): train-lora reads it once a run (`_facts`)."""
     try:
         return json.loads(Path(model_dir, "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -259,6 +260,8 @@ def check_inputs(
     swift_args: Mapping[str, Any],
     model_dir: str | Path,
     writable: Mapping[str, str | Path] | None = None,
+    *,
+    model_config: Mapping[str, Any] | None = None,
 ) -> None:
     """Runs every check (config limits, target modules, writable outputs).
 
@@ -266,12 +269,13 @@ def check_inputs(
         swift_args: The config's `swift` section.
         model_dir: Staged base model folder.
         writable: {description: folder} that must be writable.
+        model_config: Its config.json already read (`load_model_config`). Default None (read here).
 
     Raises:
         InputCheckError: The first failed check.
     """
     for what, folder in (writable or {}).items():
         check_writable(folder, what)
-    check_max_length(swift_args, load_model_config(model_dir))
+    check_max_length(swift_args, load_model_config(model_dir) if model_config is None else model_config)
     check_target_modules(swift_args, model_dir)
     check_quantization(swift_args)

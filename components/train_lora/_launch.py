@@ -29,7 +29,6 @@ copy too: `adapter_save.py`). Hence:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 from components.common.cluster import LaunchPlan
 from components.common.errors import TrainError
 from components.common.model_fit import FIT_FRACTION, ModelTooLarge, check_fits
-from components.train_lora._input_checks import expert_count, quantized_weight_bytes
+from components.train_lora._input_checks import expert_count, load_model_config, quantized_weight_bytes
 
 # NCCL / torch.distributed timeout (seconds) set for distributed runs when the config does
 # not set swift.ddp_timeout (ms-swift's own default is 18,000,000 s: a hung peer would keep
@@ -148,6 +147,9 @@ class Strategy:
 def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None, quantization: str = "none") -> int:
     """Bytes of the model's weights once loaded in `torch_dtype` (from the safetensors sizes).
 
+    It reads config.json itself; a run derives the figure once, in `_facts.RunFacts`, from the same parts
+    (`stored_weight_bytes`, `scaled_weight_bytes`) and the config.json it read already.
+
     Args:
         model_dir: Model folder (config.json + *.safetensors).
         torch_dtype: The dtype training loads it in (swift.torch_dtype); None = as stored.
@@ -159,16 +161,25 @@ def model_weight_bytes(model_dir: str | Path, torch_dtype: str | None = None, qu
     """
     if quantization != "none":
         return quantized_weight_bytes(model_dir, quantization)
-    folder = Path(model_dir)
-    stored = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    stored = stored_weight_bytes(model_dir)
     if not torch_dtype or not stored:
         return stored
-    try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    return scaled_weight_bytes(stored, load_model_config(model_dir), torch_dtype)
+
+
+def stored_weight_bytes(model_dir: str | Path) -> int:
+    """Bytes of the model folder's safetensors files as stored."""
+    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+
+
+def scaled_weight_bytes(stored: int, config: Any, torch_dtype: str | None) -> int:
+    """`stored` bytes in `torch_dtype`, from the stored dtype config.json names (as stored when either is unknown)."""
+    if not torch_dtype or not stored or not isinstance(config, dict):
         return stored
-    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    stored_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or text_cfg.get("torch_dtype") or text_cfg.get("dtype")
+    text_cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    stored_dtype = (
+        config.get("torch_dtype") or config.get("dtype") or text_cfg.get("torch_dtype") or text_cfg.get("dtype")
+    )
     src, dst = _DTYPE_BYTES.get(str(stored_dtype)), _DTYPE_BYTES.get(str(torch_dtype))
     if not src or not dst:
         return stored

@@ -3,12 +3,13 @@
 `train_lora` reads top to bottom: the facts of this node (`_plan_launch`: base model, GPUs,
 cluster spec, folders), the GPU and interconnect preflight on every node
 (`components.common.preflight`, skipped without a GPU), the datasets as swift reads them
-(`_data`), the swift arguments of this run (`_swift_args`: the config's `swift` section, ms-swift's
-own argument names, plus what the task decides), the micro-batch plan (`_fit`), the training
-(`_run_swift`, re-planned after an out-of-memory), then the adapter and the training metrics
-(with the chief's preflight figures). Running the command (`components.common.swift`) and the
-adapter folder's layout (`components.common.adapter`) are shared with merge-export.
-"""
+(`_data`), the run's facts derived once (`_facts.RunFacts`: model config, weight bytes, quantisation,
+GPUs and nodes, strategy, token figures), the swift arguments in ordered layers (`_swift_args`, merged by
+`_layers`: the config's `swift` section in ms-swift's own names, then what the task decides, each key
+recorded with the layer that set it), the micro-batch plan (`_fit`), the training (`_run_swift`, re-planned
+after an out-of-memory), then the adapter, its layer table and the training metrics (with the chief's
+preflight figures). Running the command (`components.common.swift`) and the adapter folder's layout
+(`components.common.adapter`) are shared with merge-export."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.common import cluster, tracking, wandb_tracking
+from components.common import cluster
 from components.common import preflight as gpu_check
 from components.common.adapter import ADAPTER_FILES, BASE_MODEL_REF, LOG_HISTORY, summarize_log
 from components.common.errors import TrainError  # re-exported: core.TrainError
@@ -31,9 +32,11 @@ from components.common.swift import swift_executable
 from components.train_lora import (
     _checkpoints,
     _data,
+    _facts,
     _fit,
     _input_checks,
     _launch,
+    _layers,
     _plan,
     _plan_run,
     _run_swift,
@@ -54,7 +57,8 @@ class TrainResult:
     """What training produced.
 
     Attributes:
-        adapter_dir: Folder with the adapter weights/config, args.json and base_model.json.
+        adapter_dir: Folder with the adapter weights/config, args.json (ms-swift's), args_layers.json (which layer
+            set each argument: `_layers.ARGS_LAYERS`) and base_model.json.
         checkpoint: The swift checkpoint folder the adapter was taken from.
         metrics: train_loss, eval_loss, steps, samples_per_second, tokens_per_second
             (language-model tokens, text + image, padding excluded), train_runtime_s, wall_s.
@@ -204,12 +208,11 @@ def train_lora(
             checkpoints were copied; the message names the last durable checkpoint.
     """
     started = time.time()  # the GPUs are held from here: gpu_hours counts the task's wall time
-    gpu_check.check_mode(preflight, "preflight")
-    check_job_env(job_env or {}, "job_env")
-    extra_env = job_env_strings(job_env)
+    extra_env = _job_env(preflight, job_env)
     durable = _run_swift.Durability(
         checkpoint_dir, checkpoint_interval_s, keep_checkpoints, node_timeout_s, term_wait_s, grace_s
     )
+    config = _input_checks.load_model_config(model_dir)  # the one read of config.json (RunFacts keeps it)
     launch = _plan_launch(
         model_dir,
         swift_args,
@@ -219,63 +222,66 @@ def train_lora(
         expected_gpus=expected_gpus,
         environ=environ,
         gpus=gpus,
+        config=config,
     )
     checked = run_node_preflight(
         launch.plan, launch.gpu_count, preflight, work_dir=work_dir, job_env=extra_env, expected_gpus=expected_gpus,
         environ=environ,
     )  # fmt: skip
     inputs = _data.materialize_inputs(work_dir, train_dir, eval_dir, dataset_markers or {})
-    args, strategy = _swift_args.final_swift_args(
-        swift_args, model_dir, launch, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir
-    )
-    args = _report_to_trackers(args, extra_env, train_dir, adapter_out)  # adds their variables to extra_env
-    expected = _fit.planned_speedups(args, model_dir, launch, extra_env)
-    batch_plan = _fit.micro_batch_plan(args, model_dir, train_dir, launch, strategy.name, extra_env, expected)
+    facts = _facts.RunFacts.gather(model_dir, swift_args, launch, train_dir, config=config)
+    layers = _swift_args.task_layers(  # the trackers' variables join extra_env
+        swift_args, facts, ddp_timeout_s=ddp_timeout_s, environ=environ, checkpoint_dir=checkpoint_dir,
+        job_env=extra_env, train_dir=train_dir, adapter_out=adapter_out,
+    )  # fmt: skip
+    args = _swift_args.planner_args(layers)
+    expected = _fit.planned_speedups(args, facts, extra_env)
+    batch_plan = _fit.micro_batch_plan(args, facts, extra_env, expected)
     if launch.plan.is_chief:
-        _fit.log_expected_time(args, batch_plan, train_dir, launch, (base_model_ref or {}).get("source", ""), model_dir)
+        _fit.log_expected_time(args, batch_plan, facts, (base_model_ref or {}).get("source", ""))
     run = _train_until_it_fits(
-        args, batch_plan, model_dir=model_dir, model_type=model_type, inputs=inputs, launch=launch, durable=durable,
+        layers, batch_plan, model_dir=model_dir, model_type=model_type, inputs=inputs, launch=launch, durable=durable,
         job_env=extra_env, checkpoint_dir=checkpoint_dir, expected=expected,
     )  # fmt: skip
     ref = {"model_dir": model_dir, "model_type": model_type, **(base_model_ref or {})}
     result = _collect_outputs(
-        inputs,
-        adapter_out,
-        ref,
-        is_chief=launch.plan.is_chief,
-        wall=run.wall,
-        resume=run.resume,
-        strategy=strategy.name,
-    )
+        inputs, adapter_out, ref, is_chief=launch.plan.is_chief, wall=run.wall, resume=run.resume,
+        strategy=facts.strategy.name,
+    )  # fmt: skip
     if result.is_chief:
-        result.metrics.update(checked)
-        result.metrics.update(run.metrics())
-        result.speedups = run.speedups.rows() if run.speedups is not None else []
-        gpus = launch.gpu_count * launch.plan.nnodes  # wall time x GPUs: what the job held, start-up included
-        result.metrics["gpu_hours"] = round((time.time() - started) / 3600 * gpus, 4)
-    lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
-    if result.is_chief and lineage.is_file():
-        shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
-    if result.is_chief:  # last: a reuse of the adapter checks its files against this marker
-        result.manifest_sha256 = write_manifest(adapter_out, producer="train-lora")
+        _finish_on_chief(result, run, checked, adapter_out, gpus=facts.gpus, started=started, train_dir=train_dir)
     return result
 
 
-def _report_to_trackers(args: dict, extra_env: dict, train_dir: str, adapter_out: str) -> dict:
-    """MLflow (MLFLOW_TRACKING_URI) and W&B (WANDB_PROJECT in the job environment): `report_to` and their
-    variables (added to `extra_env`), each server checked before `swift sft` starts.
+def _job_env(preflight: str, job_env: dict[str, Any] | None) -> dict[str, str]:
+    """Checks the preflight mode and the job environment section; returns the section as strings.
 
     Raises:
-        TrainError: A server cannot be reached (or W&B's key not read) and tracking is required.
+        TrainError: The mode is unknown, or `job_env` names a variable outside the allow-list or a secret.
     """
-    try:
-        args, tracking_env = tracking.prepare_training(args, extra_env, train_dir, adapter_out)
-        tags = tracking.training_tags(train_dir, adapter_out)
-        args, wandb_env = wandb_tracking.prepare_training(args, extra_env, adapter_out, tags)
-    except tracking.TrackingError as exc:
-        raise TrainError(str(exc)) from None
-    extra_env.update({**tracking_env, **wandb_env})
-    return args
+    gpu_check.check_mode(preflight, "preflight")
+    check_job_env(job_env or {}, "job_env")
+    return job_env_strings(job_env)
+
+
+def _finish_on_chief(
+    result: TrainResult, run: _Run, checked: dict[str, float], adapter_out: str, *, gpus: int, started: float,
+    train_dir: str,
+) -> None:  # fmt: skip
+    """The chief's last steps: the preflight's, the run's and the GPU-hours figures into the metrics, the speed-ups'
+    table, the argument layers and the data lineage beside the adapter, then its completion marker (written last: a
+    reuse of the adapter checks its files against it)."""
+    result.metrics.update(checked)
+    result.metrics.update(run.metrics())
+    result.speedups = run.speedups.rows() if run.speedups is not None else []
+    # wall time x GPUs of the job: what the job held, start-up included
+    result.metrics["gpu_hours"] = round((time.time() - started) / 3600 * gpus, 4)
+    if run.layered is not None:
+        _layers.write_record(run.layered, adapter_out)
+    lineage = Path(train_dir) / LINEAGE_FILE  # the data lineage goes on with the adapter
+    if lineage.is_file():
+        shutil.copyfile(lineage, Path(adapter_out) / LINEAGE_FILE)
+    result.manifest_sha256 = write_manifest(adapter_out, producer="train-lora")
 
 
 def _plan_launch(
@@ -288,8 +294,10 @@ def _plan_launch(
     expected_gpus: int,
     environ: dict[str, str] | None,
     gpus: tuple[int, int] | None,
+    config: dict[str, Any] | None = None,
 ) -> _launch.Launch:
-    """Checks what can be checked before any work: base model, GPU count, cluster spec, config, folders.
+    """Checks what can be checked before any work: base model, GPU count, cluster spec, config, folders
+    (`config`: the model's config.json already read; None = read here).
 
     Raises:
         TrainError: The base model folder has no config.json; or (subclasses) too few
@@ -305,7 +313,7 @@ def _plan_launch(
         writable["adapter output"] = adapter_out
     if checkpoint_dir:
         writable["checkpoint_dir"] = checkpoint_dir
-    _input_checks.check_inputs(swift_args, model_dir, writable)
+    _input_checks.check_inputs(swift_args, model_dir, writable, model_config=config)
     return _launch.Launch(plan, gpu_count, gpu_memory)
 
 
@@ -375,8 +383,9 @@ def run_node_preflight(
 
 @dataclass
 class _Run:
-    """How the training ran: wall time, where it resumed from, the micro-batch plan, out-of-memory re-plans, and the
-    speed-ups' start-up table the plugin wrote (None: no trainer was built, or not on this node)."""
+    """How the training ran: wall time, where it resumed from, the micro-batch plan, out-of-memory re-plans, the
+    speed-ups' start-up table the plugin wrote (None: no trainer was built, or not on this node) and the argument
+    layers of the last attempt."""
 
     wall: float
     resume: Path | None
@@ -384,9 +393,12 @@ class _Run:
     replans: int = 0
     speedups: registry.Table | None = None
     unplanned: int = 0  # memory-relevant speed-ups the plan expected otherwise than the run's table says
+    layered: _layers.Layered | None = None
 
     def metrics(self) -> dict[str, Any]:
         out = {} if self.plan is None else {**self.plan.metrics(), "oom_replans": self.replans}
+        if self.layered is not None:
+            out.update(self.layered.metrics())
         if self.speedups is not None:
             out.update(self.speedups.metrics())
             if self.plan is not None:
@@ -412,7 +424,7 @@ def _resume_point(checkpoint_dir: str | None, plan: cluster.LaunchPlan) -> Path 
 
 
 def _train_until_it_fits(
-    args: dict[str, Any],
+    layers: list[_layers.Layer],
     plan: _plan.Plan | None,
     *,
     model_dir: str,
@@ -424,20 +436,23 @@ def _train_until_it_fits(
     checkpoint_dir: str | None,
     expected: registry.Planned | None = None,
 ) -> _Run:
-    """Runs `swift sft`; with a planned micro-batch, an out-of-memory re-plans (smaller micro-batch, then
-    checkpointing) and starts again from the last durable checkpoint, at most `_plan_run.MAX_OOM_REPLANS` times.
+    """Runs `swift sft` with the argument layers (`_swift_args.task_layers`) plus the batch plan's and the inputs';
+    with a planned micro-batch, an out-of-memory re-plans (smaller micro-batch, then checkpointing) and starts again
+    from the last durable checkpoint, at most `_plan_run.MAX_OOM_REPLANS` times.
 
+    The layer table is logged once, before the first attempt; a later attempt logs the lines that changed.
     Multi-node runs do not re-plan (every node would have to agree): they fail as before.
     """
-    replans = 0
+    replans, shown = 0, []
     per_gpu = plan.micro_batch * plan.grad_accum if plan else 0
     while True:
         resume = _resume_point(checkpoint_dir, launch.plan)
-        run_args = {**args, **(plan.swift_args() if plan else {})}
-        cmd = _swift_args.build_sft_command(
-            run_args, model_dir, model_type, str(inputs.train_jsonl), inputs.eval_jsonl, str(inputs.output_dir),
-            resume_from=str(resume) if resume else None,
-        )  # fmt: skip
+        layered = _layers.merge([*layers, *_run_layers(layers, plan, model_dir, model_type, inputs, resume)])
+        lines = layered.log_lines()
+        for line in [line for line in lines if line not in shown]:
+            print(line, flush=True)
+        shown = lines
+        cmd = _swift_args.command(layered)
         cmd[0] = swift_executable()
         print("train-lora:", " ".join(cmd), flush=True)
         table_path = inputs.work / "speedups.json"  # the plugin's start-up table (rank 0 writes it)
@@ -447,7 +462,7 @@ def _train_until_it_fits(
             wall = _run_swift.run_swift(cmd, inputs, launch.plan, durable, run_env)
             table = _fit.read_speedups(table_path, launch.plan.is_chief)
             unplanned = _fit.unplanned(expected, table) if plan is not None else []
-            return _Run(wall, resume, plan, replans, table, len(unplanned))
+            return _Run(wall, resume, plan, replans, table, len(unplanned), layered)
         except _run_swift.SwiftFailed as exc:
             nxt = (
                 _plan_run.replan_after_oom(plan, per_gpu) if plan and _plan_run.is_out_of_memory(exc.log_tail) else None
@@ -460,6 +475,18 @@ def _train_until_it_fits(
                 flush=True,
             )
             plan = nxt
+
+
+def _run_layers(
+    layers: list[_layers.Layer], plan: _plan.Plan | None, model_dir: str, model_type: str, inputs: _data.Inputs,
+    resume: Path | None,
+) -> list[_layers.Layer]:  # fmt: skip
+    """The last two layers of one attempt: the batch plan's and the inputs' (datasets, output folder, resume point)."""
+    inputs_layer = _swift_args.inputs_layer(
+        _swift_args.planner_args(layers), model_dir, model_type, str(inputs.train_jsonl), inputs.eval_jsonl,
+        str(inputs.output_dir), resume_from=str(resume) if resume else None,
+    )  # fmt: skip
+    return [_swift_args.batch_plan_layer(plan), inputs_layer]
 
 
 def _collect_outputs(
