@@ -1,4 +1,4 @@
-"""Load-time checks of values whose meaning another system fixes: Vertex names, metric ranges, ms-swift's choices.
+"""Load-time checks of values whose meaning another system fixes: Vertex names, generation budgets, ms-swift's choices.
 
 Each returns (dotted key, what is wrong and the fix) or None; `pipelines.config.load_config`
 raises them as one-line `ConfigError`s with the file and line, before anything runs.
@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from components.common.swift import choice_problem, pinned_sft_choices
-from components.evaluate.metrics import GATE_METRIC_RANGES
 
 # Vertex's pipeline job ID (`aiplatform.PipelineJob`): [a-z][-a-z0-9]{0,127}, made of the pipeline
 # name and a 15-character "-YYYYMMDDHHMMSS" suffix, so a name has at most 128 - 15 characters.
@@ -30,23 +29,6 @@ def pipeline_name_problem(name: str) -> str | None:
         f"ASCII only, at most {MAX_PIPELINE_NAME} characters (Vertex's job ID is the name and a timestamp, "
         f"[a-z][-a-z0-9]{{0,127}}), got {name[:140]!r}" + (f" ({len(name)} characters)" if len(name) > 20 else "")
     )
-
-
-def gate_problem(metric: str, min_value: float, min_margin: float) -> tuple[str, str] | None:
-    """Gate thresholds outside the gate metric's range (`eval.min_value: 2` for an F1 never passes)."""
-    low, high = GATE_METRIC_RANGES.get(metric, (float("-inf"), float("inf")))
-    if not low <= min_value <= high:
-        return "eval.min_value", (
-            f"'eval.min_value' is {min_value!r}, outside the range of eval.metric {metric!r} ({low:g} to {high:g}): "
-            "no model could pass the gate; give a value in that range"
-        )
-    span = high - low
-    if not -span <= min_margin <= span:
-        return "eval.min_margin", (
-            f"'eval.min_margin' is {min_margin!r}, beyond what eval.metric {metric!r} ({low:g} to {high:g}) can differ "
-            f"by ({-span:g} to {span:g}); give a margin in that range (negative tolerates a small drop)"
-        )
-    return None
 
 
 def budget_problem(max_new_tokens: int, swift: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -11,17 +11,20 @@ Parameters (what a run can change) and the naming rule:
   the console's "Create run" form with the config's values as defaults, and
   `pipeline_arguments(cfg)` is what `pipelines.run` / `schedule` submit.
 * A parameter is named `<section>_<key>` after its config key: `data.train` ->
-  `data_train`, `eval.metric` -> `eval_metric`, `model.source` -> `model_source`. The one
-  exception is `swift_args`, the whole `swift` section (ms-swift's own argument names).
+  `data_train`, `model.source` -> `model_source`. The exceptions are whole sections:
+  `swift_args`, the `swift` section (ms-swift's own argument names), and `eval_settings`, the
+  `eval` section less `eval.reference` and `eval.regression` (`EvalSettings.run_settings`;
+  an override `eval.metric=recall` changes that key, the others stay the config's).
 * `RUN_PARAMETERS` is the one table of (parameter name, config path); `pipeline_arguments`
   is derived from it, and the pipeline function's signature lists the same names (KFP
   reads the signature; a test checks the two agree).
 * Components keep their own short names (a component does not know config sections); the
   pipeline function's body is the one place that maps a parameter to a component input,
-  e.g. `data_train` -> snapshot-data's `train_sources`, `eval_max_new_tokens` -> evaluate's
-  `max_new_tokens`, `eval_metric` -> evaluate's `gate_metric`. A stage whose settings type is its
-  config section takes it as one value: deploy's `settings` is the `deploy` section
-  (`components.deploy.settings.DeploySettings`), field for field under the YAML's names.
+  e.g. `data_train` -> snapshot-data's `train_sources`. A stage whose settings type is its
+  config section takes it as one value, field for field under the YAML's names: deploy's
+  `settings` is the `deploy` section (`components.deploy.settings.DeploySettings`, fixed at
+  compile time), evaluate's `settings` the `eval_settings` parameter
+  (`components.evaluate.settings.EvalSettings`; register records the gate's rules from it).
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
   `images`, `register`, `deploy`, `vertex` (task machines, images, the CustomJob, the registry
   entry, labels), `eval.reference` (whether a find-champion task exists), `eval.regression`
@@ -81,6 +84,7 @@ from components.common.reference import BASE, CHAMPION, plan_reference
 from components.common.storage import to_fuse_path
 from components.deploy import deploy
 from components.evaluate import evaluate
+from components.evaluate.settings import EvalSettings
 from components.find_champion import find_champion
 from components.images import ImageTagError, resolve_images
 from components.merge_export import merge_export
@@ -108,8 +112,8 @@ CHAMPION_TASK = "find-champion"
 TARGETS = ("vertex", "local", "gke")
 
 # Every run-time setting: (pipeline parameter, config path). Named `<section>_<key>`;
-# `swift_args` (the whole `swift` section) is the one exception. The order is the
-# pipeline function's signature order.
+# the exceptions are whole sections: `swift_args` (the `swift` section) and `eval_settings`
+# (the `eval` section but its compile-time keys). The order is the pipeline function's signature order.
 RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("model_source", "model.source"),
     ("model_cache", "model.cache"),
@@ -126,15 +130,7 @@ RUN_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("data_box_convention", "data.box_convention"),
     ("data_leakage", "data.leakage"),
     ("swift_args", "swift"),
-    ("eval_max_new_tokens", "eval.max_new_tokens"),
-    ("eval_batch_size", "eval.batch_size"),
-    ("eval_max_samples", "eval.max_samples"),
-    ("eval_iou_threshold", "eval.iou_threshold"),
-    ("eval_metric", "eval.metric"),
-    ("eval_min_value", "eval.min_value"),
-    ("eval_min_margin", "eval.min_margin"),
-    ("eval_regression_max_drop", "eval.regression_max_drop"),
-    ("eval_quantization", "eval.quantization"),
+    ("eval_settings", "eval"),
 )
 
 
@@ -156,6 +152,8 @@ def _config_value(cfg: Config, path: str) -> Any:
     value: Any = cfg
     for part in path.split("."):
         value = getattr(value, part)
+    if isinstance(value, EvalSettings):  # evaluate's settings, less what decides which tasks exist
+        return value.run_settings()
     if isinstance(value, (list, dict)):
         return type(value)(value)
     return value
@@ -274,18 +272,11 @@ Args:
     data_leakage: An eval row sharing an image or a prompt with a train row:
         "quarantine" (E_LEAK), "error" or "warn".
     swift_args: `swift sft` arguments (ms-swift names).
-    eval_max_new_tokens: Greedy generation budget per held-out sample.
-    eval_batch_size: Held-out samples generated together.
-    eval_max_samples: Evaluate at most this many samples (0 = all).
-    eval_iou_threshold: IoU at which a predicted box matches a gold box.
-    eval_metric: Metric the promotion gate compares.
-    eval_min_value: Minimum value of the gate metric for the tuned model.
-    eval_min_margin: Minimum improvement of the gate metric over the reference model
-        (eval.reference: the base model or the registry's champion).
-    eval_regression_max_drop: The regression rule: absolute drop allowed per kind (vqa,
-        ocr, grounding) and overall; used when the pipeline has a regression set.
-    eval_quantization: How evaluate loads both models: "none" (bf16), "nf4" or "int8"
-        (both quantised by bitsandbytes: what a 4-bit deployment would score).
+    eval_settings: Evaluation and the promotion gate: the config's `eval` section as JSON
+        (max_new_tokens, batch_size, max_samples (0 = all), iou_threshold, metric,
+        min_value, min_margin (over the reference model), regression_max_drop (per kind
+        and overall), quantization ("none", "nf4", "int8"), gate_on ("point" or
+        "lower_bound")); keys left out take their defaults.
 
 Returns:
     Whether the tuned model passed the gate (False when nothing was trained: the
@@ -313,15 +304,7 @@ def _define_pipeline(plan: _Plan, a: dict[str, Any]) -> Any:
         data_box_convention: str = a["data_box_convention"],
         data_leakage: str = a["data_leakage"],
         swift_args: dict = a["swift_args"],
-        eval_max_new_tokens: int = a["eval_max_new_tokens"],
-        eval_batch_size: int = a["eval_batch_size"],
-        eval_max_samples: int = a["eval_max_samples"],
-        eval_iou_threshold: float = a["eval_iou_threshold"],
-        eval_metric: str = a["eval_metric"],
-        eval_min_value: float = a["eval_min_value"],
-        eval_min_margin: float = a["eval_min_margin"],
-        eval_regression_max_drop: dict = a["eval_regression_max_drop"],
-        eval_quantization: str = a["eval_quantization"],
+        eval_settings: dict = a["eval_settings"],
     ) -> bool:
         return _dag(plan, dict(locals()))
 
@@ -443,28 +426,17 @@ def _evaluate_task(
     """Adds evaluate: base (or reference) and tuned model on the held-out rows, the gate, the regression rule."""
     regression_args = {}
     if regression is not None:
-        regression_args = {
-            "regression_dataset": regression.outputs["regression_dataset"],
-            "regression_max_drop": p["eval_regression_max_drop"],
-        }
+        regression_args = {"regression_dataset": regression.outputs["regression_dataset"]}
     return _gpu(
         evaluate(
             base_model=stage.outputs["model"],
             tuned_model=merge.outputs["merged_model"],
             eval_dataset=data.outputs["eval_dataset"],
             data_report=data.outputs["report"],  # to MLflow beside evaluate's own report
-            max_new_tokens=p["eval_max_new_tokens"],
-            batch_size=p["eval_batch_size"],
-            max_samples=p["eval_max_samples"],
-            iou_threshold=p["eval_iou_threshold"],
-            gate_metric=p["eval_metric"],
-            gate_min_value=p["eval_min_value"],
-            gate_min_margin=p["eval_min_margin"],
+            settings=p["eval_settings"],  # the run's eval section; the task rebuilds it (from_dict)
             swift_args=p["swift_args"],  # max_pixels: the images are shrunk as in training
             box_convention=p["data_box_convention"],
             task=p["data_task"],
-            quantization=p["eval_quantization"],  # both models, like with like
-            gate_on=plan.cfg.eval.gate_on,  # point or lower_bound (the bootstrap interval's)
             **reference_args,
             **regression_args,
             **_tracking_args(plan.cfg),
@@ -624,9 +596,7 @@ def _register_version_task(
             eval_metrics=evaluation.outputs["metrics"],
             eval_report=evaluation.outputs["report"],  # linked from the imported Model Registry evaluation
             gate_reason=evaluation.outputs["reason"],
-            gate_metric=p["eval_metric"],
-            gate_min_value=p["eval_min_value"],
-            gate_min_margin=p["eval_min_margin"],
+            gate_rules=p["eval_settings"],  # the gate's metric, min_value and min_margin are recorded
             model_id=reg.model_id or cfg.pipeline.name,
             display_name=reg.display_name or cfg.pipeline.name,
             serving_image=plan.images["train"] if reg.serving_image == TRAIN_SERVING else reg.serving_image,

@@ -60,7 +60,8 @@ def test_compile_with_overrides_sets_the_parameter_defaults(tmp_path, capsys):
     out = tmp_path / "p.yaml"
     assert main(["compile", "--config", "lora_seed", "--output", str(out), "eval.max_samples=4"]) == 0
     params = yaml.safe_load(out.read_text())["root"]["inputDefinitions"]["parameters"]
-    assert params["eval_max_samples"]["defaultValue"] == 4
+    settings = params["eval_settings"]["defaultValue"]
+    assert settings["max_samples"] == 4 and settings["metric"] == "f1"  # the override's key; the rest the file's
 
 
 def _light(script: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -197,7 +197,7 @@ def test_dry_run_prints_what_would_be_submitted_without_credentials_or_network(t
     out = proc.stdout
     assert "dry run" in out and "nothing submitted" in out
     assert "qwen3-vl-4b-lora-seed" in out and "gs://my-bucket/root" in out
-    assert "eval_max_samples" in out and "64" in out  # a parameter that differs from the file's
+    assert "eval_settings.max_samples" in out and "64" in out  # a parameter that differs from the file's
     assert "a2-highgpu-1g" in out  # the machine
     assert "USD" in out or "$" in out  # the cost
     assert "config" in out and "labels" in out
@@ -283,7 +283,7 @@ def test_local_dry_run_shows_the_plan_and_runs_nothing(tmp_path, capsys):
         "snapshot-data -> stage-model -> validate-data -> validate-regression -> train-lora -> merge-export -> evaluate"
     )
     assert f"plan: {plan}" in out  # the demo config has a regression set: its check runs before training
-    assert "eval_max_samples = 4" in out and not (tmp_path / "runs").exists()
+    assert "eval_settings.max_samples = 4" in out and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("module", ["pipelines.serve", "pipelines.run"])

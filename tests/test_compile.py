@@ -152,7 +152,8 @@ def test_compile_cli_reports_bad_config_without_traceback(tmp_path, capsys):
 
 def test_parameter_names_follow_the_section_key_rule():
     for name, path in RUN_PARAMETERS:
-        assert name == ("swift_args" if path == "swift" else path.replace(".", "_")), (name, path)
+        whole = {"swift": "swift_args", "eval": "eval_settings"}  # whole sections
+        assert name == whole.get(path, path.replace(".", "_")), (name, path)
     assert len({name for name, _ in RUN_PARAMETERS}) == len(RUN_PARAMETERS)
 
 
@@ -210,7 +211,8 @@ def test_regression_set_is_checked_before_training_and_reaches_evaluate(tmp_path
         assert str(source(index, "evaluate", "regression_dataset", artifact=True)) == (
             "validate-regression.regression_dataset"
         )
-        assert source(index, "evaluate", "regression_max_drop").value == "eval_regression_max_drop"
+        assert source(index, "evaluate", "settings").value == "eval_settings"  # the rule is in the settings
         assert source(index, SNAPSHOT_TASK, "regression_sources").value == cfg.eval.regression
     params = spec.root.input_definitions.parameters
-    assert json_format.MessageToDict(params["eval_regression_max_drop"].default_value) == cfg.eval.regression_max_drop
+    settings = json_format.MessageToDict(params["eval_settings"].default_value)
+    assert settings["regression_max_drop"] == cfg.eval.regression_max_drop

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from components.evaluate.settings import EvalSettings
 from pipelines.config import (
     CONFIG_DIR,
     Config,
     ConfigError,
     DataSection,
-    EvalSection,
     load_config,
 )
 
@@ -66,7 +66,7 @@ def test_minimal_config_loads_with_defaults(tmp_path):
     assert cfg.data.eval_fraction == 0.1
     assert cfg.data.max_invalid_fraction == 0.0
     assert cfg.data.split_seed == "split-v1"
-    assert cfg.eval == EvalSection()
+    assert cfg.eval == EvalSettings()
     assert cfg.eval.metric == "f1"
     assert cfg.eval.batch_size == 8
     assert cfg.swift == {}

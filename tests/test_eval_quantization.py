@@ -1,7 +1,7 @@
 """eval.quantization (issue 45): evaluate loads the reference and the tuned model quantised by bitsandbytes.
 
 The config accepts none / nf4 / int8 and refuses anything else naming the key and the values; the
-setting is the pipeline parameter `eval_quantization` and reaches evaluate's `quantization` input.
+setting is a key of the pipeline parameter `eval_settings`, which reaches evaluate's `settings` input.
 Then real runs: `evaluate` with the real `swift_generate` (ms-swift's TransformersEngine) on the tiny
 Qwen3-VL and a generated eval set, nf4 and int8 on the CPU (bitsandbytes 0.50.2 quantises and runs both
 there): the engines' models are caught as ms-swift builds them, so the test sees Linear4bit (Linear8bitLt)
@@ -49,7 +49,7 @@ def _config(tmp_path: Path, eval_quantization: str | None) -> Path:
 def test_config_accepts_each_setting_and_it_becomes_the_run_parameter(tmp_path, value):
     cfg = load_config(_config(tmp_path, value))
     assert cfg.eval.quantization == value
-    assert pipeline_arguments(cfg)["eval_quantization"] == value
+    assert pipeline_arguments(cfg)["eval_settings"]["quantization"] == value
     assert cfg.model.quantization == "none"  # the two settings are independent
 
 
@@ -74,13 +74,13 @@ def test_eval_quantization_reaches_evaluate_in_the_compiled_pipeline(tmp_path, t
     overrides = {"eval.quantization": "nf4", **(roots if target == "vertex" else {})}
     out = compile_pipeline(str(CONFIG), str(tmp_path / f"{target}.yaml"), target, overrides)
     spec = json_format.ParseDict(yaml.safe_load(out.read_text()), pipeline_spec_pb2.PipelineSpec())
-    found = source(tasks(spec), "evaluate", "quantization")
-    assert (found.kind, found.value) == ("pipeline parameter", "eval_quantization")
-    param = spec.root.input_definitions.parameters["eval_quantization"]
-    assert json_format.MessageToDict(param.default_value) == "nf4"
-    # evaluate is cached by KFP on its inputs: the setting is one of them, so a change is a new key
+    found = source(tasks(spec), "evaluate", "settings")
+    assert (found.kind, found.value) == ("pipeline parameter", "eval_settings")
+    param = spec.root.input_definitions.parameters["eval_settings"]
+    assert json_format.MessageToDict(param.default_value)["quantization"] == "nf4"
+    # evaluate is cached by KFP on its inputs: the setting is in one of them, so a change is a new key
     evaluate_inputs = spec.components["comp-evaluate"].input_definitions.parameters
-    assert "quantization" in evaluate_inputs
+    assert "settings" in evaluate_inputs and "quantization" not in evaluate_inputs
 
 
 # --- evaluate's core with a fake generator ---------------------------------------------
@@ -239,9 +239,8 @@ def test_the_component_records_nf4_in_metrics_and_report(tiny_eval):
     metrics, report = dsl.Metrics(uri=str(tmp / "c-metrics")), dsl.HTML(uri=str(tmp / "c-report.html"))
     passed, reason = component.python_func(
         base_model=base_model, tuned_model=dsl.Model(uri=tuned), eval_dataset=dsl.Dataset(uri=str(tmp / "eval")),
-        max_new_tokens=4, batch_size=2, max_samples=0, iou_threshold=0.5, gate_metric="f1", gate_min_value=0.0,
-        gate_min_margin=0.0, swift_args={}, metrics=metrics, predictions=dsl.Dataset(uri=str(tmp / "c-pred.jsonl")),
-        report=report, box_convention="norm1000", quantization="nf4",
+        settings={"max_new_tokens": 4, "batch_size": 2, "quantization": "nf4"}, swift_args={}, metrics=metrics,
+        predictions=dsl.Dataset(uri=str(tmp / "c-pred.jsonl")), report=report, box_convention="norm1000",
     )  # fmt: skip
     layers = json.loads((Path(base) / "config.json").read_text())["text_config"]["num_hidden_layers"] * 7
     assert metrics.metadata["quantization"] == "nf4"

@@ -69,9 +69,8 @@ def _run_component(tmp_path, monkeypatch, **extra):
     metrics, report = dsl.Metrics(uri=str(tmp_path / "m")), dsl.HTML(uri=str(tmp_path / "r.html"))
     args = dict(
         base_model=dsl.Model(uri=str(tmp_path / "base"), metadata={"model_type": "qwen3_vl"}),
-        tuned_model=dsl.Model(uri=str(tmp_path / "tuned")), eval_dataset=dsl.Dataset(uri=str(ds)), max_new_tokens=4,
-        batch_size=2, max_samples=0, iou_threshold=0.5, gate_metric="f1", gate_min_value=0.0, gate_min_margin=0.0,
-        swift_args={}, base_box_convention="", metrics=metrics, predictions=dsl.Dataset(uri=str(tmp_path / "p.jsonl")),
+        tuned_model=dsl.Model(uri=str(tmp_path / "tuned")), eval_dataset=dsl.Dataset(uri=str(ds)),
+        settings={"max_new_tokens": 4, "batch_size": 2}, swift_args={}, base_box_convention="", metrics=metrics, predictions=dsl.Dataset(uri=str(tmp_path / "p.jsonl")),
         report=report,
     )  # fmt: skip
     return evaluate.python_func(**{**args, **extra}), metrics, report

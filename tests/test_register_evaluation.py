@@ -282,7 +282,8 @@ def test_register_imports_the_evaluation_and_its_slices_field_by_field(api, tmp_
     assert register.component_spec.inputs["eval_report"].optional  # the pipeline may leave it out
     init_vertex("test-project", "us-central1", credentials=CRED, api_endpoint=api.url)
     report = dsl.HTML(uri="gs://test-bucket/root/run-7/evaluate/report")
-    gate = dict(gate_reason="PASS: f1 0.8125 >= min_value 0.5000", gate_metric="f1", gate_min_value=0.5)
+    rules = {"metric": "f1", "min_value": 0.5, "min_margin": 0.0, "quantization": "none"}  # eval_settings (part)
+    gate = dict(gate_reason="PASS: f1 0.8125 >= min_value 0.5000", gate_rules=rules)
     out = _register(tmp_path, "run-7", WITH_BLOCKS, eval_report=report, **gate)
 
     [upload] = api.calls("POST", "models:upload")

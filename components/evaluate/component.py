@@ -12,13 +12,7 @@ def evaluate(
     base_model: dsl.Input[dsl.Model],
     tuned_model: dsl.Input[dsl.Model],
     eval_dataset: dsl.Input[dsl.Dataset],
-    max_new_tokens: int,
-    batch_size: int,
-    max_samples: int,
-    iou_threshold: float,
-    gate_metric: str,
-    gate_min_value: float,
-    gate_min_margin: float,
+    settings: dict,
     swift_args: dict,
     metrics: dsl.Output[dsl.Metrics],
     predictions: dsl.Output[dsl.Dataset],
@@ -29,10 +23,7 @@ def evaluate(
     base_box_convention: str = "auto",
     task: str = "",
     regression_dataset: dsl.Input[dsl.Dataset] = None,
-    regression_max_drop: dict = None,
     tracking: dict = None,
-    quantization: str = "none",
-    gate_on: str = "point",
     data_report: dsl.Input[dsl.HTML] = None,
 ) -> NamedTuple("Outputs", [("passed", bool), ("reason", str)]):
     """Generates on the held-out set with the reference and the tuned model, scores, gates.
@@ -41,13 +32,13 @@ def evaluate(
         base_model: Staged base model; the reference unless reference_uri is set.
         tuned_model: Merged model from merge-export.
         eval_dataset: Clean held-out set.
-        max_new_tokens: Greedy generation budget per sample.
-        batch_size: Samples generated together.
-        max_samples: Evaluate at most this many samples (0 = all).
-        iou_threshold: IoU at which boxes match.
-        gate_metric: Metric the gate compares.
-        gate_min_value: Minimum tuned value of the metric.
-        gate_min_margin: Minimum improvement over the reference model.
+        settings: The run's `eval` section as a mapping (`components.evaluate.settings.EvalSettings`,
+            without the compile-time reference and regression): max_new_tokens, batch_size,
+            max_samples (0 = all), iou_threshold, metric, min_value, min_margin, regression_max_drop
+            ({"overall" or kind: absolute drop allowed}; names left out take 0.05), quantization
+            ("none" (bf16), "nf4" or "int8": both models quantised by bitsandbytes, as a QLoRA base:
+            what a 4-bit deployment would score), gate_on ("point" or "lower_bound"); keys left out
+            take their defaults. A value its checks refuse ends the task, naming eval.<field>.
         swift_args: The run's `swift sft` arguments; `max_pixels` (as in training) shrinks the
             images both models see and sets the resized_pixel box rule.
         metrics: Output: base_* (the reference's, also when it is the champion) and tuned_*
@@ -79,17 +70,12 @@ def evaluate(
         task: How answers are scored (components.common.tasks): "detection" (boxes),
             "key_value" (fields), "json"; "" = detection. Default "".
         regression_dataset: The validated regression set (validate-regression); both models answer
-            it and the gate's regression rule applies. None = no regression set. Default None.
-        regression_max_drop: {"overall" or kind: absolute drop allowed} (`eval.regression_max_drop`);
-            names left out take 0.05. Default None (all 0.05).
+            it and the gate's regression rule (settings' regression_max_drop) applies. None = no
+            regression set. Default None.
         tracking: MLflow settings ({"mlflow_uri", "experiment", "required", "register_model"};
             components.common.tracking): the metrics, the data snapshot and the lineage go to the adapter's
             MLflow run; with register_model (a model name) the run becomes a version of that registered
             model, tagged with the gate's decision. Default None (no MLflow).
-        quantization: How both models are loaded for generation (`eval.quantization`): "none"
-            (bf16), "nf4" or "int8" (both quantised by bitsandbytes, as a QLoRA base: what a 4-bit
-            deployment would score). Default "none".
-        gate_on: What the gate compares (`eval.gate_on`): "point" or "lower_bound". Default "point".
         data_report: validate-data's report, uploaded to MLflow with evaluate's own. Default None.
     """
     from components.common.kfp_outputs import write_outputs
@@ -97,13 +83,10 @@ def evaluate(
 
     return write_outputs(
         run_step(
-            base_model, tuned_model, eval_dataset, predictions, report, max_new_tokens=max_new_tokens,
-            batch_size=batch_size, max_samples=max_samples, iou_threshold=iou_threshold, gate_metric=gate_metric,
-            gate_min_value=gate_min_value, gate_min_margin=gate_min_margin, swift_args=swift_args,
+            base_model, tuned_model, eval_dataset, predictions, report, settings=settings, swift_args=swift_args,
             reference_uri=reference_uri, reference_version=reference_version, box_convention=box_convention,
             base_box_convention=base_box_convention, task=task, regression_dataset=regression_dataset,
-            regression_max_drop=regression_max_drop, tracking=tracking, quantization=quantization, gate_on=gate_on,
-            data_report=data_report,
+            tracking=tracking, data_report=data_report,
         ),
         metrics,
         ("passed", "reason"),

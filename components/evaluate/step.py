@@ -1,6 +1,7 @@
 """The evaluate step as its KFP wrapper runs it (pure: no kfp): inputs read, scored, reported, recorded.
 
-`run_step` resolves the box conventions and the reference, checks `swift.max_pixels` and builds
+`run_step` rebuilds the run's eval settings (`EvalSettings.from_dict`: the `eval_settings` run
+parameter, perhaps edited in the console's run form) and refuses what their checks find, resolves the box conventions and the reference, checks `swift.max_pixels` and builds
 the resize rule, runs `core.evaluate`, writes the HTML report, records to MLflow and returns
 the `StepOutputs` (`components.common.kfp_outputs`) that the wrapper writes into its Metrics,
 report and return values. A refused input or setting ends it with SystemExit("evaluate: ...").
@@ -21,6 +22,7 @@ from components.evaluate._interval import flat_metrics
 from components.evaluate._report import write_report
 from components.evaluate.core import EvalError, EvalResult, label_metrics, regression_metrics, resolve_reference
 from components.evaluate.core import evaluate as run_eval
+from components.evaluate.settings import COMPILE_TIME_KEYS, EvalSettings, EvalSettingsError
 
 
 def _max_pixels(swift_args: dict) -> int:
@@ -30,13 +32,35 @@ def _max_pixels(swift_args: dict) -> int:
     return max_pixels
 
 
+def checked_settings(settings: dict) -> EvalSettings:
+    """The evaluate task's `settings` rebuilt and checked, or SystemExit naming `eval.<field>` and the fix.
+
+    Raises:
+        SystemExit: An unknown or compile-time key, a value of the wrong type, or one `EvalSettings.checks` refuses.
+    """
+    fixed = [k for k in COMPILE_TIME_KEYS if k in settings]
+    try:
+        if fixed:
+            raise EvalSettingsError(
+                f"'eval.{fixed[0]}' is fixed when the pipeline is compiled (it decides which tasks exist); "
+                "leave it out of eval_settings and compile the pipeline again with it set in the config"
+            )
+        rebuilt = EvalSettings.from_dict(settings)
+        problems = rebuilt.problems()
+        if problems:
+            raise EvalSettingsError(problems[0])
+    except EvalSettingsError as exc:
+        raise SystemExit(
+            f"evaluate: eval_settings: {exc}; correct it in the run's eval_settings (or the config's eval section)"
+        ) from None
+    return rebuilt
+
+
 def run_step(
     base_model: ArtifactLike, tuned_model: ArtifactLike, eval_dataset: ArtifactLike, predictions: ArtifactLike,
-    report: ArtifactLike, *, max_new_tokens: int, batch_size: int, max_samples: int, iou_threshold: float,
-    gate_metric: str, gate_min_value: float, gate_min_margin: float, swift_args: dict, reference_uri: str = "",
-    reference_version: str = "", box_convention: str = "pixel", base_box_convention: str = "auto", task: str = "",
-    regression_dataset: ArtifactLike | None = None, regression_max_drop: dict | None = None,
-    tracking: dict | None = None, quantization: str = "none", gate_on: str = "point",
+    report: ArtifactLike, *, settings: dict, swift_args: dict, reference_uri: str = "", reference_version: str = "",
+    box_convention: str = "pixel", base_box_convention: str = "auto", task: str = "",
+    regression_dataset: ArtifactLike | None = None, tracking: dict | None = None,
     data_report: ArtifactLike | None = None,
 ) -> StepOutputs:  # fmt: skip
     """Runs the evaluate step; the arguments are the component's (see `components.evaluate.component`).
@@ -47,6 +71,7 @@ def run_step(
     Raises:
         SystemExit: A refused setting or input, or MLflow failed while required ("evaluate: ...").
     """
+    s = checked_settings(settings)
     family = (base_model.metadata.get("architecture", ""), base_model.metadata.get("model_type", ""))
     box_convention = resolve_convention(box_convention, *family)
     base_box_convention = resolve_convention(base_box_convention, *family) if base_box_convention else ""
@@ -63,27 +88,27 @@ def run_step(
         result = run_eval(
             tuned_dir=tuned_model.path, reference_dir=reference.model_dir,
             model_type=base_model.metadata.get("model_type", ""), dataset_dir=eval_dataset.path,
-            predictions_out=predictions.path, max_new_tokens=max_new_tokens, batch_size=batch_size,
-            max_samples=max_samples, iou_threshold=iou_threshold, gate_metric=gate_metric,
-            gate_min_value=gate_min_value, gate_min_margin=gate_min_margin, box_convention=box_convention,
+            predictions_out=predictions.path, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
+            max_samples=s.max_samples, iou_threshold=s.iou_threshold, gate_metric=s.metric,
+            gate_min_value=s.min_value, gate_min_margin=s.min_margin, box_convention=box_convention,
             resize_rule=resize_rule, reference_box_convention=base_box_convention if reference.kind == "base" else "",
             task=task, max_pixels=max_pixels, dataset_marker=eval_dataset.metadata.get("manifest_sha256", ""),
             regression_dir=regression_dataset.path if regression_dataset is not None else "",
             regression_marker=regression_dataset.metadata.get("manifest_sha256", "") if regression_dataset else "",
-            regression_max_drop=dict(regression_max_drop or {}), quantization=quantization, gate_on=gate_on,
+            regression_max_drop=dict(s.regression_max_drop), quantization=s.quantization, gate_on=s.gate_on,
         )  # fmt: skip
     except (EvalError, ValueError, QuantizationUnavailable) as exc:
         raise SystemExit(f"evaluate: {exc}") from None
-    figures = metric_entries(result, reference, task, iou_threshold, resize_rule, regression_max_drop)
+    figures = metric_entries(result, reference, task, s.iou_threshold, resize_rule, s.regression_max_drop)
     detail = reference_uri or base_model.uri
     write_report(
         report.path, result.tuned, result.reference, result.samples, result.passed, result.reason,
-        reference_name=reference.label, reference_detail=detail, iou_threshold=iou_threshold,
+        reference_name=reference.label, reference_detail=detail, iou_threshold=s.iou_threshold,
         resize_rule=resize_rule, task=task, regression=result.regression,
         regression_samples=result.regression_samples, drops=result.drops, quantization=result.quantization,
         intervals=result.intervals,
     )  # fmt: skip
-    _record(tracking, result, figures, tuned_model, report, data_report, gate=(gate_metric, gate_on))
+    _record(tracking, result, figures, tuned_model, report, data_report, gate=(s.metric, s.gate_on))
     print(f"evaluate: {result.reason}")
     return StepOutputs(
         metrics=figures,

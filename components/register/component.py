@@ -26,9 +26,7 @@ def register(
     tracking: dict = None,
     eval_report: dsl.Input[dsl.HTML] = None,
     gate_reason: str = "",
-    gate_metric: str = "",
-    gate_min_value: float = 0.0,
-    gate_min_margin: float = 0.0,
+    gate_rules: dict = None,
 ):
     """Uploads the merged model to the Vertex Model Registry as a new version, with its evaluation.
 
@@ -64,9 +62,9 @@ def register(
             tag. Default None (no MLflow).
         eval_report: evaluate's HTML report; the evaluation links it. Default none.
         gate_reason: evaluate's `reason` output (the gate's decision in words). Default "".
-        gate_metric: The gate's metric (`eval.metric`); "" = the rules are not recorded. Default "".
-        gate_min_value: The gate's `eval.min_value`. Default 0.0.
-        gate_min_margin: The gate's `eval.min_margin`. Default 0.0.
+        gate_rules: The run's eval settings (the pipeline's `eval_settings`); its `metric`,
+            `min_value` and `min_margin` are recorded as the gate's rules, other keys are not read.
+            Default None (the rules are not recorded).
 
     Output metadata (registered_model): resourceName, version_id, created_parent, aliases,
     evaluation_imported, evaluation (its resource name), evaluation_slices (how many).
@@ -80,8 +78,7 @@ def register(
             serving_image=serving_image, alias=alias, labels=labels, run_name=run_name,
             serving_container=serving_container, project=project, location=location, check_champion=check_champion,
             champion_version=champion_version, promote=promote, tracking=tracking, eval_report=eval_report,
-            gate_reason=gate_reason, gate_metric=gate_metric, gate_min_value=gate_min_value,
-            gate_min_margin=gate_min_margin,
+            gate_reason=gate_reason, gate_rules=gate_rules,
         ),
         registered_model=registered_model,
     )  # fmt: skip

@@ -31,7 +31,7 @@ def register_step(
     display_name: str, serving_image: str, alias: str, labels: dict, run_name: str, serving_container: dict,
     project: str, location: str, check_champion: bool = False, champion_version: str = "", promote: bool = True,
     tracking: dict | None = None, eval_report: ArtifactLike | None = None, gate_reason: str = "",
-    gate_metric: str = "", gate_min_value: float = 0.0, gate_min_margin: float = 0.0,
+    gate_rules: dict | None = None,
 ) -> StepOutputs:  # fmt: skip
     """Runs the register step; the arguments are the component's (see `components.register.component`).
 
@@ -45,7 +45,14 @@ def register_step(
     lineage = {
         k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key", "base_model", "adapter")
     }
-    rules = {"metric": gate_metric, "min_value": gate_min_value, "min_margin": gate_min_margin} if gate_metric else {}
+    gate = dict(gate_rules or {})  # evaluate checked these settings (keys left out: their defaults) before the gate
+    gate_metric = str(gate.get("metric") or "")
+    rules = {
+        "metric": gate_metric,
+        "min_value": float(gate.get("min_value", 0.0)),
+        "min_margin": float(gate.get("min_margin", 0.0)),
+    }
+    rules = rules if gate_metric else {}
     folder, folder_uri = registered_model.path, registered_model.uri.rstrip("/")  # before uri names the version
     evaluation = build_evaluation(
         metrics, run_name, f"{folder_uri}/{SCHEMA_FILE}", gate={"reason": gate_reason, **rules},

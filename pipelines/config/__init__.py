@@ -11,7 +11,9 @@ A config is value-only YAML with eleven sections (`pipeline`, `model` and `data`
   equal to the installed ms-swift by a test; train-lora checks again against the ms-swift
   it runs), and checks value types and ranges and `tuner_type: lora`.
 * `eval`: generation settings, the IoU threshold, the reference model the tuned model is
-  compared with (base, the registry's champion, or a model folder) and the promotion gate.
+  compared with (base, the registry's champion, or a model folder) and the promotion gate:
+  the evaluate step's own settings type, `components.evaluate.settings.EvalSettings` (its field
+  checks beside its fields), composed here.
 * `vertex`: project, region, service account, network, experiment, labels, CMEK key,
   TensorBoard and template repository of the Vertex target (all optional: compiling
   needs none of them, submitting needs `project` and a gs:// `pipeline.root`).
@@ -42,7 +44,8 @@ The package, one concept per module (each section's dataclass with its checks be
 
 * `_yaml`: the bounded YAML reader and its file:line:column errors; `_overrides`: `section.key=value`
   words; `_paths`: the shipped configs and the demo sources; `_cron`: cron expressions.
-* `_inputs` (pipeline, model, data), `_eval`, `_swift`, `_vertex` (vertex, resources, images),
+* `_inputs` (pipeline, model, data), `_eval` (eval's checks across sections), `_swift`,
+  `_vertex` (vertex, resources, images),
   `_serving` (register; deploy's checks across sections), `_schedule`, `_tracking`: the sections
   and their checks.
 * `_schema`: `Config` and the section table; `_checks`: the order the checks run in;
@@ -54,7 +57,6 @@ from __future__ import annotations
 from pipelines.config._checks import check_gke
 from pipelines.config._cron import cron_problem
 from pipelines.config._errors import ConfigError
-from pipelines.config._eval import EvalSection
 from pipelines.config._inputs import DataSection, ModelSection, PipelineSection
 from pipelines.config._load import load_config
 from pipelines.config._local_dirs import check_local_dirs, local_dir_problem
@@ -98,7 +100,6 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataSection",
-    "EvalSection",
     "GkeSection",
     "ImagesSection",
     "ModelSection",

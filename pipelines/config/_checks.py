@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from pipelines.config._errors import ConfigError, Where, refuse_bad_fields
-from pipelines.config._eval import check_gate, eval_checks
+from pipelines.config._eval import check_gate
 from pipelines.config._inputs import check_pipeline_name, check_token_ref, data_checks, quantized_swift, source_checks
 from pipelines.config._local_dirs import local_dir_problem
 from pipelines.config._schedule import check_cron, schedule_checks
@@ -89,7 +89,7 @@ def check_gke(cfg: Config, where: Where | None = None) -> None:
 
 def _check_sections(cfg: Config, where: Where) -> None:
     """The sections' own checks and the gate: what the run reads, evaluation, then Vertex and serving."""
-    refuse_bad_fields(cfg, [*data_checks(cfg.data), *eval_checks(cfg.eval), *source_checks(cfg.model, cfg.data)], where)
+    refuse_bad_fields(cfg, [*data_checks(cfg.data), *cfg.eval.checks(), *source_checks(cfg.model, cfg.data)], where)
     check_pipeline_name(cfg.pipeline, where)
     check_gate(cfg.eval, cfg.swift, cfg.register.alias, where)
     check_tuner_type(cfg.swift, where)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.deploy.settings import DeploySettings
+from components.evaluate.settings import EvalSettings
 from pipelines.config._errors import ConfigError, Where
-from pipelines.config._eval import EvalSection
 from pipelines.config._inputs import DataSection, ModelSection, PipelineSection
 from pipelines.config._schedule import ScheduleSection
 from pipelines.config._serving import RegisterSection
@@ -30,7 +30,7 @@ class Config:
     data: DataSection
     swift: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
-    eval: EvalSection = field(default_factory=EvalSection)
+    eval: EvalSettings = field(default_factory=EvalSettings)
     vertex: VertexSection = field(default_factory=VertexSection)
     resources: ResourcesSection = field(default_factory=ResourcesSection)
     images: ImagesSection = field(default_factory=ImagesSection)
@@ -53,7 +53,7 @@ SECTIONS: dict[str, type] = {
     "pipeline": PipelineSection,
     "model": ModelSection,
     "data": DataSection,
-    "eval": EvalSection,
+    "eval": EvalSettings,
     "vertex": VertexSection,
     "resources": ResourcesSection,
     "images": ImagesSection,
