@@ -22,7 +22,14 @@ LINE = re.compile(r"^\[(ours|peer):([^\]]+)\] RESULT (\{.*)$")
 
 
 def record(
-    kind: str, spec: str, row: dict[str, Any], date: str, machine: str, command: str, leanest: set[str], model: str = "4b"
+    kind: str,
+    spec: str,
+    row: dict[str, Any],
+    date: str,
+    machine: str,
+    command: str,
+    leanest: set[str],
+    model: str = "4b",
 ):
     """The issue's keys for one run (pure)."""
     if kind == "ours":
