@@ -86,12 +86,12 @@ def test_a_truncated_cached_eval_set_runs_validate_data_again(setup, capsys):
 
 
 def test_an_unreachable_gate_fails_and_only_the_gate_runs_again(setup, capsys):
-    """The same root with a gate no model can meet (f1 >= 1.01): evaluate runs again (its settings changed), the
+    """The same root with a gate no model can meet (f1 >= 1.0): evaluate runs again (its settings changed), the
     run ends with passed=False and names the rule; the data, the training and the merge stay cached."""
     import dataclasses
 
     work, cfg, _ = setup
-    strict = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, metric="f1", min_value=1.01))
+    strict = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, metric="f1", min_value=1.0))
     result = run_local(strict, root=str(work / "runs"), enable_caching=True)
     assert result["passed"] is False and result["reason"].startswith("FAIL: task metric: f1")
     assert "evaluate" in result["tasks"]
