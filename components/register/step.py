@@ -45,14 +45,8 @@ def register_step(
     lineage = {
         k: str(merged_model.metadata.get(k, "")) for k in ("data_snapshot", "training_key", "base_model", "adapter")
     }
-    gate = dict(gate_rules or {})  # evaluate checked these settings (keys left out: their defaults) before the gate
-    gate_metric = str(gate.get("metric") or "")
-    rules = {
-        "metric": gate_metric,
-        "min_value": float(gate.get("min_value", 0.0)),
-        "min_margin": float(gate.get("min_margin", 0.0)),
-    }
-    rules = rules if gate_metric else {}
+    rules = _gate_record(gate_rules)
+    gate_metric = rules.get("metric", "")
     folder, folder_uri = registered_model.path, registered_model.uri.rstrip("/")  # before uri names the version
     evaluation = build_evaluation(
         metrics, run_name, f"{folder_uri}/{SCHEMA_FILE}", gate={"reason": gate_reason, **rules},
@@ -84,19 +78,35 @@ def register_step(
         **outcome.metadata(),
     }
     try:
-        run_id = record(
-            tracking, "register", model_uri=merged_model.uri, model_dir=merged_model.path,
-            model_meta=dict(merged_model.metadata), tags={"version": uri, "run_name": run_name},
-        )  # fmt: skip
-        decision = gate_tags(metrics, gate_metric, gate_reason)  # the same as evaluate's, were its version lost
-        register_version(tracking, run_id, "register", {**decision, "vlm_lora.vertex_model_version": uri})
-        wandb_tracking.record(
-            tracking, "register", model_uri=merged_model.uri, model_dir=merged_model.path,
-            model_meta=dict(merged_model.metadata), metrics={"version": uri, "run_name": run_name},
-        )  # fmt: skip
+        _to_trackers(tracking, merged_model, uri, run_name, gate_tags(metrics, gate_metric, gate_reason))
     except TrackingError as exc:
         raise SystemExit(f"register: {exc}; {version} is registered") from None
     return StepOutputs(metadata={"registered_model": metadata}, uris={"registered_model": uri})
+
+
+def _gate_record(gate_rules: dict | None) -> dict:
+    """The gate's rules as the evaluation record keeps them; {} without a gate metric. evaluate checked these
+    settings (keys left out: their defaults) before the gate."""
+    gate = dict(gate_rules or {})
+    metric = str(gate.get("metric") or "")
+    if not metric:
+        return {}
+    return {"metric": metric, "min_value": float(gate.get("min_value", 0.0)),
+            "min_margin": float(gate.get("min_margin", 0.0))}  # fmt: skip
+
+
+def _to_trackers(tracking: dict | None, merged_model: ArtifactLike, uri: str, run_name: str, decision: dict) -> None:
+    """The registered version in MLflow (a run, and the model version tagged with the gate's decision, the same as
+    evaluate's, were its version lost) and in W&B."""
+    run_id = record(
+        tracking, "register", model_uri=merged_model.uri, model_dir=merged_model.path,
+        model_meta=dict(merged_model.metadata), tags={"version": uri, "run_name": run_name},
+    )  # fmt: skip
+    register_version(tracking, run_id, "register", {**decision, "vlm_lora.vertex_model_version": uri})
+    wandb_tracking.record(
+        tracking, "register", model_uri=merged_model.uri, model_dir=merged_model.path,
+        model_meta=dict(merged_model.metadata), metrics={"version": uri, "run_name": run_name},
+    )  # fmt: skip
 
 
 def promote_step(
