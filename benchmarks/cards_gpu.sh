@@ -3,7 +3,8 @@
 # the machine stays warm: each phase installs the wheels its call carries (benchmarks/gpu_wheels.sh; bitsandbytes
 # split out of .whl_u1 into .whl_bnb so that each call carries at most 64 MiB) into /tmp/site or /tmp/usite.
 #
-#   phase tests  (carry .whl_bnb):         bitsandbytes; the GPU tests of the fused branch over nf4
+#   phase tests  (carry .whl_bnb [.whl_u1]): bitsandbytes [and Unsloth's needs]; every GPU test file, on the stack
+#                                          in /tmp/site (a call before installed the swift wheels there)
 #   phase prep   (carry .whl_bnb .whl_u1): bitsandbytes and Unsloth's needs only (then peer carries .whl_u2 alone)
 #   phase ours   (carry .whl .whl_hf):     ms-swift, the lock's transformers; the 4B built; our runs
 #   phase peer   (carry .whl_u1 .whl_u2):  Unsloth; Unsloth's runs and ours again, in one random order
@@ -26,7 +27,7 @@ install() {  # install TARGET DIR...: one pip call (a second --target --upgrade 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "${wheels[@]}"
 }
 case "$phase" in
-    tests) install /tmp/site .whl_bnb ;;
+    tests) install /tmp/site .whl_bnb && { [ ! -d .whl_u1 ] || install /tmp/usite .whl_u1; } ;;
     prep) install /tmp/site .whl_bnb && install /tmp/usite .whl_u1 ;;  # a fresh machine: bnb, Unsloth's needs
     ours) [ -x /tmp/site/bin/swift ] || install /tmp/site .whl .whl_hf ;;
     peer) [ -d /tmp/usite/unsloth ] || { [ -d .whl_u1 ] && install /tmp/usite .whl_u1 .whl_u2 || install /tmp/usite .whl_u2; } ;;
@@ -37,7 +38,10 @@ log=$OUT/$phase.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$log"
 python3 -c 'import torch, transformers, peft; print("versions", torch.__version__, transformers.__version__, peft.__version__)' | tee -a "$log"
 if [ "$phase" = tests ]; then
-    python3 -m pytest -o addopts= -q tests/test_fused_lora_bnb.py tests/test_partial_checkpointing.py 2>&1 | tail -15 | tee -a "$log"
+    mapfile -t files < <(grep -l "cuda.is_available" tests/test_*.py)
+    echo "GPU test files: ${files[*]}" | tee -a "$log"
+    python3 -m pytest -o addopts= -q -p no:cacheprovider -rs "${files[@]}" tests/test_partial_checkpointing.py 2>&1 \
+        | tail -25 | tee -a "$log"
     exit 0
 fi
 if [ "$model" = 4b ]; then

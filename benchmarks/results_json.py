@@ -21,6 +21,9 @@ from typing import Any
 LINE = re.compile(r"^\[(ours|peer):([^\]]+)\] RESULT (\{.*)$")
 
 
+LAYERS = {"4b": 36, "8b": 36, "32b": 64}  # decoder layers: "every layer checkpointed" in a record
+
+
 def record(
     kind: str,
     spec: str,
@@ -44,12 +47,12 @@ def record(
             "micro_batch": row["batch"],
             "grad_accum": row["grad_accum"],
             "checkpointing": gc,
-            "checkpoint_layers": plan_metrics.get("plan_checkpoint_layers", 36 if gc else 0),
+            "checkpoint_layers": plan_metrics.get("plan_checkpoint_layers", LAYERS[model] if gc else 0),
             "offload": "VLM_LORA_CHECKPOINT_OFFLOAD" in (row.get("env") or {}),
         }
         if row.get("error") and not plan_metrics:
             plan = None  # refused before training: no plan ran
-        predicted = plan_metrics.get("plan_peak_gib")
+        predicted = plan_metrics.get("plan_peak_gib") or None  # 0.0: a re-plan of a planner that did not predict it
         peak = row.get("peak_memory_gib")
         versions = {"torch": "2.11.0+cu130", "transformers": "5.19.0", "peft": "0.20.0", "ms-swift": "4.6.0"}
         trainer = "project"
@@ -81,6 +84,7 @@ def record(
         "predicted_peak_gib": predicted,
         "run": spec,
         **({"error": row["error"]} if row.get("error") else {}),  # a run the planner refused, with its message
+        **({"oom_replans": replans} if (replans := (row.get("plan") or {}).get("oom_replans")) else {}),
     }
 
 
