@@ -74,6 +74,17 @@ ACT_BYTES_FULL_FUSED = 61.4  # the same with the plugin's fused LoRA branch (dro
 ACT_BYTES_FULL_NO_DROPOUT = 51.0
 SWIFT_LORA_DROPOUT = 0.05  # ms-swift's default lora_dropout
 ACT_BYTES_GC_LAYER = 2.0  # bytes per token x layer x hidden kept with checkpointing (each layer's bf16 input)
+# The figures above are the 4B's (intermediate 3.8 x hidden, query heads 1.6 x, k / v heads 0.4 x): another shape
+# keeps, per token x layer, 2 bytes for each element of four intermediate-wide tensors (gate(x), up(x), the SiLU output,
+# the product: 8; the fused SiLU-multiply's savings are `silu_mul_bytes`), of three query-wide ones (q before its norm,
+# after RoPE, the attention's output: 6) and three k / v-wide ones (k before its norm, after RoPE, v: 6), and its own
+# dropout masks (`dropout_mask_bytes`; the 4B's 10.4 are in the figures). With the 4B's figures alone one H200 measured
+# the 8B (3.0 / 1.0 / 0.25) 31.75 / 33.39 GiB against 36.5 / 35.5 predicted (nf4 / bf16 under 39.4 GiB, 2026-12-02:
+# whole layers over-predicted by ~12 bytes, this term says 12.3), and the 32B (5.0 / 1.6 / 0.2) out of memory at
+# 78 GiB with 53 of 64 layers checkpointed, predicted 74.5 (this term: 84.3)
+SHAPE_BYTES = (8.0, 6.0, 6.0)
+REF_WIDTHS = (9728 / 2560, 4096 / 2560, 1024 / 2560)
+REF_MASK_BYTES = (5 * 2560 + 4096 + 9728) / 2560  # the 4B's dropout_mask_bytes, 10.4
 # CUDA workspaces, LoRA weights + Adam state; and per token of a micro-batch: the ViT's transient memory, embeddings,
 # loss chunks, allocator slack. 1.0 GiB + 120,900 B x 19,536 tokens = the 3.2 GiB fitted at 16 rows of 1,221 tokens;
 # one row measured 9.90 GiB (1 x H200, 2026-12-02, predicted 9.80; the single 3.2 GiB constant predicted 11.8)
@@ -188,17 +199,46 @@ def dropout_mask_bytes(model_config: Mapping[str, Any]) -> float:
     return (5.0 * hidden + heads * head_dim + inter) / hidden
 
 
-def act_bytes_full(lora_dropout: float, fused: bool) -> float:
+def _widths(model_config: Mapping[str, Any]) -> tuple[float, float, float] | None:
+    """(intermediate, query heads x head_dim, k / v heads x head_dim) per hidden, or None where the config does not
+    say."""
+    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    hidden, inter, heads, kv_heads = (text.get(k) for k in keys)
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, inter, heads, kv_heads)):
+        return None
+    head_dim = text.get("head_dim") if isinstance(text.get("head_dim"), int) else hidden // heads
+    return inter / hidden, heads * head_dim / hidden, kv_heads * head_dim / hidden
+
+
+def shape_bytes(model_config: Mapping[str, Any]) -> float:
+    """Bytes per token x layer x hidden a whole layer of this dense Qwen3-VL keeps beyond (or, narrower, short of)
+    the `ACT_BYTES_FULL*` figures, which were fitted on the 4B: `SHAPE_BYTES` per width against `REF_WIDTHS`. 0 for
+    the 4B, for other model types and where the config does not say."""
+    from speedups.model_config import covers
+
+    widths = _widths(model_config)
+    if widths is None or not covers(dict(model_config)):  # a MoE's MLPs are its experts: its figures stay the 4B's
+        return 0.0
+    return sum(per * (width - ref) for per, width, ref in zip(SHAPE_BYTES, widths, REF_WIDTHS, strict=True))
+
+
+def act_bytes_full(lora_dropout: float, fused: bool, model_config: Mapping[str, Any] | None = None) -> float:
     """Activation bytes per token x layer x hidden without checkpointing (see the module docstring).
 
     Args:
         lora_dropout: The run's `swift.lora_dropout` (ms-swift's default 0.05 when unset).
         fused: Whether the LoRA branches run through the plugin's fused function (not with
             VLM_LORA_FUSED_LORA=0, nor under ZeRO-3, whose partitioned adapters stay on peft).
+        model_config: The model's config.json: its widths (`shape_bytes`) and, with dropout, its masks
+            (`dropout_mask_bytes`) against the 4B's. Default None: the 4B's figures.
     """
+    config = model_config or {}
+    shape = shape_bytes(config)
     if float(lora_dropout) <= 0:
-        return ACT_BYTES_FULL_NO_DROPOUT
-    return ACT_BYTES_FULL_FUSED if fused else ACT_BYTES_FULL
+        return ACT_BYTES_FULL_NO_DROPOUT + shape
+    masks = dropout_mask_bytes(config) - REF_MASK_BYTES if dropout_mask_bytes(config) else 0.0
+    return (ACT_BYTES_FULL_FUSED if fused else ACT_BYTES_FULL) + shape + masks
 
 
 @dataclass(frozen=True)
@@ -259,6 +299,20 @@ class Plan:
     seeded_dropout: bool | None = None  # LoRA's dropout masks from seeds (True), kept (False), not the planner's (None)
     # with checkpointing: the decoder layers checkpointed from the first (speed-up item 19); None = every layer
     checkpoint_layers: int | None = None
+    # what the prediction was made of (the model, the longest row, Liger's loss, weight shards), for a re-plan's
+    shape: ModelShape | None = field(default=None, compare=False, repr=False)
+    tokens: int = 0
+    liger: bool = False
+    shards: int = 1
+
+    def predicted_peak(self) -> int:
+        """The memory model's peak for this plan as it stands (after a re-plan changed it); 0 without its model."""
+        if self.shape is None or not self.shape.known or not self.tokens:
+            return 0
+        return predict_peak(
+            self.shape, self.micro_batch, self.tokens, checkpointing=self.gradient_checkpointing, liger=self.liger,
+            shards=self.shards, layers=self.checkpoint_layers,
+        )  # fmt: skip
 
     def job_env(self) -> dict[str, str]:
         """The plugin switches this plan decided (VLM_LORA_SEEDED_DROPOUT, VLM_LORA_CHECKPOINT_LAYERS), for the training
@@ -425,7 +479,10 @@ def plan_micro_batch(
         + (f"; without checkpointing at most {best_nogc} rows fit" if gc and best_nogc else "")
         + ")"
     )
-    return Plan(b, per_gpu // b, gc, peak, budget, tuple(reasons), checkpoint_layers=k)
+    return Plan(
+        b, per_gpu // b, gc, peak, budget, tuple(reasons), checkpoint_layers=k, shape=model, tokens=tokens,
+        liger=liger, shards=shards,
+    )  # fmt: skip
 
 
 def _conservative(

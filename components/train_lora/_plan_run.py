@@ -32,21 +32,22 @@ MAX_OOM_REPLANS = 3
 
 def replan_after_oom(plan: Plan, per_gpu_samples: int) -> Plan | None:
     """The next safer plan after an out-of-memory: every layer checkpointed where only some were, then half the
-    micro-batch, then checkpointing on; None = none left."""
+    micro-batch, then checkpointing on; None = none left. Its reason ends with the memory model's peak for it."""
     if plan.gradient_checkpointing and plan.checkpoint_layers is not None:
         why = f"out of memory with {plan.checkpoint_layers} layers checkpointed: every layer checkpointed"
-        return replace(plan, checkpoint_layers=None, peak_bytes=0, reasons=(*plan.reasons, why))
-    if plan.micro_batch > 1:
+        nxt = replace(plan, checkpoint_layers=None)
+    elif plan.micro_batch > 1:
         b = max(d for d in _divisors(per_gpu_samples) if d < plan.micro_batch)
         why = f"out of memory with micro-batch {plan.micro_batch}: micro-batch {b}"
-        return replace(plan, micro_batch=b, grad_accum=per_gpu_samples // b, peak_bytes=0, reasons=(*plan.reasons, why))
-    if not plan.gradient_checkpointing:
+        nxt = replace(plan, micro_batch=b, grad_accum=per_gpu_samples // b)
+    elif not plan.gradient_checkpointing:
         why = "out of memory with micro-batch 1: gradient checkpointing on"
-        return replace(
-            plan, micro_batch=1, grad_accum=per_gpu_samples, gradient_checkpointing=True, peak_bytes=0,
-            reasons=(*plan.reasons, why),
-        )  # fmt: skip
-    return None
+        nxt = replace(plan, micro_batch=1, grad_accum=per_gpu_samples, gradient_checkpointing=True)
+    else:
+        return None
+    peak = nxt.predicted_peak()
+    why += f" (predicted peak {peak / GIB:.1f} GiB)" if peak else ""
+    return replace(nxt, peak_bytes=peak, reasons=(*plan.reasons, why))
 
 
 _OOM_MARKERS = ("CUDA out of memory", "torch.OutOfMemoryError", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
@@ -133,7 +134,7 @@ def plan_for_run(
     plain = not swift_args.get("use_dora") and str(swift_args.get("lora_bias") or "none") == "none"
     fused = fused_lora and plain and not zero3
     dropout = SWIFT_LORA_DROPOUT if dropout is None else float(dropout)
-    act_full = act_bytes_full(dropout, fused)
+    act_full = act_bytes_full(dropout, fused, model_config)
     if padding_mask:
         act_full += kv_copy_bytes(model_config)
     if fused_silu_mul:
