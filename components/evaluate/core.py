@@ -52,6 +52,7 @@ from components.evaluate.rows import (
     row_geometries,
 )
 from components.evaluate.scoring import regression_scores, sample_records, task_scores, write_predictions
+from components.evaluate.settings import EvalSettings
 
 # evaluate's API: the entry and its types here; the parts it is made of importable from here too (their
 # own modules: rows, generation, scoring, figures). The reference is decided in components.common.reference.
@@ -110,13 +111,7 @@ def evaluate(
     model_type: str,
     dataset_dir: str,
     predictions_out: str,
-    max_new_tokens: int = 512,
-    batch_size: int = 8,
-    max_samples: int = 0,
-    iou_threshold: float = 0.5,
-    gate_metric: str = "f1",
-    gate_min_value: float = 0.0,
-    gate_min_margin: float = 0.0,
+    settings: EvalSettings | None = None,
     generate_fn: GenerateFn = swift_generate,
     box_convention: str = "pixel",
     resize_rule: ResizeRule | None = None,
@@ -126,9 +121,6 @@ def evaluate(
     dataset_marker: str = "",
     regression_dir: str = "",
     regression_marker: str = "",
-    regression_max_drop: dict[str, float] | None = None,
-    quantization: str = "none",
-    gate_on: str = "point",
 ) -> EvalResult:
     """Scores the tuned and the reference model on held-out rows (and the regression set) and applies the gate.
 
@@ -139,14 +131,11 @@ def evaluate(
         dataset_dir: Validated held-out dataset folder.
         predictions_out: JSONL file for per-sample predictions and scores (held-out rows, then
             the regression rows with "set": "regression").
-        max_new_tokens: Generation budget per sample, tokens. Default 512.
-        batch_size: Samples generated together. Default 8.
-        max_samples: Evaluate the first N held-out rows; 0 = all (the regression set is always
-            whole). Default 0.
-        iou_threshold: Box match threshold. Default 0.5.
-        gate_metric: Metric compared by the gate. Default "f1".
-        gate_min_value: Minimum tuned value. Default 0.0.
-        gate_min_margin: Minimum tuned - reference difference. Default 0.0.
+        settings: The run's `eval` section (`components.evaluate.settings.EvalSettings`, read here
+            whole): the generation budget and batch, max_samples (of the held-out rows; the
+            regression set is always whole), the IoU threshold, the gate (metric, min_value,
+            min_margin, gate_on), regression_max_drop and quantization (both models loaded alike,
+            after a probe that bitsandbytes runs here). Default None (`EvalSettings()`).
         generate_fn: The generator (tests pass a fake). Default ms-swift's engine.
         box_convention: Convention of the dataset's boxes (resolved: "pixel", "norm1000" or
             "resized_pixel"); gold and answers are converted to pixels of each row's original
@@ -166,14 +155,6 @@ def evaluate(
         regression_dir: The validated regression set (validate-regression's output); its rows are
             generated in the same call as the held-out rows and scored by kind. Default "" (none).
         regression_marker: The sha256 of its completion marker. Default "".
-        regression_max_drop: {"overall" or kind: absolute drop allowed}; names left out take
-            `regression.DEFAULT_MAX_DROP`. Default None (all defaults).
-        quantization: How both models are loaded for generation (`eval.quantization`): "none"
-            (bf16; float32 on a CPU), or "nf4" / "int8": both quantised by bitsandbytes, like with
-            like, after a probe that bitsandbytes runs here. Default "none".
-        gate_on: What the gate compares with min_value / min_margin (`eval.gate_on`): "point" (the
-            figures) or "lower_bound" (the lower bounds of their bootstrap intervals over rows).
-            Default "point".
 
     Returns:
         The EvalResult.
@@ -186,41 +167,40 @@ def evaluate(
         EvalError: Empty eval or regression set, missing dataset, a model folder that is missing
             (with the real generator), a model returned too few answers, an unknown
             box_convention, or (not pixel) a row whose image size cannot be read.
-        ValueError: Unknown gate metric, or an invalid regression_max_drop.
+        ValueError: Unknown gate metric or gate_on, or an invalid regression_max_drop.
         QuantizationUnavailable: quantised, and bitsandbytes is missing or cannot run here.
     """
-    max_drop = reg.max_drops(regression_max_drop)  # an invalid rule fails before any model is loaded
-    check_quantization(quantization)
+    s = settings or EvalSettings()
+    max_drop = reg.max_drops(s.regression_max_drop)  # an invalid rule fails before any model is loaded
+    check_quantization(s.quantization)
     itself = same_model(tuned_dir, reference_dir)
     if generate_fn is swift_generate:  # fakes in tests take names, not folders
         reference_dir = check_model_dir(reference_dir, "reference")
         tuned_dir = check_model_dir(tuned_dir, "tuned")
         if max_pixels:
             generate_fn = functools.partial(swift_generate, max_pixels=max_pixels)
-    rows = load_eval_rows(dataset_dir, max_samples, dataset_marker)
+    rows = load_eval_rows(dataset_dir, s.max_samples, dataset_marker)
     reg_rows = load_regression_rows(regression_dir, regression_marker) if regression_dir else []
     reference_box_convention = reference_box_convention or box_convention
     conventions = (box_convention, reference_box_convention, resize_rule)
     geometries, ref_geometries = paired_geometries(rows, *conventions)
     reg_geometries = regression_paired_geometries(reg_rows, *conventions)
 
-    generate = functools.partial(generate_answers, model_type=model_type, rows=rows + reg_rows, batch_size=batch_size,
-                                 max_new_tokens=max_new_tokens, generate_fn=generate_fn,
-                                 quantization=quantization)  # fmt: skip
+    generate = functools.partial(generate_answers, model_type=model_type, rows=rows + reg_rows,
+                                 batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, generate_fn=generate_fn,
+                                 quantization=s.quantization)  # fmt: skip
     ref_answers, ref_speed = generate("reference", reference_dir)
     tuned_answers, tuned_speed = (ref_answers, dict(ref_speed)) if itself else generate("tuned", tuned_dir)
-    if quantization != "none":
-        _say_quantized(quantization, ref_speed, tuned_speed)
+    if s.quantization != "none":
+        _say_quantized(s.quantization, ref_speed, tuned_speed)
     n = len(rows)
-    ref_metrics, ref_scores = task_scores(ref_answers[:n], rows, geometries, ref_geometries, iou_threshold, task)
-    tuned_metrics, tuned_scores = task_scores(tuned_answers[:n], rows, geometries, geometries, iou_threshold, task)
+    ref_metrics, ref_scores = task_scores(ref_answers[:n], rows, geometries, ref_geometries, s.iou_threshold, task)
+    tuned_metrics, tuned_scores = task_scores(tuned_answers[:n], rows, geometries, geometries, s.iou_threshold, task)
     ref_metrics.update(ref_speed)
     tuned_metrics.update(tuned_speed)
 
     ci = intervals(tuned_scores, ref_scores)  # over rows, paired: every figure and the margin
-    passed, reason = gate(
-        tuned_metrics, ref_metrics, gate_metric, gate_min_value, gate_min_margin, gate_on=gate_on, ci=ci
-    )
+    passed, reason = gate(tuned_metrics, ref_metrics, s.metric, s.min_value, s.min_margin, gate_on=s.gate_on, ci=ci)
     failed = [] if passed else ["task"]
     summary, drops, reg_samples = None, [], []
     if reg_rows:
@@ -240,7 +220,7 @@ def evaluate(
                               (ref_answers, ref_scores))  # fmt: skip
     write_predictions(predictions_out, samples + reg_samples)
     return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
-                      drops, failed, quantization, ci)  # fmt: skip
+                      drops, failed, s.quantization, ci)  # fmt: skip
 
 
 def _say_quantized(quantization: str, ref_speed: dict[str, float], tuned_speed: dict[str, float]) -> None:
