@@ -5,7 +5,7 @@
 * `preflight` / `check_bucket`: project, pipeline root and buckets are checked before
   anything is submitted.
 * `pipeline_job`: the `aiplatform.PipelineJob` of a config, with the parameter values its
-  caller passes (`pipelines.pipeline.pipeline_arguments`).
+  caller passes (`pipelines.run_parameters.pipeline_arguments`).
 
 The machine-shape and region tables are pure data and live in `pipelines.shapes`.
 No project, region or bucket is hard-coded here: they come from the config.
@@ -324,7 +324,7 @@ def pipeline_job(
         cfg: The validated config.
         template_path: Compiled pipeline YAML (or an Artifact Registry template URL).
         parameter_values: The run's pipeline parameters by name
-            (`pipelines.pipeline.pipeline_arguments(cfg)`).
+            (`pipelines.run_parameters.pipeline_arguments(cfg)`).
         enable_caching: Reuse unchanged tasks; default the config's `pipeline.enable_caching`.
             On, the compiled per-task settings apply (every task caches except
             find-champion, whose answer changes between runs); off, no task caches.

@@ -18,6 +18,7 @@ from components.evaluate import _interval
 from components.evaluate._report import render_report
 from components.evaluate.core import evaluate
 from components.evaluate.metrics import aggregate, gate
+from components.evaluate.settings import EvalSettings
 from pipelines.demo.drawings import generate_dataset
 
 
@@ -64,10 +65,11 @@ def test_demo_f1_and_margin_carry_intervals(demo_eval, tmp_path, capsys):
     assert again.intervals == ci  # a fixed seed: the same scores, the same interval
 
     strict = (m_low + margin) / 2  # between the margin's lower bound and its point value
-    point = evaluate("tuned", "base", "qwen3_vl", str(demo_eval), str(tmp_path / "r.jsonl"), gate_min_margin=strict,
+    point = evaluate("tuned", "base", "qwen3_vl", str(demo_eval), str(tmp_path / "r.jsonl"),
+                     EvalSettings(min_margin=strict), generate_fn=_gen(_answers(demo_eval)))  # fmt: skip
+    bound = evaluate("tuned", "base", "qwen3_vl", str(demo_eval), str(tmp_path / "s.jsonl"),
+                     EvalSettings(min_margin=strict, gate_on="lower_bound"),
                      generate_fn=_gen(_answers(demo_eval)))  # fmt: skip
-    bound = evaluate("tuned", "base", "qwen3_vl", str(demo_eval), str(tmp_path / "s.jsonl"), gate_min_margin=strict,
-                     gate_on="lower_bound", generate_fn=_gen(_answers(demo_eval)))  # fmt: skip
     assert point.passed and not bound.passed
     assert bound.reason.startswith("FAIL: margin 95% CI [") and "lower bound < min_margin" in bound.reason
 

@@ -23,6 +23,7 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components.evaluate.core import EvalError, evaluate
+from components.evaluate.settings import EvalSettings
 from pipelines.compile import compile_pipeline
 from pipelines.config import ConfigError, load_config
 from pipelines.pipeline import pipeline_arguments
@@ -95,8 +96,9 @@ def _dataset(tmp_path: Path) -> Path:
 
 
 def _run(tmp_path: Path, generate, quantization: str):
-    return evaluate("tuned", "base", "qwen3_vl", str(_dataset(tmp_path)), str(tmp_path / "p.jsonl"), 64, 2,
-                    generate_fn=generate, quantization=quantization)  # fmt: skip
+    return evaluate("tuned", "base", "qwen3_vl", str(_dataset(tmp_path)), str(tmp_path / "p.jsonl"),
+                    EvalSettings(max_new_tokens=64, batch_size=2, quantization=quantization),
+                    generate_fn=generate)  # fmt: skip
 
 
 def test_none_adds_nothing_to_the_outputs(tmp_path):
@@ -196,8 +198,9 @@ def test_real_evaluate_loads_both_models_quantised(tiny_eval, monkeypatch, capsy
             engines.append((model, kwargs.get("quantization_config"), self.model))
 
     monkeypatch.setattr(swift.infer_engine, "TransformersEngine", Seen)  # swift_generate imports it at call time
-    result = evaluate(tuned, base, "qwen3_vl", str(tmp / "eval"), str(tmp / "p.jsonl"), max_new_tokens=4,
-                      batch_size=2, generate_fn=swift_generate, quantization=setting)  # fmt: skip
+    result = evaluate(tuned, base, "qwen3_vl", str(tmp / "eval"), str(tmp / "p.jsonl"),
+                      EvalSettings(max_new_tokens=4, batch_size=2, quantization=setting),
+                      generate_fn=swift_generate)  # fmt: skip
 
     assert [folder for folder, _, _ in engines] == [base, tuned]  # the reference first, then the tuned model
     layers = json.loads((Path(base) / "config.json").read_text())["text_config"]["num_hidden_layers"] * 7

@@ -6,11 +6,17 @@ from pathlib import Path
 import pytest
 
 from components.evaluate.core import EvalError, evaluate, load_eval_rows
+from components.evaluate.settings import EvalSettings
 
 GOLD = [
     '```json\n[{"label": "title_block", "bbox": [180, 200, 250, 250]}]\n```',
     '```json\n[{"label": "hole", "bbox": [10, 10, 30, 30]}, {"label": "title_block", "bbox": [170, 200, 250, 250]}]\n```',
 ]
+
+
+def _settings(**gate) -> EvalSettings:
+    """The eval settings these tests score with: budget 64 tokens, batch 4, and the given gate."""
+    return EvalSettings(max_new_tokens=64, batch_size=4, **gate)
 
 
 def _dataset(tmp_path: Path, golds=GOLD) -> Path:
@@ -59,7 +65,13 @@ def test_tuned_beats_reference_and_passes_gate(tmp_path):
     ds = _dataset(tmp_path)
     gen, calls = _fake({"tuned": GOLD, "base": ["no idea", "```json\n[oops\n```"]})
     result = evaluate(
-        "tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5, "f1", 0.5, 0.1, generate_fn=gen
+        "tuned",
+        "base",
+        "qwen3_vl",
+        str(ds),
+        str(tmp_path / "p.jsonl"),
+        _settings(min_value=0.5, min_margin=0.1),
+        generate_fn=gen,
     )
     assert result.passed and result.reason.startswith("PASS")
     assert result.tuned["f1"] == 1.0 and result.tuned["json_valid_rate"] == 1.0
@@ -76,7 +88,7 @@ def test_gate_fails_when_threshold_unreachable(tmp_path):
     half = [GOLD[0], "```json\n[]\n```"]
     gen, _ = _fake({"tuned": half, "base": half})
     result = evaluate(
-        "tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5, "f1", 0.0, 0.01, generate_fn=gen
+        "tuned", "base", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), _settings(min_margin=0.01), generate_fn=gen
     )
     assert not result.passed and result.reason.startswith("FAIL")
     assert result.tuned["recall"] == pytest.approx(1 / 3)
@@ -158,9 +170,7 @@ def test_tuned_model_that_is_already_the_champion_is_not_promoted(tmp_path):
     """A cached merge that an earlier run registered: generated once, and the gate fails."""
     ds = _dataset(tmp_path)
     gen, calls = _fake({"model": GOLD})
-    result = evaluate(
-        "model", "model", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), 64, 4, 0, 0.5, "f1", 0.0, 0.0, generate_fn=gen
-    )
+    result = evaluate("model", "model", "qwen3_vl", str(ds), str(tmp_path / "p.jsonl"), _settings(), generate_fn=gen)
     assert len(calls) == 1
     assert result.tuned == result.reference and result.tuned["f1"] == 1.0
     assert not result.passed and "is the reference model itself" in result.reason
@@ -250,7 +260,7 @@ def test_resized_pixel_answers_on_an_image_that_is_not_a_multiple_of_28(tmp_path
         "",
         str(ds),
         str(tmp_path / "p.jsonl"),
-        iou_threshold=0.95,
+        EvalSettings(iou_threshold=0.95),
         generate_fn=gen,
         reference_box_convention="resized_pixel",
         resize_rule=ResizeRule(),

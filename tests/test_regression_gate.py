@@ -22,6 +22,7 @@ import pytest
 from components.evaluate._report import render_report
 from components.evaluate.core import EvalError, evaluate, regression_metrics
 from components.evaluate.metrics import gate
+from components.evaluate.settings import EvalSettings
 from components.validate_data._regression import validate_regression
 from components.validate_data.core import validate_data
 from pipelines.demo import drawings
@@ -68,7 +69,8 @@ def _generator(damage_tuned_ocr: bool = True, tuned_task_right: bool = True):
 
 
 def _evaluate(datasets, tmp_path, **kwargs):
-    args = {"generate_fn": _generator(), "gate_min_margin": 0.1, "regression_max_drop": {"overall": 0.2}, **kwargs}
+    settings = EvalSettings(min_margin=0.1, regression_max_drop={"overall": 0.2})
+    args = {"generate_fn": _generator(), "settings": settings, **kwargs}
     return evaluate(
         "tuned", "base", "qwen3_vl", datasets["eval"], str(tmp_path / "predictions.jsonl"),
         dataset_marker=datasets["eval_marker"], regression_dir=datasets["regression"],

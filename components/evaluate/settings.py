@@ -9,6 +9,11 @@ and refuses what `problems()` finds (a value edited in the console's run form). 
 What needs more than the section (the generation budget against `swift.max_length`, a
 champion reference without `register.alias`, a reference folder that must exist) is checked
 by the config, which has the other sections.
+
+Adding a setting: its field (with its docstring line) and its check here, and the code that
+reads it where it acts; `core.evaluate` and the step take the settings whole, the config, the
+pipeline parameter and the console form follow from the fields. README.md's config table is
+where users look it up.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ class EvalSettings:
         max_samples: Evaluate at most this many held-out samples; 0 = all. Default 0.
         iou_threshold: A predicted box matches a gold box of the same label at IoU >= this.
             Default 0.5.
-        metric: Gate metric: one of f1, precision, recall, json_valid_rate,
-            exact_match_rate. Default f1.
+        metric: Gate metric: a gateable figure of `components.common.metrics` (`GATE_METRICS`;
+            a wrong name is refused with the list). Default f1.
         min_value: The tuned model's metric must be at least this. Default 0.0.
         min_margin: ... and beat the reference model by at least this (a positive value
             demands a strict improvement). Default 0.0.

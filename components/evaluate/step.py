@@ -1,10 +1,12 @@
 """The evaluate step as its KFP wrapper runs it (pure: no kfp): inputs read, scored, reported, recorded.
 
 `run_step` rebuilds the run's eval settings (`EvalSettings.from_dict`: the `eval_settings` run
-parameter, perhaps edited in the console's run form) and refuses what their checks find, resolves the box conventions and the reference, checks `swift.max_pixels` and builds
-the resize rule, runs `core.evaluate`, writes the HTML report, records to MLflow and returns
-the `StepOutputs` (`components.common.kfp_outputs`) that the wrapper writes into its Metrics,
-report and return values. A refused input or setting ends it with SystemExit("evaluate: ...").
+parameter, perhaps edited in the console's run form) and refuses what their checks find, resolves
+the box conventions and the reference, checks `swift.max_pixels` and builds the resize rule, runs
+`core.evaluate` with the settings whole (a setting is read where it acts, not passed on by name),
+writes the HTML report, records to MLflow and returns the `StepOutputs`
+(`components.common.kfp_outputs`) that the wrapper writes into its Metrics, report and return
+values. A refused input or setting ends it with SystemExit("evaluate: ...").
 """
 
 from __future__ import annotations
@@ -88,14 +90,11 @@ def run_step(
         result = run_eval(
             tuned_dir=tuned_model.path, reference_dir=reference.model_dir,
             model_type=base_model.metadata.get("model_type", ""), dataset_dir=eval_dataset.path,
-            predictions_out=predictions.path, max_new_tokens=s.max_new_tokens, batch_size=s.batch_size,
-            max_samples=s.max_samples, iou_threshold=s.iou_threshold, gate_metric=s.metric,
-            gate_min_value=s.min_value, gate_min_margin=s.min_margin, box_convention=box_convention,
+            predictions_out=predictions.path, settings=s, box_convention=box_convention,
             resize_rule=resize_rule, reference_box_convention=base_box_convention if reference.kind == "base" else "",
             task=task, max_pixels=max_pixels, dataset_marker=eval_dataset.metadata.get("manifest_sha256", ""),
             regression_dir=regression_dataset.path if regression_dataset is not None else "",
             regression_marker=regression_dataset.metadata.get("manifest_sha256", "") if regression_dataset else "",
-            regression_max_drop=dict(s.regression_max_drop), quantization=s.quantization, gate_on=s.gate_on,
         )  # fmt: skip
     except (EvalError, ValueError, QuantizationUnavailable) as exc:
         raise SystemExit(f"evaluate: {exc}") from None

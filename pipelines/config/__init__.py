@@ -38,7 +38,7 @@ wrong type or range for the ms-swift arguments whose meaning is well known
 (`SWIFT_ARG_RULES`).
 
 Which keys a run can change (pipeline parameters) and which are fixed when the pipeline
-is compiled: `pipelines.pipeline.RUN_PARAMETERS` and README.md's config table.
+is compiled: `pipelines.run_parameters.RUN_PARAMETERS` and README.md's config table.
 
 The package, one concept per module (each section's dataclass with its checks beside its fields):
 
