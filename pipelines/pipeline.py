@@ -81,7 +81,6 @@ from typing import Any
 from kfp import dsl
 
 from components.common.reference import BASE, CHAMPION, plan_reference
-from components.common.storage import to_fuse_path
 from components.deploy import deploy
 from components.evaluate import evaluate
 from components.evaluate.settings import EvalSettings
@@ -93,7 +92,7 @@ from components.snapshot_data import nothing_to_train, snapshot_data
 from components.stage_model import stage_model
 from components.train_lora import train_lora
 from components.validate_data import validate_data, validate_regression
-from pipelines.config import TRAIN_SERVING, Config, ConfigError
+from pipelines.config import TRAIN_SERVING, Config, ConfigError, train_settings
 from pipelines.shapes import SCHEDULING, boot_disk_type
 
 TASK_ORDER = ("snapshot-data", "stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
@@ -526,27 +525,19 @@ def _reference_task(plan: _Plan) -> tuple[Any, dict[str, Any]]:
 def _train_task(plan: _Plan, stage: Any, data: Any, swift_args: Any, champion: Any) -> Any:
     """Adds train-lora; on Vertex with durable checkpoints, after find-champion, retried on Spot."""
     cfg = plan.cfg
-    vertex_args: dict[str, Any] = {}
-    if plan.vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
-        vertex_args = {
-            "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
-            "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
-        }
+    jobset: dict[str, Any] = {}
     if plan.gke and cfg.resources.replica_count > 1:
         from pipelines.gke import jobset_template
 
-        vertex_args["jobset"] = jobset_template(cfg, plan.images["train"])
+        jobset["jobset"] = jobset_template(cfg, plan.images["train"])
     train = plan.train_op(
         base_model=stage.outputs["model"],
         train_dataset=data.outputs["train_dataset"],
         eval_dataset=data.outputs["eval_dataset"],
         swift_args=swift_args,
-        preflight=cfg.resources.preflight,
-        job_env={
-            **{str(k): v for k, v in cfg.environment.items()},
-            **cfg.tracking.job_env(cfg.pipeline.name),  # MLflow and W&B (docs/tracking.md)
-        },
-        **vertex_args,
+        # preflight, GPU check, durable checkpoints (Vertex, GKE), job environment: one value, rebuilt by the task
+        settings=train_settings(cfg, plan.vertex).as_param(),
+        **jobset,
     ).set_display_name("train-lora")
     if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
         train.after(champion)

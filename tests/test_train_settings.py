@@ -1,9 +1,11 @@
 """`TrainSettings`: train-lora's own settings besides `swift`, built from the config, checked, one task input.
 
 Pure (no model, no GPU): the settings a config gives each target (`pipelines.config.train_settings`);
-each check's message names the config field, what it must be and the value, from the type itself and
-through `load_config` (with the file and line); `from_dict` takes back what the pipeline hands the
-task (numbers as JSON doubles).
+each check's message names the config field, what it must be and the value, from the type itself,
+through `load_config` (with the file and line) and from the step (`checked_settings`, before any
+work); `from_dict` takes back what the pipeline hands the task (numbers as JSON doubles, read from
+the compiled spec itself); the compiled pipeline gives train-lora one `settings` input and none of
+the separate inputs it had before.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.train_lora import step as train_step_mod
 from components.train_lora.settings import CONFIG_KEYS, TrainSettings, TrainSettingsError
+from components.train_lora.step import checked_settings
+from pipelines.compile import compile_pipeline
 from pipelines.config import ConfigError, load_config, train_settings
+from tests.pipeline_spec import container_tasks, source
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "configs" / "qwen3_vl_4b" / "lora_seed.yaml"
 EIGHT = ROOT / "configs" / "qwen3_vl_4b" / "lora_h100_x8.yaml"
+TWO_NODES = ROOT / "configs" / "qwen3_vl_4b" / "lora_h100_x8_2node.yaml"
+TINY = ROOT / "configs" / "local" / "tiny_cpu.yaml"
+# train-lora's inputs before TrainSettings (each now a field of `settings`)
+OLD_INPUTS = ("preflight", "accelerator_count", "checkpoint_root", "checkpoint_dir", "ddp_timeout_s", "job_env")
 ENVIRONMENT = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_NVLS_ENABLE": 0}
 
 
@@ -162,3 +172,50 @@ def test_from_dict_refuses_unknown_keys_and_wrong_types(values, message):
 def test_from_dict_refuses_what_is_not_a_mapping():
     with pytest.raises(TrainSettingsError, match="train-lora settings must be a mapping, got list"):
         TrainSettings.from_dict(["preflight"])
+
+
+def test_the_step_refuses_bad_settings_before_any_work(tmp_path, monkeypatch):
+    def never(**_):
+        raise AssertionError("train_lora ran with refused settings")
+
+    monkeypatch.setattr(train_step_mod, "train_lora", never)
+    expected = (
+        r"^train-lora: settings: 'resources.preflight' must be one of fail, warn, off, got 'strict'; correct it in "
+        r"the config \(resources, pipeline.root, environment, tracking\) and compile the pipeline again$"
+    )
+    with pytest.raises(SystemExit, match=expected):
+        checked_settings({"preflight": "strict"})
+    with pytest.raises(SystemExit, match=r"^train-lora: settings: environment\.HF_TOKEN: "):
+        checked_settings({"job_env": {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}})
+    with pytest.raises(SystemExit, match=r"^train-lora: settings: unknown train-lora setting 'gpus'"):
+        checked_settings({"gpus": 8})
+    assert checked_settings({"preflight": "off", "accelerator_count": 2.0}) == TrainSettings("off", 2)
+
+
+# --- the compiled pipeline ---------------------------------------------------------------
+
+
+def _train_task(config: Path, tmp_path: Path, target: str, task: str = "train-lora") -> tuple[dict, dict]:
+    """(the compiled train-lora component's input definitions, the task's `settings` value)."""
+    out = compile_pipeline(str(config), str(tmp_path / f"{target}.yaml"), target=target)
+    spec = next(yaml.safe_load_all(out.read_text()))  # gke: the platform spec follows as a second document
+    index = container_tasks(spec)
+    component = spec["components"][index[task].spec["componentRef"]["name"]]
+    return component["inputDefinitions"]["parameters"], source(index, task, "settings").value
+
+
+@pytest.mark.parametrize(
+    ("config", "target", "task", "vertex"),
+    [
+        (TINY, "local", "train-lora", False),
+        (EIGHT, "vertex", "train-lora", True),
+        (EIGHT, "gke", "train-lora", True),
+        (TWO_NODES, "gke", "train-lora-jobset", True),  # the JobSet launcher takes the same settings
+    ],
+)
+def test_the_compiled_pipeline_gives_train_lora_one_settings_input(tmp_path, config, target, task, vertex):
+    params, value = _train_task(config, tmp_path, target, task)
+    assert params["settings"]["parameterType"] == "STRUCT" and "defaultValue" not in params["settings"]
+    assert not set(OLD_INPUTS) & set(params)
+    # what the task gets back from the spec is the config's settings, numbers as doubles included
+    assert TrainSettings.from_dict(value) == train_settings(load_config(config), vertex)
