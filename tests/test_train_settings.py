@@ -4,8 +4,8 @@ Pure (no model, no GPU): the settings a config gives each target (`pipelines.con
 each check's message names the config field, what it must be and the value, from the type itself,
 through `load_config` (with the file and line) and from the step (`checked_settings`, before any
 work); `from_dict` takes back what the pipeline hands the task (numbers as JSON doubles, read from
-the compiled spec itself); the compiled pipeline gives train-lora one `settings` input and none of
-the separate inputs it had before.
+the compiled spec itself, and through kfp.local's executor); the compiled pipeline gives train-lora
+one `settings` input and none of the separate inputs it had before.
 """
 
 from __future__ import annotations
@@ -219,3 +219,44 @@ def test_the_compiled_pipeline_gives_train_lora_one_settings_input(tmp_path, con
     assert not set(OLD_INPUTS) & set(params)
     # what the task gets back from the spec is the config's settings, numbers as doubles included
     assert TrainSettings.from_dict(value) == train_settings(load_config(config), vertex)
+
+
+def test_the_kfp_executor_hands_the_settings_to_the_step(tmp_path, capfd):
+    """Through kfp.local's real executor (JSON struct, numbers as doubles): refused settings end the task
+    with the step's message; accepted ones reach the core (which then refuses the empty model folder)."""
+    from kfp import dsl, local
+
+    from components.train_lora.component import train_lora
+
+    for name in ("model", "train", "eval"):
+        (tmp_path / name).mkdir()
+
+    def run(settings: dict) -> str:
+        @dsl.pipeline(name="train-settings")
+        def one_task():
+            model = dsl.importer(artifact_uri=str(tmp_path / "model"), artifact_class=dsl.Model)
+            train = dsl.importer(artifact_uri=str(tmp_path / "train"), artifact_class=dsl.Dataset)
+            held_out = dsl.importer(artifact_uri=str(tmp_path / "eval"), artifact_class=dsl.Dataset)
+            train_lora(
+                base_model=model.output,
+                train_dataset=train.output,
+                eval_dataset=held_out.output,
+                swift_args={},
+                settings=settings,
+            )
+
+        local.init(
+            local.SubprocessRunner(use_venv=False),
+            pipeline_root=str(tmp_path / "root"),
+            enable_caching=False,
+            raise_on_error=False,
+        )
+        one_task()
+        captured = capfd.readouterr()
+        return captured.out + captured.err
+
+    refused = run({"preflight": "strict"})
+    assert "train-lora: settings: 'resources.preflight' must be one of fail, warn, off, got 'strict'" in refused
+    accepted = run(TrainSettings("off", 0, "", "", 600, {"NCCL_NVLS_ENABLE": 0}).as_param())
+    assert "train-lora: settings:" not in accepted
+    assert f"train-lora: {tmp_path / 'model'}: base model folder has no config.json" in accepted
