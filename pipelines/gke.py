@@ -26,7 +26,7 @@ import yaml
 
 from components.common import gpudirect
 from components.common import jobset as js
-from pipelines.config import Config, ConfigError, check_gke, load_config, parse_overrides
+from pipelines.config import Config, ConfigError, check_gke, load_config, parse_overrides, train_settings
 from pipelines.gke_section import GKE_ACCELERATORS, gke_bucket
 
 JOBSET_FILE, STORAGE_FILE, RBAC_FILE = "jobset.yaml", "storage.yaml", "rbac.yaml"
@@ -112,10 +112,10 @@ def train_command(
     model_type: str = "",
 ) -> tuple[list[str], list[str]]:
     """The JobSet container's command and arguments for a config (`components.common.jobset.training_command`)."""
-    r = cfg.resources
-    gpus = r.accelerator_count if r.accelerator_type else 0
+    s = train_settings(cfg)  # train-lora's GPU check and preflight mode, as the pipeline's task gets them
+    gpus, preflight = s.accelerator_count, s.preflight
     return js.training_command(
-        model, train, eval_dir, adapter, checkpoint_dir, cfg.swift, gpus, r.preflight, job_env, model_type
+        model, train, eval_dir, adapter, checkpoint_dir, cfg.swift, gpus, preflight, job_env, model_type
     )
 
 
@@ -148,7 +148,7 @@ def jobset_spec(cfg: Config, image: str, name: str, command: list[str], args: li
 
 
 def _job_env(cfg: Config) -> dict[str, Any]:
-    return {**{str(k): v for k, v in cfg.environment.items()}, **cfg.tracking.job_env(cfg.pipeline.name)}
+    return train_settings(cfg).job_env  # the environment section, then tracking's MLflow and W&B variables
 
 
 def _check_folder(out: Path, name: str) -> None:

@@ -21,7 +21,9 @@ Parameters (what a run can change) and the naming rule:
   config section takes it as one value, field for field under the YAML's names: deploy's
   `settings` is the `deploy` section (`components.deploy.settings.DeploySettings`, fixed at
   compile time), evaluate's `settings` the `eval_settings` parameter
-  (`components.evaluate.settings.EvalSettings`; register records the gate's rules from it).
+  (`components.evaluate.settings.EvalSettings`; register records the gate's rules from it),
+  train-lora's `settings` its compile-time keys from `resources`, `pipeline.root` and `environment`
+  (`components.train_lora.settings.TrainSettings`, `pipelines.config.train_settings`).
 * Everything else is fixed when the pipeline is compiled: `pipeline.*`, `resources`,
   `images`, `register`, `deploy`, `vertex` (task machines, images, the CustomJob, the registry
   entry, labels), `eval.reference` (whether a find-champion task exists), `eval.regression`

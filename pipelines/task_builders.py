@@ -12,14 +12,13 @@ from typing import Any
 from kfp import dsl
 
 from components.common.reference import CHAMPION
-from components.common.storage import to_fuse_path
 from components.evaluate import evaluate
 from components.find_champion import find_champion
 from components.merge_export import merge_export
 from components.snapshot_data import nothing_to_train, snapshot_data
 from components.stage_model import stage_model
 from components.validate_data import validate_data, validate_regression
-from pipelines.config import TRAIN_SERVING, Config
+from pipelines.config import TRAIN_SERVING, Config, train_settings
 from pipelines.targets import Plan
 
 TASK_ORDER = ("snapshot-data", "stage-model", "validate-data", "train-lora", "merge-export", "evaluate")
@@ -180,27 +179,19 @@ def regression_task(plan: Plan, p: dict[str, Any], snapshot: Any, stage: Any) ->
 def train_task(plan: Plan, stage: Any, data: Any, swift_args: Any, champion: Any) -> Any:
     """Adds train-lora; on Vertex with durable checkpoints, after find-champion, retried on Spot."""
     cfg = plan.cfg
-    vertex_args: dict[str, Any] = {}
-    if plan.vertex:  # durable, verified checkpoints under the pipeline root: a retried job resumes
-        vertex_args = {
-            "checkpoint_root": to_fuse_path(cfg.pipeline.root.rstrip("/")) + "/checkpoints",
-            "accelerator_count": cfg.resources.accelerator_count if cfg.resources.accelerator_type else 0,
-        }
+    jobset: dict[str, Any] = {}
     if plan.gke and cfg.resources.replica_count > 1:
         from pipelines.gke import jobset_template
 
-        vertex_args["jobset"] = jobset_template(cfg, plan.images["train"])
+        jobset["jobset"] = jobset_template(cfg, plan.images["train"])
     train = plan.train_op(
         base_model=stage.outputs["model"],
         train_dataset=data.outputs["train_dataset"],
         eval_dataset=data.outputs["eval_dataset"],
         swift_args=swift_args,
-        preflight=cfg.resources.preflight,
-        job_env={
-            **{str(k): v for k, v in cfg.environment.items()},
-            **cfg.tracking.job_env(cfg.pipeline.name),  # MLflow and W&B (docs/tracking.md)
-        },
-        **vertex_args,
+        # preflight, GPU check, durable checkpoints (Vertex, GKE), job environment: one value, rebuilt by the task
+        settings=train_settings(cfg, plan.vertex).as_param(),
+        **jobset,
     ).set_display_name("train-lora")
     if champion is not None:  # Vertex fails slow: without this, a failed look-up would still let training run
         train.after(champion)

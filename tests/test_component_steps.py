@@ -119,8 +119,8 @@ def test_train_step_calls_the_core_with_the_artifacts_and_returns_its_outputs(tm
     arts = _train_inputs(tmp_path)
     swift = {"num_train_epochs": 1}
     env = {tracking.ENV_URI: "http://mlflow:5000", "NCCL_DEBUG": "WARN"}
-    out = train_step_mod.train_step(**arts, swift_args=swift, checkpoint_root="gs://b/ckpt", accelerator_count=8,
-                                    preflight="warn", job_env=env)  # fmt: skip
+    settings = {"checkpoint_root": "gs://b/ckpt", "accelerator_count": 8, "preflight": "warn", "job_env": env}
+    out = train_step_mod.train_step(**arts, swift_args=swift, settings=settings)
     (call,) = fake_train.calls
     key = durable_checkpoint_dir("gs://b/ckpt", "gs://b/models/m", "gs://b/run/train", "gs://b/run/eval", swift)
     assert key.startswith("gs://b/ckpt/") and key.endswith("/train-lora")
@@ -147,8 +147,10 @@ def test_train_step_calls_the_core_with_the_artifacts_and_returns_its_outputs(tm
 
 
 def test_train_step_keeps_a_given_checkpoint_dir_and_ddp_timeout(tmp_path, fake_train, attached):
-    train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={}, checkpoint_dir="/gcs/b/ck", ddp_timeout_s=600)
-    train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={})  # no root: no durable checkpoints
+    # a given folder wins over the root's; numbers arrive as KFP passes them (doubles)
+    given = {"checkpoint_dir": "/gcs/b/ck", "ddp_timeout_s": 600.0, "checkpoint_root": "gs://b/ckpt"}
+    train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={}, settings=given)
+    train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={}, settings={})  # no root: no durable checkpoints
     assert [c["checkpoint_dir"] for c in fake_train.calls] == ["/gcs/b/ck", None]
     assert [c["ddp_timeout_s"] for c in fake_train.calls] == [600, None]
 
@@ -157,14 +159,14 @@ def test_train_step_turns_a_refused_run_and_an_unreachable_tracker_into_one_line
     tmp_path, fake_train, monkeypatch
 ):
     with pytest.raises(SystemExit, match=r"^train-lora: swift.max_length must be > 0, got -1$"):
-        train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={"refuse": True})
+        train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={"refuse": True}, settings={})
 
     def unreachable(*_):
         raise tracking.TrackingError("MLflow at http://mlflow:5000 cannot be reached; start it or set ...=0")
 
     monkeypatch.setattr(tracking, "attach_files", unreachable)
     with pytest.raises(SystemExit, match=r"^train-lora: MLflow at http://mlflow:5000 cannot be reached"):
-        train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={})
+        train_step_mod.train_step(**_train_inputs(tmp_path), swift_args={}, settings={})
 
 
 def _kfp_train_args(tmp_path: Path) -> dict:
@@ -174,6 +176,7 @@ def _kfp_train_args(tmp_path: Path) -> dict:
         train_dataset=dsl.Dataset(uri=str(tmp_path / "train"), metadata={"data_snapshot": "snap-1"}),
         eval_dataset=dsl.Dataset(uri=str(tmp_path / "eval")),
         swift_args={},
+        settings={},
         adapter=dsl.Model(uri=str(tmp_path / "out" / "adapter")),
         metrics=dsl.Metrics(uri=str(tmp_path / "out" / "metrics")),
         loss_curve=dsl.HTML(uri=str(tmp_path / "out" / "loss_curve")),
@@ -229,7 +232,8 @@ def test_the_jobset_step_names_the_jobset_by_its_inputs_and_writes_the_chiefs_re
     result.write_text(json.dumps(record))
     Path(str(result) + ".html").write_bytes(b"<html>curve \xc3\xa9</html>")
     template = _jobset_template()
-    train_lora_jobset.python_func(**args, jobset=template, checkpoint_root="gs://b/ckpt", accelerator_count=8)
+    args["settings"] = {"checkpoint_root": "gs://b/ckpt", "accelerator_count": 8}
+    train_lora_jobset.python_func(**args, jobset=template)
     inputs = ("gs://b/models/m", args["train_dataset"].uri, args["eval_dataset"].uri, {})
     (manifest,) = followed
     assert manifest["metadata"]["name"] == "vlm-lora-" + durable_checkpoint_dir("k", *inputs).split("/")[1]
@@ -314,7 +318,7 @@ def test_the_steps_outputs_go_through_the_one_helper(tmp_path, fake_train, attac
     """train_step's outputs on plain stand-ins: the helper logs the numbers and copies the curve whole."""
     arts = _train_inputs(tmp_path)
     metrics, curve = FakeMetrics(), Art(str(tmp_path / "curve.html"))
-    out = train_step_mod.train_step(**arts, swift_args={})
+    out = train_step_mod.train_step(**arts, swift_args={}, settings={})
     write_outputs(out, metrics, adapter=arts["adapter"], loss_curve=curve)
     assert metrics.logged == list(METRICS.items())
     assert Path(curve.path).read_text() == Path(out.files["loss_curve"]).read_text()

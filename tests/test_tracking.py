@@ -378,7 +378,7 @@ def test_the_compiled_pipeline_gives_train_lora_evaluate_and_register_the_settin
     index = container_tasks(spec)
     expected = {"mlflow_uri": "http://10.0.0.5:5000", "experiment": load_config(config).pipeline.name, "required": True}
     assert source(index, "evaluate", "tracking").value == expected
-    job_env = source(index, "train-lora", "job_env").value
+    job_env = source(index, "train-lora", "settings").value["job_env"]
     assert job_env["MLFLOW_TRACKING_URI"] == "http://10.0.0.5:5000"
     assert job_env["MLFLOW_EXPERIMENT_NAME"] == expected["experiment"] and job_env["VLM_LORA_TRACKING_REQUIRED"] == "1"
     if target == "vertex":
@@ -391,7 +391,7 @@ def test_the_compiled_pipeline_gives_train_lora_evaluate_and_register_the_settin
     )  # fmt: skip
     plain_index = container_tasks(plain)
     assert "tracking" not in plain_index["evaluate"].spec["inputs"].get("parameters", {})
-    assert not any(k.startswith("MLFLOW") for k in source(plain_index, "train-lora", "job_env").value or {})
+    assert not any(k.startswith("MLFLOW") for k in source(plain_index, "train-lora", "settings").value["job_env"])
 
 
 # ---------------------------------------------------------------- packaging

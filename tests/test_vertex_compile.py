@@ -277,8 +277,9 @@ def test_training_gets_durable_checkpoints_under_the_pipeline_root(tmp_path):
     index = tasks(raw)
     params = index["train-lora"].spec["inputs"]["parameters"]
     root = cfg.pipeline.root[len("gs://") :].rstrip("/")
-    assert params["checkpoint_root"]["runtimeValue"]["constant"] == f"/gcs/{root}/checkpoints"
-    assert params["accelerator_count"]["runtimeValue"]["constant"] == cfg.resources.accelerator_count
+    settings = params["settings"]["runtimeValue"]["constant"]  # train-lora's settings, one value
+    assert settings["checkpoint_root"] == f"/gcs/{root}/checkpoints" and settings["checkpoint_dir"] == ""
+    assert settings["accelerator_count"] == cfg.resources.accelerator_count
     assert "run_id" not in params and "run_id" not in raw["components"]["comp-train-lora"]["inputDefinitions"]
     assert "run_id" not in index["merge-export"].spec.get("inputs", {}).get("parameters", {})
     for name in ("train-lora", "merge-export"):
@@ -390,9 +391,9 @@ def test_preflight_mode_and_job_environment_reach_train_lora(tmp_path):
     path.write_text("# test\n" + yaml.safe_dump(raw))
     compiled, _ = _compiled(str(path), tmp_path)
     index = tasks(compiled)
-    params = index["train-lora"].spec["inputs"]["parameters"]
-    assert params["preflight"]["runtimeValue"]["constant"] == "warn"
-    assert params["job_env"]["runtimeValue"]["constant"] == {
+    settings = index["train-lora"].spec["inputs"]["parameters"]["settings"]["runtimeValue"]["constant"]
+    assert settings["preflight"] == "warn"
+    assert settings["job_env"] == {
         "NCCL_DEBUG": "INFO",
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_NVLS_ENABLE": 0,

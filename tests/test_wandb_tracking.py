@@ -257,7 +257,7 @@ def test_the_compiled_pipeline_gives_train_lora_and_evaluate_the_wandb_settings(
     text = out.read_text()
     index = container_tasks(yaml.safe_load(text))
     assert source(index, "evaluate", "tracking").value["wandb"]["project"] == "vlm-lora-tests"
-    job_env = source(index, "train-lora", "job_env").value
+    job_env = source(index, "train-lora", "settings").value["job_env"]
     assert job_env["WANDB_PROJECT"] == "vlm-lora-tests" and job_env["VLM_LORA_WANDB_LOGIN_FROM"] == "env:MY_WANDB_KEY"
     assert "MLFLOW_TRACKING_URI" not in job_env and "WANDB_API_KEY" not in text
 

@@ -1,6 +1,7 @@
 """The train-lora steps as their KFP wrappers run them (pure: no kfp): train here, or as a GKE JobSet.
 
-`train_step` runs `core.train_lora` on the input artifacts' paths, writes the loss-curve report,
+Both first rebuild the task's `settings` (`TrainSettings.from_dict`) and refuse what their checks
+find (`checked_settings`). `train_step` runs `core.train_lora` on the input artifacts' paths, writes the loss-curve report,
 attaches it to the adapter's MLflow and W&B runs and returns the `StepOutputs`
 (`components.common.kfp_outputs`): the metrics, the adapter's metadata and the report to copy
 onto `loss_curve`. A worker node of a multi-node job prints one line and exits 0, so the KFP
@@ -20,6 +21,7 @@ from components.common import tracking, wandb_tracking
 from components.common.kfp_outputs import ArtifactLike, StepOutputs
 from components.common.kube_jobs import JobSetFailed, follow_jobset, in_cluster_client
 from components.train_lora.core import TrainError, durable_checkpoint_dir, loss_curve_html, train_lora
+from components.train_lora.settings import TrainSettings, TrainSettingsError
 
 MODEL_REF = ("source", "revision", "architecture", "model_type")
 """The staged model's metadata keys the adapter's metadata repeats (and `base_model.json` records)."""
@@ -33,10 +35,28 @@ def _inputs(base_model: ArtifactLike, train: ArtifactLike, eval_: ArtifactLike, 
     return (base_model.uri, train.uri, eval_.uri, dict(swift_args))
 
 
+def checked_settings(settings: dict) -> TrainSettings:
+    """The train-lora task's `settings` rebuilt and checked, or SystemExit naming the config field and the fix.
+
+    Raises:
+        SystemExit: An unknown key, a value of the wrong type, or one `TrainSettings.problems` finds.
+    """
+    try:
+        rebuilt = TrainSettings.from_dict(settings)
+        problems = rebuilt.problems()
+        if problems:
+            raise TrainSettingsError(problems[0])
+    except TrainSettingsError as exc:
+        raise SystemExit(
+            f"train-lora: settings: {exc}; correct it in the config (resources, pipeline.root, environment, "
+            "tracking) and compile the pipeline again"
+        ) from None
+    return rebuilt
+
+
 def train_step(
     base_model: ArtifactLike, train_dataset: ArtifactLike, eval_dataset: ArtifactLike, adapter: ArtifactLike, *,
-    swift_args: dict, checkpoint_dir: str = "", accelerator_count: int = 0, ddp_timeout_s: int = 0,
-    checkpoint_root: str = "", preflight: str = "fail", job_env: dict | None = None,
+    swift_args: dict, settings: dict,
 ) -> StepOutputs:  # fmt: skip
     """Runs the train-lora step; the arguments are the component's (see `components.train_lora.component`).
 
@@ -44,20 +64,23 @@ def train_step(
         metrics; metadata of "adapter"; files: the loss-curve report for "loss_curve".
 
     Raises:
-        SystemExit: A refused run or a required tracker out of reach ("train-lora: ..."); 0 on a worker node.
+        SystemExit: Refused settings, a refused run or a required tracker out of reach ("train-lora: ..."); 0 on a
+            worker node.
     """
-    job_env = dict(job_env or {})
+    s = checked_settings(settings)
+    job_env = dict(s.job_env)
     ref = {k: base_model.metadata.get(k) for k in MODEL_REF}
-    if not checkpoint_dir:
-        checkpoint_dir = durable_checkpoint_dir(checkpoint_root, *_inputs(base_model, train_dataset, eval_dataset,
-                                                                          swift_args))  # fmt: skip
+    checkpoint_dir = s.checkpoint_dir or durable_checkpoint_dir(
+        s.checkpoint_root, *_inputs(base_model, train_dataset, eval_dataset, swift_args)
+    )
     work_dir = tempfile.mkdtemp(prefix="train-lora-")
     try:
         result = train_lora(
             model_dir=base_model.path, model_type=base_model.metadata.get("model_type", ""),
             train_dir=train_dataset.path, eval_dir=eval_dataset.path, swift_args=swift_args, adapter_out=adapter.path,
             work_dir=work_dir, base_model_ref={**ref, "uri": base_model.uri}, checkpoint_dir=checkpoint_dir or None,
-            expected_gpus=accelerator_count, ddp_timeout_s=ddp_timeout_s or None, preflight=preflight, job_env=job_env,
+            expected_gpus=s.accelerator_count, ddp_timeout_s=s.ddp_timeout_s or None, preflight=s.preflight,
+            job_env=job_env,
             dataset_markers={d.path: d.metadata.get("manifest_sha256", "") for d in (train_dataset, eval_dataset)},
         )  # fmt: skip
     except TrainError as exc:
@@ -93,8 +116,7 @@ def attach_report(adapter_path: str, curve: str, job_env: dict) -> None:
 
 def jobset_step(
     base_model: ArtifactLike, train_dataset: ArtifactLike, eval_dataset: ArtifactLike, adapter: ArtifactLike, *,
-    swift_args: dict, jobset: dict, checkpoint_root: str = "", accelerator_count: int = 0, preflight: str = "fail",
-    job_env: dict | None = None,
+    swift_args: dict, jobset: dict, settings: dict,
 ) -> StepOutputs:  # fmt: skip
     """Runs train-lora as a JobSet and waits; the arguments are the component's (`train_lora_jobset`).
 
@@ -102,14 +124,15 @@ def jobset_step(
         The chief's metrics; metadata of "adapter"; files: its loss-curve report for "loss_curve".
 
     Raises:
-        SystemExit: The JobSet failed ("train-lora: ..." with the failed pod's last log lines).
+        SystemExit: Refused settings, or the JobSet failed ("train-lora: ..." with the failed pod's last log lines).
     """
+    s = checked_settings(settings)
     inputs = _inputs(base_model, train_dataset, eval_dataset, swift_args)
-    checkpoints = durable_checkpoint_dir(checkpoint_root, *inputs)
+    checkpoints = s.checkpoint_dir or durable_checkpoint_dir(s.checkpoint_root, *inputs)
     name = "vlm-lora-" + durable_checkpoint_dir("k", *inputs).split("/")[1]  # the inputs' key: one JobSet per inputs
     _, args = js.training_command(
         base_model.uri, train_dataset.uri, eval_dataset.uri, adapter.uri, checkpoints, dict(swift_args),
-        accelerator_count, preflight, dict(job_env or {}), base_model.metadata.get("model_type", ""),
+        s.accelerator_count, s.preflight, dict(s.job_env), base_model.metadata.get("model_type", ""),
     )  # fmt: skip
     try:
         follow_jobset(in_cluster_client(), js.with_run(jobset, name, args))

@@ -28,6 +28,10 @@ A config is value-only YAML with eleven sections (`pipeline`, `model` and `data`
 * `tracking`: the MLflow server and W&B project results go to (`components.common.tracking`, docs/tracking.md);
   `swift.report_to` names only what the images can serve (W&B is refused here, not in the GPU job).
 
+train-lora's settings besides `swift` (the preflight mode, the GPU check, the durable checkpoints, the
+job's environment) are its own settings type, `components.train_lora.settings.TrainSettings`, read from
+`resources`, `pipeline.root`, `environment` and `tracking` by `train_settings(cfg, vertex)` (`_train`).
+
 Unknown keys and wrong types are errors that name the file, the line, the key and what
 is expected: `ConfigError`, raised before any work starts. So are careless and hostile
 files: a duplicate key at any depth (never "last one wins"), a file over 1 MiB, YAML that
@@ -47,7 +51,7 @@ The package, one concept per module (each section's dataclass with its checks be
 * `_inputs` (pipeline, model, data), `_eval` (eval's checks across sections), `_swift`,
   `_vertex` (vertex, resources, images),
   `_serving` (register; deploy's checks across sections), `_schedule`, `_tracking`: the sections
-  and their checks.
+  and their checks; `_train`: train-lora's settings from the sections.
 * `_schema`: `Config` and the section table; `_checks`: the order the checks run in;
   `_load`: `load_config`; `_local_dirs`: the local folders a run writes.
 """
@@ -78,6 +82,7 @@ from pipelines.config._schema import Config
 from pipelines.config._serving import TRAIN_SERVING, RegisterSection
 from pipelines.config._swift import SWIFT_ARG_RULES
 from pipelines.config._tracking import TrackingSection
+from pipelines.config._train import train_settings
 from pipelines.config._vertex import ImagesSection, ResourcesSection, VertexSection
 from pipelines.config._yaml import MAX_CONFIG_BYTES, MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES, where_in
 from pipelines.gke_section import GkeSection
@@ -117,5 +122,6 @@ __all__ = [
     "parse_overrides",
     "resolve_config_path",
     "shipped_configs",
+    "train_settings",
     "where_in",
 ]

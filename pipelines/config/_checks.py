@@ -25,6 +25,7 @@ from pipelines.config._swift import (
     check_tuner_type,
 )
 from pipelines.config._tracking import check_tracking
+from pipelines.config._train import train_settings
 from pipelines.config._values import scan_values
 from pipelines.config._vertex import (
     check_machine,
@@ -100,8 +101,11 @@ def _check_sections(cfg: Config, where: Where) -> None:
 def _check_vertex(cfg: Config, where: Where) -> None:
     """Checks the Vertex sections: shapes and regions against `pipelines.shapes`' tables, the job's rules, the cron."""
     v, r, s = cfg.vertex, cfg.resources, cfg.schedule
+    train = train_settings(cfg).checks()  # train-lora's own (resources.preflight, the GPU count)
     refuse_bad_fields(
-        cfg, [*resources_checks(r), *vertex_checks(v), *schedule_checks(s), *register_checks(cfg.register)], where
+        cfg,
+        [*resources_checks(r), *train, *vertex_checks(v), *schedule_checks(s), *register_checks(cfg.register)],
+        where,
     )
     check_machine(r, where)
     for key, problem in job_rule_problems(cfg)[:1]:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.common.model_fit import GPU_MEMORY_GIB, ModelTooLarge, check_fits, known_model_bytes
-from components.common.preflight import MODES as PREFLIGHT_MODES
 from components.common.quantization import known_quantized_bytes
 from pipelines import shapes
 from pipelines.config._errors import Check, ConfigError, Where
@@ -85,7 +84,8 @@ class ResourcesSection:
         light_memory_gb: Memory of the light tasks, GB. Default 16.
         preflight: GPU and interconnect check train-lora runs on every node before training
             (`components.common.preflight`): "fail" stops a bad node, "warn" logs and
-            trains, "off" skips it. Default "fail".
+            trains, "off" skips it. Default "fail". train-lora's setting
+            (`components.train_lora.settings.TrainSettings`, which checks it).
         price_usd_per_hour: Price of one training machine per hour, USD, for the cost estimate
             `pipelines.run` prints and train-lora logs; 0 = the approximate list price in
             `components.common.cost.PRICES` (on-demand or Spot by `scheduling`). Default 0.
@@ -133,7 +133,6 @@ def resources_checks(r: ResourcesSection) -> list[Check]:
         ("resources.boot_disk_gb", 100 <= r.boot_disk_gb <= 65536, "an integer from 100 to 65536 (GB)"),
         ("resources.scheduling", r.scheduling in shapes.SCHEDULING, "one of " + ", ".join(shapes.SCHEDULING)),
         ("resources.max_wait_s", r.max_wait_s >= 0, "0 (no limit) or a positive number of seconds"),
-        ("resources.preflight", r.preflight in PREFLIGHT_MODES, "one of " + ", ".join(PREFLIGHT_MODES)),
         ("resources.timeout_s", r.timeout_s > 0, "a positive number of seconds"),
         (
             "resources.price_usd_per_hour",
