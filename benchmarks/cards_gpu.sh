@@ -38,7 +38,7 @@ log=$OUT/$phase.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$log"
 python3 -c 'import torch, transformers, peft; print("versions", torch.__version__, transformers.__version__, peft.__version__)' | tee -a "$log"
 if [ "$phase" = tests ]; then
-    mapfile -t files < <(grep -l "cuda.is_available" tests/test_*.py)
+    mapfile -t files < <(grep -l "cuda.is_available" tests/test_*.py speedups/tests/test_*.py)
     echo "GPU test files: ${files[*]}" | tee -a "$log"
     python3 -m pytest -o addopts= -q -p no:cacheprovider -rs "${files[@]}" tests/test_partial_checkpointing.py 2>&1 \
         | tail -25 | tee -a "$log"

@@ -13,7 +13,8 @@ train-lora, merge-export, evaluate). Which image a compiled pipeline uses, first
 spec, which names the image) never reuses a result made by other code: `<version>-<hash>`,
 the project version and 12 hex digits of a sha256 over `TAG_INPUTS` (the project's code
 and package data under components/, pipelines/ and speedups/, pyproject.toml, setup.py, requirements.lock
-and the Dockerfiles), each file's relative path and bytes as they are on disk, in path order.
+and the Dockerfiles), each file's relative path and bytes as they are on disk, in path order. The speed-up layer's
+tests, GPU benchmarks and README (`NOT_IN_IMAGES`) are neither in the images nor hashed: a test's change keeps the tag.
 Not hashed: `__pycache__`, `*.pyc` and every file git ignores (the build context leaves
 them out too), README.md (copied for the package metadata only; nothing runs it). Where
 git cannot list the files (no .git: inside an image, an unpacked archive) a walk skips
@@ -71,6 +72,9 @@ DEPS_INPUTS = ("requirements.lock", "images/Dockerfile.train-deps")
 VARIANTS = ("flash-attn",)
 # Build context files that are copied into the images but do not change what runs.
 NOT_HASHED = ("README.md",)
+# Folders and files inside TAG_INPUTS that the images leave out (.dockerignore) and the tag does not hash: the
+# speed-up layer's tests, GPU benchmarks and README, none of them in the wheel either (pyproject's package find).
+NOT_IN_IMAGES = ("speedups/tests", "speedups/benchmarks", "speedups/README.md")
 # Written by setup.py into the built package (never into the tree): {"tag": TAG, "deps_tag": DEPS_TAG}.
 BAKED_TAGS = "_image_tags.json"
 # Skipped where git cannot list the files (inside an image, an unpacked archive); the same
@@ -119,12 +123,17 @@ def source_files(root: Path) -> list[str]:
                 dirs[:] = [d for d in dirs if not _skipped(d)]
                 rel = Path(folder).relative_to(root).as_posix()
                 listed += [f"{rel}/{f}" for f in files]
-    return sorted({p for p in listed if not _skipped(p) and (root / p).is_file()})
+    return sorted({p for p in listed if not _skipped(p) and not _outside_images(p) and (root / p).is_file()})
 
 
 def _skipped(rel: str) -> bool:
     """Whether a relative path is a cache or build leftover (`__pycache__`, `*.pyc`, `*.egg-info`, ...)."""
     return any(part in _SKIP_DIRS or part.endswith(_SKIP_SUFFIXES) for part in rel.split("/"))
+
+
+def _outside_images(rel: str) -> bool:
+    """Whether a relative path is, or is inside, one of `NOT_IN_IMAGES`."""
+    return any(rel == name or rel.startswith(f"{name}/") for name in NOT_IN_IMAGES)
 
 
 def _git_files(root: Path) -> list[str] | None:

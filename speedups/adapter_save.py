@@ -11,7 +11,7 @@ While the trainer saves a LoRA model, `adapter_entries` hands that save only the
 state dict that peft's adapter save keeps. It asks peft itself which those are, for every adapter,
 and checks that peft keeps exactly the same from the smaller dict; where it cannot tell (peft made
 new tensors, a different selection) it returns None and the full copy is made as before. The saved
-adapter is the same file either way (tests/test_adapter_save.py).
+adapter is the same file either way (speedups/tests/test_adapter_save.py).
 """
 
 from __future__ import annotations

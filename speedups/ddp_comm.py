@@ -5,7 +5,7 @@ travel in three all-reduces that start during the backward. Their bytes take abo
 two H200s measure (preflight_gpu.sh, 2026-11-24), so overlapping them saves almost nothing, while each
 NCCL kernel sits on the GPU beside the backward's kernels until the other rank reaches the same bucket.
 `ddp_settings` sizes the bucket to hold every trainable gradient: DDP then reduces them in one all-reduce after
-the backward (an explicit cap also sizes DDP's first bucket: tests/test_ddp_comm.py counts one). And DDP
+the backward (an explicit cap also sizes DDP's first bucket: speedups/tests/test_ddp_comm.py counts one). And DDP
 broadcasts every buffer from rank 0 before each forward (`broadcast_buffers`), a collective that waits for both
 ranks; a model whose buffers are all
 non-persistent (not in its state dict: values it derives from its config when built, such as Qwen-VL's

@@ -7,7 +7,7 @@ until 2026-11-28) gained nothing beyond the run-to-run spread on two H200s (0.46
 0.467-0.477 with it; 2026-11-28, train_throughput.py auto_liger_autogc_log5) and was deleted; the census
 shows whether collections pause a rank in a new setting.
 
-Pure (the `gc` module and a clock); tests/test_gc_census.py runs it.
+Pure (the `gc` module and a clock); speedups/tests/test_gc_census.py runs it.
 """
 
 from __future__ import annotations

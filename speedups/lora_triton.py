@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-# tiles measured on an H100 with benchmarks/lora_kernels.py (bf16, K = 2,560 / 4,096 / 9,728, M = 9,656;
+# tiles measured on an H100 with speedups/benchmarks/lora_kernels.py (bf16, K = 2,560 / 4,096 / 9,728, M = 9,656;
 # 2026-11-25, re-checked within 1 % on 2026-11-26; dx 54.7 µs against PyTorch's 140.3 at K 2,560): the best of five tile
 # shapes for each kernel at every width
 _DX_BLOCK_M, _DX_BLOCK_K = 64, 64
@@ -54,7 +54,7 @@ _DA_PROGRAMS = 264
 
 
 # with a seed the kernels compute the mask (Philox: integer work) instead of reading it, and want other tiles:
-# measured on an H100 with benchmarks/lora_kernels.py at 19,312 rows (16 × 1,207 tokens: the planner's 16 × 1;
+# measured on an H100 with speedups/benchmarks/lora_kernels.py at 19,312 rows (16 × 1,207 tokens: the planner's 16 × 1;
 # 2026-11-26: the three seeded passes of a layer 2,619 -> 2,018 µs), the best summed over a decoder layer's
 # widths (5 × 2,560, 4,096, 9,728)
 # - the forward's `dropped_rank_product` (one program per BLOCK_M rows, a loop over the input's width)

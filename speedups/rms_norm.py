@@ -4,7 +4,7 @@ Liger's RMSNorm is one Triton kernel each way, but launching it goes through Lig
 Triton's Python launcher: about 0.3 ms of host time per call on the H100 machine, eight calls per
 decoder layer of the 4B (input and post-attention norms, q and k norms; forward and backward), of a
 layer's 8-10 ms of host time against its 11 ms of GPU time at the tuned plan's micro-batch
-(1 x H100, 2026-11-25, `benchmarks/layer_host_time.py`). `torch.nn.functional.rms_norm` on a CUDA
+(1 x H100, 2026-11-25, `speedups/benchmarks/layer_host_time.py`). `torch.nn.functional.rms_norm` on a CUDA
 tensor runs one fused kernel each way (`aten::_fused_rms_norm`) launched through the dispatcher in
 tens of microseconds.
 

@@ -25,7 +25,7 @@ a shape the GPU handles badly:
    with autocast off: PyTorch's kernel computes in float32 all the same and rounds once on writing, which
    is the value the linear layer would have cast it to.
 
-Measured on an H100 (`benchmarks/vision_forward.py`, 16 drawings of 1024², bf16 autocast): 249 ms per
+Measured on an H100 (`speedups/benchmarks/vision_forward.py`, 16 drawings of 1024², bf16 autocast): 249 ms per
 forward; the matmul patch embedding −8 ms, the rotary kernel −58 ms, the 16-bit norms −18 ms, all three 161 ms;
 the rotary and the norms give bit-equal outputs. (PyTorch's variable-length flash attention, one call per block for
 all images, was slower than cuDNN's per-image sdpa there: 85 against 57 ms of attention kernels.)

@@ -4,7 +4,7 @@ transformers' `apply_rotary_pos_emb_vision(q, k, cos, sin)` casts q and k to flo
 `rotate_half` by concatenation and computes `q * cos + rotate_half(q) * sin` in float32 before
 rounding back: eleven elementwise kernels over float32 copies of q and k in each of the 4B's 24
 vision blocks (about 70 ms of a 250 ms vision forward for 16 drawings on an H100,
-2026-11-26, benchmarks/vision_forward.py). `rotary` reads q and k once (any strides: they are views of the qkv
+2026-11-26, speedups/benchmarks/vision_forward.py). `rotary` reads q and k once (any strides: they are views of the qkv
 projection's output) and writes both results, with the same float32 operations in the same order
 (`x1 * cos1 + (-x2) * sin1`, `x2 * cos2 + x1 * sin2`, no fused multiply-add) and one rounding to the
 input's dtype, so the results are the same numbers transformers computes.

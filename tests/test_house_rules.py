@@ -7,8 +7,9 @@
 * Layers: `components/` never imports `pipelines/`; `pipelines/` never reaches into a component's `_private`
   module or name; the speed-up layer (`speedups/`) imports neither.
 
-The product tree is `components/`, `pipelines/` and `speedups/`. The import rules between components
-are tests/test_architecture.py's.
+The product tree is `components/`, `pipelines/` and `speedups/`, less the speed-up layer's own tests and GPU
+benchmarks (`speedups/tests/`, `speedups/benchmarks/`: like tests/ and benchmarks/, not shipped). The import rules
+between components are tests/test_architecture.py's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("components", "pipelines", "speedups")
+NOT_PRODUCT = ("speedups/tests", "speedups/benchmarks")  # beside the package, not shipped (pyproject's find)
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
 
@@ -30,7 +32,10 @@ def product_files(root: Path = ROOT) -> dict[str, Path]:
     out = {}
     for top in PRODUCT:
         for path in sorted((root / top).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+            rel = path.relative_to(root)
+            if any(rel.is_relative_to(folder) for folder in NOT_PRODUCT):
+                continue
+            parts = list(rel.with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = path
@@ -200,6 +205,14 @@ def test_the_circle_checker_finds_a_circle_through_a_function_level_import(tmp_p
     files = product_files(tmp_path)
     graph = {m: imported_modules(m, p, set(files)) for m, p in files.items()}
     assert import_circles(graph) == [["components.x.a", "components.x.b", "components.x.c"]]
+
+
+def test_the_speed_up_layer_s_tests_and_benchmarks_are_not_product_files(tmp_path):
+    for rel in ("speedups/__init__.py", "speedups/items.py", "speedups/tests/test_x.py", "speedups/benchmarks/b.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("from components.train_lora import core\n")
+    (tmp_path / "speedups/testsuite.py").write_text("")  # a module whose name only starts like the folder
+    assert sorted(product_files(tmp_path)) == ["speedups", "speedups.items", "speedups.testsuite"]
 
 
 @pytest.mark.parametrize(

@@ -165,6 +165,9 @@ NOT_HASHED = {
     "the README": ("README.md", "# changed\n"),
     "a config (not in the images)": ("configs/seed.yaml", "# changed\n"),
     "a test": ("tests/test_x.py", "def test_x():\n    assert 1\n"),
+    "a speed-up test": ("speedups/tests/test_x.py", "def test_x():\n    assert 1\n"),
+    "a speed-up benchmark": ("speedups/benchmarks/kernels.py", "print(1)\n"),
+    "the speed-up layer's README": ("speedups/README.md", "# speedups\n"),
     "another image file": ("images/README.md", "# how to build\n"),
 }
 
@@ -598,6 +601,14 @@ def test_dockerignore_covers_every_gitignore_entry():
         if not wanted:
             missing.append(f"{entry} (write {'' if anchored else '**/'}{name} into .dockerignore)")
     assert not missing, missing
+
+
+def test_the_build_context_leaves_out_what_the_tag_does_not_hash():
+    """The speed-up layer's tests, GPU benchmarks and README: a COPY of speedups/ must not put them into /app, where
+    the image's last step hashes what it holds."""
+    assert set(images.NOT_IN_IMAGES) <= set(_ignore_entries(ROOT / ".dockerignore"))
+    assert all(name.split("/")[0] in images.TAG_INPUTS for name in images.NOT_IN_IMAGES)
+    assert not [p for p in source_files(ROOT) if p.startswith(("speedups/tests/", "speedups/benchmarks/"))]
 
 
 def test_walk_without_git_skips_what_gitignore_ignores_at_any_depth():

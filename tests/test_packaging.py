@@ -26,7 +26,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from components.images import deps_tag, source_files, source_tag
+from components.images import NOT_IN_IMAGES, deps_tag, source_files, source_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -41,11 +41,14 @@ BUILD_EXTRA = ("README.md", "MANIFEST.in")
 
 
 def copy_tree(dst: Path) -> Path:
-    """Copies what a build of this checkout reads (the hashed files, the configs, the README) to `dst`."""
+    """Copies what a build of this checkout reads (the hashed files, the configs, the README, and the speed-up
+    layer's tests and benchmarks, which sit inside a package folder but must stay out of the wheel) to `dst`."""
+    beside = [ROOT / name for name in NOT_IN_IMAGES]
     files = [
         *source_files(ROOT),
         *BUILD_EXTRA,
         *(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml")),
+        *(p.relative_to(ROOT).as_posix() for b in beside for p in [b, *b.rglob("*.py")] if p.is_file()),
     ]
     for rel in files:
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +101,8 @@ def test_the_wheel_carries_the_trees_image_tags_and_the_configs_under_pipelines(
         "speedups",
         "vlm_lora_pipeline-0.1.0.dist-info",
     }
+    assert not [n for n in names if n.startswith(("speedups/tests/", "speedups/benchmarks/", "speedups/README"))]
+    assert (tree / "speedups/tests/conftest.py").is_file()  # they were in the tree it was built from
     tags = json.loads((target / "components" / "_image_tags.json").read_text())
     assert tags == {"tag": source_tag(tree), "deps_tag": deps_tag(tree)}
     assert tags["tag"] == source_tag(ROOT)  # the same hash `make image-tag` prints for this code

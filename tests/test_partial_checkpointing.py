@@ -9,7 +9,7 @@ import torch
 from components.train_lora import _plan, _plan_run
 from components.train_lora._plan import GIB, ModelShape, TokenStats, plan_micro_batch, predict_peak
 from speedups import checkpoint_layers, plugin, registry
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
+from speedups.tests.isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 # Qwen3-VL-4B in bf16 with the fused branch, Liger, seeded masks and the SiLU product not kept: 51.0 - 2 x 7.6
 QWEN3_VL_4B = ModelShape(36, 2560, 151936, 1024, weight_bytes=8_880_000_000, act_full=35.8)
@@ -68,7 +68,7 @@ def test_the_planner_knows_item_19_can_run_where_its_versions_hold():
 
 
 def _tiny(layers: int = 4):
-    from tests.tiny_text import qwen3_vl_text_model
+    from speedups.tests.tiny_text import qwen3_vl_text_model
 
     model = qwen3_vl_text_model(layers)
     model.train()

@@ -12,7 +12,7 @@ from components.train_lora import _data, _run_swift, _swift_args, core
 from components.train_lora._data import find_checkpoints, materialize_dataset
 from components.train_lora._swift_args import build_sft_command, check_swift_args
 from components.train_lora.core import TrainError
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
+from speedups.tests.isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,6 @@ from speedups.label_rows import (
     selected_target,
     shifted_label_rows,
 )
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 @dataclasses.dataclass

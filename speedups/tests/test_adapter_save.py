@@ -19,9 +19,8 @@ import pytest
 import torch
 
 from speedups import adapter_save
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _peft_model(**lora):

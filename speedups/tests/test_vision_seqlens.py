@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from speedups.vision_seqlens import host_seqlens, install
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def _recorder():
@@ -530,7 +529,7 @@ def test_one_wait_for_the_whole_model_forward_gpu(monkeypatch):
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
     from speedups import deepstack, swift_plugin  # noqa: F401 (installs the wrappers)
-    from tests.gpu_waits import gpu_waits
+    from speedups.tests.gpu_waits import gpu_waits
 
     model = _qwen3_vl_model().cuda()
     deepstack.install(model)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from speedups import grad_nan
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def _model_and_optimizer(fused: bool = True, cls=torch.optim.AdamW):
@@ -132,7 +131,7 @@ def test_the_context_clips_with_accelerate_and_hands_the_flag_to_the_optimizer(m
 def test_the_plugin_wraps_ms_swift_s_context_once_its_trainers_are_loaded():
     import os
 
-    from tests.plugin_run import ROOT, last_line
+    from speedups.tests.plugin_run import ROOT, last_line
 
     code = """
 import torch
@@ -154,7 +153,7 @@ def test_where_fused_adam_stops_taking_found_inf_ms_swift_s_own_check_stays_with
     stop skipping, so the item checks their signature and source first and leaves ms-swift's check in place."""
     import os
 
-    from tests.plugin_run import ROOT, last_line
+    from speedups.tests.plugin_run import ROOT, last_line
 
     assert grad_nan.found_inf_problem() == ""  # this torch takes it
     code = """
@@ -175,7 +174,7 @@ print(outcome.kind, "|", outcome.detail.split(";")[0], "|",
 def test_on_a_gpu_the_skip_adds_no_wait_where_ms_swift_s_check_adds_one_gpu():
     """Clip and step on a GPU with a NaN gradient, counted with torch's sync debug mode: the plugin's skip waits no
     more than clip and step alone, ms-swift's `.item()` once more; the plugin's skip leaves the parameters."""
-    from tests.gpu_waits import gpu_waits
+    from speedups.tests.gpu_waits import gpu_waits
 
     def clip_and_step(how):
         torch.manual_seed(0)

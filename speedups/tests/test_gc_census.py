@@ -14,7 +14,6 @@ import torch
 
 from speedups import gc_census
 from speedups.registry import ITEMS
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def test_census_counts_collections_and_pauses():

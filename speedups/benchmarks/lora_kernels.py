@@ -1,6 +1,6 @@
 """LoRA's backward with dropout on one GPU: PyTorch's kernels against the plugin's Triton kernels.
 
-    python3 -m benchmarks.lora_kernels [--rows 9656] [--rank 8] [--tiles 64x128,128x64,...]
+    python3 -m speedups.benchmarks.lora_kernels [--rows 9656] [--rank 8] [--tiles 64x128,128x64,...]
 
 For each input width of a Qwen3-VL-4B decoder layer's adapted projections (2,560: q / k / v / gate / up;
 4,096: o; 9,728: down) at the tuned micro-batch (8 rows × 1,207 tokens = 9,656 rows), bf16:

@@ -15,7 +15,6 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora import bnb as peft_bnb  # noqa: E402
 
 from speedups import fused_lora, lora_functions, lora_switches, quantized_lora  # noqa: E402
-from tests.speedups_isolation import restored_speedups  # noqa: E402, F401 (autouse: no plugin left behind)
 
 D, D_OUT = 64, 96  # multiples of bitsandbytes' 64-element nf4 blocks
 

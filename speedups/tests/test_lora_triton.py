@@ -1,6 +1,6 @@
 """The Triton kernels of LoRA's backward with dropout (speedups/lora_triton.py).
 
-On the CPU they run under Triton's interpreter, in a process of their own (tests/triton_interpret_checks.py);
+On the CPU they run under Triton's interpreter, in a process of their own (speedups/tests/triton_interpret_checks.py);
 on a GPU (skipped without one) the compiled kernels are checked the same way.
 """
 
@@ -17,19 +17,18 @@ import torch
 
 from components.train_lora import job_env
 from speedups import lora_functions, lora_switches
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_interpreted(*args: str) -> dict:
-    """tests/triton_interpret_checks.py's JSON (with `args`) under Triton's interpreter; skips where this Triton's
+    """speedups/tests/triton_interpret_checks.py's JSON (with `args`) under Triton's interpreter; skips where this Triton's
     interpreter cannot run the kernels (the GPU machine's 3.6: the GPU tests check the kernels there)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.triton_interpret_checks", *args],
+        [sys.executable, "-m", "speedups.tests.triton_interpret_checks", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -144,7 +143,7 @@ class _FakeKernels:
 
 
 def _seeded_layer(monkeypatch, seeded: bool = True):
-    from tests.triton_interpret_checks import _Recorded
+    from speedups.tests.triton_interpret_checks import _Recorded
 
     recorded = _Recorded(_FakeKernels())
     monkeypatch.setattr(lora_functions, "_kernels", recorded)
@@ -227,7 +226,7 @@ def test_the_switch_is_allowed_with_its_values(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_the_compiled_kernels_equal_float64():
     from speedups import lora_triton
-    from tests.triton_interpret_checks import kernel_cases
+    from speedups.tests.triton_interpret_checks import kernel_cases
 
     torch.manual_seed(7)
     _assert_kernel_cases(kernel_cases(lora_triton, device="cuda"))
@@ -236,7 +235,7 @@ def test_on_a_gpu_the_compiled_kernels_equal_float64():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_the_seeded_kernels_agree_and_drop_at_the_rate_asked():
     from speedups import lora_triton
-    from tests.triton_interpret_checks import seeded_kernel_cases, seeded_layer_case, seeded_mask_stats
+    from speedups.tests.triton_interpret_checks import seeded_kernel_cases, seeded_layer_case, seeded_mask_stats
 
     torch.manual_seed(7)
     _assert_seeded_cases(seeded_kernel_cases(lora_triton, device="cuda"))
@@ -251,8 +250,8 @@ def test_on_a_gpu_the_seeded_kernels_agree_and_drop_at_the_rate_asked():
 
 
 def test_the_kernel_benchmark_says_it_needs_a_gpu(monkeypatch):
-    import benchmarks.lora_kernels as bench
-    from tests.benchmark_cli import assert_refuses_then_needs_a_gpu
+    import speedups.benchmarks.lora_kernels as bench
+    from speedups.tests.benchmark_cli import assert_refuses_then_needs_a_gpu
 
     assert bench._tiles("64x128,32x256") == [(64, 128), (32, 256)]
     bad = [["--tiles", "64x100"], ["--tiles", "64"], ["--programs", "0"], ["--rows", "0"], ["--forward-tiles", "8x64"]]
@@ -263,7 +262,7 @@ def test_the_kernel_benchmark_says_it_needs_a_gpu(monkeypatch):
 def test_the_kernel_benchmark_times_each_tile_and_puts_the_defaults_back(monkeypatch):
     import types
 
-    import benchmarks.lora_kernels as bench
+    import speedups.benchmarks.lora_kernels as bench
 
     lt = types.SimpleNamespace(_H_BLOCK_M=32, _H_BLOCK_K=128)
     seen = []

@@ -1,4 +1,4 @@
-"""benchmarks/speedups_versions.py's planner side (issue 42) for the installed packages: each item's expected outcome
+"""speedups/benchmarks/speedups_versions.py's planner side (issue 42) for the installed packages: each item's expected outcome
 is applied or a named skip, a version skip names the package outside its range, the memory flags follow the
 outcomes, and the 4B plan fits an H100; and what fails a call. No training, no weights (the 4B is counted on the meta
 device)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import speedups_versions as sv
 from speedups import registry, versions
+from speedups.benchmarks import speedups_versions as sv
 
 INSTALLED_VERSION = registry.installed_version  # as imported, before any planner call
 

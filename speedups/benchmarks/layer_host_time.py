@@ -24,7 +24,7 @@ matmul each; `functionapart`: the LoRA function after the frozen layer (not with
 (speedups/lora_switches.py: `CAST_CACHE`, `FOLD` off). `--cprofile` adds where the host time goes (cProfile, own time
 per function and iteration); `--kernels` the GPU kernels of the full-size iteration by name (torch.profiler).
 
-    python3 -m benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
+    python3 -m speedups.benchmarks.layer_host_time [--rows 8 --tokens 1207 --iters 30]
 
 Prints one line per variant and a JSON summary (RESULT ...).
 """

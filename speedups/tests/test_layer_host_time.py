@@ -1,11 +1,11 @@
-"""benchmarks/layer_host_time.py builds one 4B decoder layer per LoRA variant (run on the CPU here)."""
+"""speedups/benchmarks/layer_host_time.py builds one 4B decoder layer per LoRA variant (run on the CPU here)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import benchmarks.layer_host_time as bench
+import speedups.benchmarks.layer_host_time as bench
 from speedups import lora_switches
 
 

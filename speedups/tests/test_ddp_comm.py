@@ -17,7 +17,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from speedups import ddp_comm
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 class Adapted(torch.nn.Module):

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from speedups import deepstack
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
-from tests.tiny_text import qwen3_vl_text_model
+from speedups.tests.tiny_text import qwen3_vl_text_model
 
 
 def _reference(hidden_states, visual_pos_masks, visual_embeds):

@@ -10,9 +10,9 @@
 Exits 1 when training failed, an item raised, the planner disagrees with the table, or `swift sft` ran another
 transformers; writes OUT/speedups_versions.json. Another transformers goes first on PYTHONPATH:
 
-    .venv/bin/python -m benchmarks.speedups_versions --out DIR
+    .venv/bin/python -m speedups.benchmarks.speedups_versions --out DIR
     .venv/bin/pip install --no-deps --target /tmp/t517 transformers==5.17.0
-    PYTHONPATH=/tmp/t517 .venv/bin/python -m benchmarks.speedups_versions --out /tmp/sv517
+    PYTHONPATH=/tmp/t517 .venv/bin/python -m speedups.benchmarks.speedups_versions --out /tmp/sv517
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ DISTRIBUTIONS = ("transformers", "peft", "accelerate", "ms-swift", "liger-kernel
 SEED_TOKENS = {"max_tokens": 1221, "p95_tokens": 1221, "mean_tokens": 1207.0, "rows": 136}
 H100_GIB = 79.1  # what torch reports for an H100 80GB
 CPU_STEPS = 2
-LOCK = Path(__file__).resolve().parents[1] / "requirements.lock"
+LOCK = Path(__file__).resolve().parents[2] / "requirements.lock"
 GPU_ONLY = ("torch", "triton")  # what only a GPU job is gated on (`Item.gpu_verified`)
 
 

@@ -5,9 +5,10 @@ libraries are shared by every test a pytest process runs: a test that loaded the
 to the tests after it (on the GPU, test_liger_waits' Liger test then found Liger's forward already replaced and its
 count hook unset: `TypeError: 'NoneType' object is not callable` when the GPU files ran together, a pass alone).
 `plugin.reset` puts back every symbol an item replaced (each item declares them: registry.Target) and forgets the
-walk, so the next `import ...speedups.swift_plugin` installs afresh. Import the fixture into a test module:
+walk, so the next `import ...speedups.swift_plugin` installs afresh. speedups/tests/conftest.py applies the fixture
+to every test in that folder; a test module elsewhere that loads the plugin imports it:
 
-    from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse)
+    from speedups.tests.isolation import restored_speedups  # noqa: F401 (autouse)
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def restored_speedups():
+def restored_speedups(monkeypatch):
+    """`plugin.reset` before and after the test; after it, before the test's own `monkeypatch` changes are undone.
+
+    The order matters: a test that deletes a target (`monkeypatch.delattr(Trainer, "_track_num_input_tokens")`)
+    and then installs the plugin has the plugin remember "missing"; a reset after monkeypatch put the method back
+    would delete it again, for every later test in the process. Asking for `monkeypatch` here sets it up first, so
+    pytest undoes it last.
+    """
     from speedups import plugin
 
     plugin.reset()

@@ -1,5 +1,5 @@
 """A GPU benchmark's command line off the GPU: bad arguments refused (argparse's exit code 2), then a clear
-"needs a CUDA GPU" instead of a stack trace (tests of benchmarks/lora_kernels.py and vision_forward.py)."""
+"needs a CUDA GPU" instead of a stack trace (tests of speedups/benchmarks/lora_kernels.py and vision_forward.py)."""
 
 from __future__ import annotations
 

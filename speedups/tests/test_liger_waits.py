@@ -17,7 +17,6 @@ import torch
 
 from speedups import liger_waits
 from speedups.label_rows import host_rows_for_loss, label_rows_only, selected_target
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 LIGER_LIKE = '''
 import torch
@@ -141,7 +140,7 @@ def test_liger_s_loss_from_the_host_rows_is_liger_s_own_and_waits_for_nothing_gp
     from liger_kernel.ops import fused_linear_cross_entropy as ops
     from liger_kernel.transformers.model import loss_utils
 
-    from tests.gpu_waits import gpu_waits
+    from speedups.tests.gpu_waits import gpu_waits
 
     torch.manual_seed(0)
     hidden = torch.randn(4, 1200, 2560, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -10,9 +10,8 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 from speedups import fused_lora, lora_cast_cache, lora_functions, lora_lean, lora_switches
-from tests.peft_routing import peft_forward as _peft_forward
-from tests.peft_routing import routed
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
+from speedups.tests.peft_routing import peft_forward as _peft_forward
+from speedups.tests.peft_routing import routed
 
 
 class Block(torch.nn.Module):
@@ -257,7 +256,7 @@ def test_the_plugin_routes_peft_through_the_fused_branch(monkeypatch, fused_base
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_the_same_dropout_masks_as_peft_under_bf16_autocast(monkeypatch):
     """On CUDA nn.Dropout runs the same native_dropout kernel: the same masks from the same seed (with the seeded
-    masks turned off; they are checked against autograd in tests/test_lora_triton.py)."""
+    masks turned off; they are checked against autograd in speedups/tests/test_lora_triton.py)."""
     from speedups import swift_plugin
 
     monkeypatch.setattr(lora_switches, "SEEDED", False)
@@ -298,7 +297,7 @@ class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def _text_lora(dropout=0.0):
-    from tests.tiny_text import qwen3_vl_text_model
+    from speedups.tests.tiny_text import qwen3_vl_text_model
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(

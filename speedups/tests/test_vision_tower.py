@@ -1,7 +1,7 @@
 """The frozen vision tower in fewer kernels (speedups/vision_tower.py, vision_triton.py).
 
 The patch embedding as one matmul, the 16-bit LayerNorms and the rotary kernel are checked against
-transformers' own tower: on the CPU (the kernel under Triton's interpreter, in tests/triton_interpret_checks.py's
+transformers' own tower: on the CPU (the kernel under Triton's interpreter, in speedups/tests/triton_interpret_checks.py's
 process) and compiled on a GPU (skipped without one), where the rotary and the norms must be bit-equal.
 """
 
@@ -12,7 +12,6 @@ import torch
 
 from components.train_lora.job_env import check_job_env
 from speedups import vision_tower
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def tiny_tower(dtype=torch.float32, seed: int = 0, device: str = "cpu"):
@@ -178,7 +177,7 @@ def test_the_rotary_is_wrapped_again_before_each_forward_over_whatever_replaced_
 def test_install_reaches_only_a_qwen3_vl_vision_tower():
     from types import SimpleNamespace
 
-    from tests.tiny_text import qwen3_vl_text_model
+    from speedups.tests.tiny_text import qwen3_vl_text_model
 
     modeling = SimpleNamespace(apply_rotary_pos_emb_vision=lambda q, k, cos, sin: (q, k))
     assert vision_tower.install(qwen3_vl_text_model(2), [modeling], kernels=object()) == {}
@@ -229,7 +228,7 @@ def test_the_rotary_kernel_under_the_interpreter(interpreted):
 @pytest.fixture(scope="module")
 def interpreted():
     pytest.importorskip("triton")
-    from tests.test_lora_triton import run_interpreted
+    from speedups.tests.test_lora_triton import run_interpreted
 
     return run_interpreted("vision")
 
@@ -239,7 +238,7 @@ def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch)
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
     from speedups import vision_triton
-    from tests.triton_interpret_checks import vision_rotary_cases
+    from speedups.tests.triton_interpret_checks import vision_rotary_cases
 
     cases = vision_rotary_cases(vision_triton, "cuda")
     assert all(c["usable"] and c["equal"] for c in cases), [c for c in cases if not c["equal"]]
@@ -259,8 +258,8 @@ def test_on_a_gpu_the_rotary_kernel_and_the_norms_are_bit_equal_gpu(monkeypatch)
 
 
 def test_the_vision_benchmark_checks_its_arguments_and_says_it_needs_a_gpu(monkeypatch):
-    import benchmarks.vision_forward as bench
-    from tests.benchmark_cli import assert_refuses_then_needs_a_gpu
+    import speedups.benchmarks.vision_forward as bench
+    from speedups.tests.benchmark_cli import assert_refuses_then_needs_a_gpu
 
     assert_refuses_then_needs_a_gpu(
         bench.main, [["--variants", "stock,nope"], ["--size", "100"], ["--images", "0"]], monkeypatch

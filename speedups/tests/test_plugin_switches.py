@@ -11,8 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.plugin_run import ROOT, last_line
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
+from speedups.tests.plugin_run import ROOT, last_line
 
 # The same call structure as Liger 0.8.5: LigerForCausalLMLoss shifts and flattens, then looks
 # fixed_fused_linear_cross_entropy up in its own module's globals (Liger's kernels need a GPU).

@@ -15,9 +15,8 @@ import torch
 
 from speedups import patching, plugin, registry, versions
 from speedups.registry import ITEMS, Outcome, Table
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLANNER_FLAGS = {"fused_lora", "padding_mask", "fused_silu_mul"}  # _plan_run.plan_for_run's arguments items decide
 
 
@@ -258,7 +257,7 @@ def test_the_lock_pins_versions_inside_every_item_s_verified_range(distribution)
 
 
 def test_a_liger_outside_its_range_is_skipped_with_the_line_in_a_fresh_plugin(tmp_path):
-    from tests.test_plugin_switches import _run_with_fake_liger
+    from speedups.tests.test_plugin_switches import _run_with_fake_liger
 
     code = """
 from speedups import swift_plugin as entry

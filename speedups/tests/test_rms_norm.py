@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from speedups import rms_norm
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 class LigerRMSNorm(torch.nn.Module):

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from speedups import batch_facts, vision_seqlens
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
 
 
 def _batch():
@@ -190,8 +189,8 @@ GPU_CODE = """
 import torch
 from speedups import batch_facts, deepstack, swift_plugin
 from swift.dataloader.shard import DataLoaderShard
-from tests.gpu_waits import gpu_waits
-from tests.test_vision_seqlens import _batch, _qwen3_vl_model
+from speedups.tests.gpu_waits import gpu_waits
+from speedups.tests.test_vision_seqlens import _batch, _qwen3_vl_model
 
 model = _qwen3_vl_model().cuda()
 deepstack.install(model)
@@ -219,7 +218,7 @@ def test_a_data_loader_batch_reaches_the_forward_without_a_wait_gpu():
     (once, for the facts' copy, on tensors without host copies), with the same output."""
     import os
 
-    from tests.plugin_run import ROOT, last_line
+    from speedups.tests.plugin_run import ROOT, last_line
 
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     assert last_line(GPU_CODE, PYTHONPATH=path) == "True True 0 1 True"
@@ -240,7 +239,7 @@ def test_the_plugin_wraps_ms_swift_s_readers_once_they_are_loaded():
     trainer's creation; not with the switch off."""
     import os
 
-    from tests.plugin_run import ROOT, last_line
+    from speedups.tests.plugin_run import ROOT, last_line
 
     code = """
 import sys

@@ -16,7 +16,7 @@ Prints per variant the forward's GPU time (CUDA events, median of `--iters`), TF
 the peak memory, the largest difference of the tower's outputs (merged tokens and deepstack features) from
 `stock` relative to their scale (and whether they are bit-equal), and with `--kernels` the GPU kernels by name (torch.profiler).
 
-    python3 -m benchmarks.vision_forward [--images 16 --size 1024 --iters 20 --kernels --compile]
+    python3 -m speedups.benchmarks.vision_forward [--images 16 --size 1024 --iters 20 --kernels --compile]
 """
 
 from __future__ import annotations

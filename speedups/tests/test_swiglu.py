@@ -10,9 +10,8 @@ import torch.nn.functional as F
 
 from speedups.model_config import silu_mul_bytes
 from speedups.swiglu import fuse_silu_mul
-from tests.peft_routing import routed
-from tests.speedups_isolation import restored_speedups  # noqa: F401 (autouse: no plugin left behind)
-from tests.tiny_text import qwen3_vl_text_model
+from speedups.tests.peft_routing import routed
+from speedups.tests.tiny_text import qwen3_vl_text_model
 
 
 def _text_model(layers=2):

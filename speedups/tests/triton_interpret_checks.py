@@ -1,9 +1,9 @@
 """Checks of speedups/lora_triton.py under Triton's interpreter, printed as one JSON line.
 
 Triton's interpreter replaces `triton.language` when Triton is imported, so these run in a process of
-their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
+their own with `TRITON_INTERPRET=1` (speedups/tests/test_lora_triton.py starts it):
 
-    TRITON_INTERPRET=1 python -m tests.triton_interpret_checks
+    TRITON_INTERPRET=1 python -m speedups.tests.triton_interpret_checks
 
 - "kernels": each kernel against a float64 reference on fresh random inputs (shapes that are and are
   not multiples of the tiles, ranks 4 / 8 / 16, no rows), the relative error per case;
@@ -14,7 +14,7 @@ their own with `TRITON_INTERPRET=1` (tests/test_lora_triton.py starts it):
   with the mask written out (`kept_mask`), the drop rate and neighbouring columns' joint drops on a large
   mask, and `_LoraLinear` / `_SiluMulLoraLinear` with seeded masks against autograd on the written-out masks;
 - "vision_rotary": the vision tower's rotary kernel (speedups/vision_triton.py) against
-  transformers' `apply_rotary_pos_emb_vision` on strided q / k (tests/test_vision_tower.py reads it).
+  transformers' `apply_rotary_pos_emb_vision` on strided q / k (speedups/tests/test_vision_tower.py reads it).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _beyond_rounding(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -
 
 
 def kernel_cases(kernels, device: str = "cpu") -> list[dict]:
-    """Each kernel against float64 on fresh inputs (also on a GPU: tests/test_lora_triton.py)."""
+    """Each kernel against float64 on fresh inputs (also on a GPU: speedups/tests/test_lora_triton.py)."""
     cases = []
     for dtype in (torch.float32, torch.bfloat16):
         for m, k, r in SHAPES:
