@@ -13,12 +13,12 @@ region.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from components.common.settings_fields import rebuild
 from components.deploy.errors import DeployError
 
 # (dotted key, whether its value is fine, what it must be): the config's field-check form.
@@ -123,20 +123,8 @@ class DeploySettings:
         Raises:
             DeployError: A key the settings do not have, or a value of the wrong type.
         """
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields), key=str)
-        if unknown:
-            raise DeployError(
-                f"unknown deploy setting 'deploy.{unknown[0]}'; the deploy section has: {', '.join(fields)}"
-            )
-        out: dict[str, Any] = {}
-        for name, value in values.items():
-            kind = type(fields[name].default)
-            if kind is int and isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise DeployError(
-                    f"'deploy.{name}' must be {'an integer' if kind is int else 'a string'}, got {value!r}"
-                )
-            out[name] = value
-        return cls(**out)
+        return rebuild(
+            cls, values, DeployError,
+            unknown=lambda key, names: f"unknown deploy setting 'deploy.{key}'; the deploy section has: {', '.join(names)}",
+            wrong=lambda name, wanted, value: f"'deploy.{name}' must be {wanted}, got {value!r}",
+        )  # fmt: skip

@@ -19,7 +19,6 @@ where users look it up.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from components.common.metrics import GATE_METRIC_RANGES, GATE_METRICS
 from components.common.quantization import QUANTIZATIONS
 from components.common.regression import max_drop_problem, max_drops
+from components.common.settings_fields import rebuild
 
 # (dotted key, whether its value is fine, what it must be): the config's field-check form.
 Check = tuple[str, bool, str]
@@ -163,31 +163,8 @@ class EvalSettings:
         Raises:
             EvalSettingsError: A key the settings do not have, or a value of the wrong type.
         """
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(names), key=str)
-        if unknown:
-            raise EvalSettingsError(
-                f"unknown eval setting 'eval.{unknown[0]}'; the eval section has: {', '.join(names)}"
-            )
-        return cls(**{name: _typed(name, hints[name], value) for name, value in values.items()})
-
-
-_WANTED = {int: "an integer", float: "a number", str: "a string"}
-
-
-def _typed(name: str, hint: Any, value: Any) -> Any:
-    """`value` as the field `name` of type `hint` holds it (int, float, str or a mapping), else EvalSettingsError."""
-    if hint is int:
-        ok = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    elif hint is float:
-        ok = isinstance(value, (int, float))
-    elif hint is str:
-        ok = isinstance(value, str)
-    else:
-        ok = isinstance(value, Mapping)
-    if not ok or isinstance(value, bool):
-        raise EvalSettingsError(f"'eval.{name}' must be {_WANTED.get(hint, 'a mapping')}, got {value!r}")
-    if hint in (int, float):
-        return hint(value)
-    return value if hint is str else dict(value)
+        return rebuild(
+            cls, values, EvalSettingsError,
+            unknown=lambda key, names: f"unknown eval setting 'eval.{key}'; the eval section has: {', '.join(names)}",
+            wrong=lambda name, wanted, value: f"'eval.{name}' must be {wanted}, got {value!r}",
+        )  # fmt: skip

@@ -12,13 +12,13 @@ argument names, passed through as `swift_args`. Pure: no kfp, no torch.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.common.errors import TrainError
 from components.common.preflight import MODES as PREFLIGHT_MODES
+from components.common.settings_fields import rebuild
 from components.train_lora.job_env import JobEnvError, check_job_env
 
 # (dotted key, whether its value is fine, what it must be): the config's field-check form.
@@ -134,31 +134,9 @@ class TrainSettings:
         """
         if not isinstance(values, Mapping):
             raise TrainSettingsError(f"train-lora settings must be a mapping, got {type(values).__name__}")
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(names), key=str)
-        if unknown:
-            raise TrainSettingsError(
-                f"unknown train-lora setting {unknown[0]!r}; the settings have: {', '.join(names)}"
-            )
-        return cls(**{name: _typed(name, hints[name], value) for name, value in values.items()})
-
-
-_WANTED = {int: "an integer", str: "a string"}
-
-
-def _typed(name: str, hint: Any, value: Any) -> Any:
-    """`value` as the field `name` of type `hint` holds it (int, str or a mapping), else TrainSettingsError."""
-    if hint is int:
-        ok = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    elif hint is str:
-        ok = isinstance(value, str)
-    else:
-        ok = isinstance(value, Mapping)
-    if not ok or isinstance(value, bool):
-        raise TrainSettingsError(
-            f"'{CONFIG_KEYS[name]}' must be {_WANTED.get(hint, 'a mapping of NAME: value')}, got {value!r}"
-        )
-    if hint is int:
-        return int(value)
-    return value if hint is str else dict(value)
+        return rebuild(
+            cls, values, TrainSettingsError,
+            unknown=lambda key, names: f"unknown train-lora setting {key!r}; the settings have: {', '.join(names)}",
+            wrong=lambda name, wanted, value: f"'{CONFIG_KEYS[name]}' must be {wanted}, got {value!r}",
+            mapping="a mapping of NAME: value",
+        )  # fmt: skip
