@@ -201,15 +201,9 @@ def evaluate(
 
     ci = intervals(tuned_scores, ref_scores)  # over rows, paired: every figure and the margin
     passed, reason = gate(tuned_metrics, ref_metrics, s.metric, s.min_value, s.min_margin, gate_on=s.gate_on, ci=ci)
-    failed = [] if passed else ["task"]
-    summary, drops, reg_samples = None, [], []
-    if reg_rows:
-        summary, drops, reg_samples = regression_scores(
-            reg_rows, ref_answers[n:], tuned_answers[n:], reg_geometries, max_drop
-        )
-        for drop in drops:  # the task's log says it kind by kind
-            print(f"evaluate: regression {drop.describe()}", file=sys.stderr, flush=True)
-        passed, reason, failed = gate_with_regression(passed, reason, drops)
+    passed, reason, failed, summary, drops, reg_samples = _with_regression(
+        passed, reason, reg_rows, ref_answers[n:], tuned_answers[n:], reg_geometries, max_drop
+    )
     if itself:
         passed, failed = False, ["itself"]
         reason = (
@@ -221,6 +215,19 @@ def evaluate(
     write_predictions(predictions_out, samples + reg_samples)
     return EvalResult(passed, reason, tuned_metrics, ref_metrics, predictions_out, samples, summary, reg_samples,
                       drops, failed, s.quantization, ci)  # fmt: skip
+
+
+def _with_regression(passed, reason, reg_rows, ref_answers, tuned_answers, reg_geometries, max_drop) -> tuple:
+    """The task gate's verdict with the regression set's (passed, reason, failed, summary, drops, samples); the
+    verdict as it was, failed naming "task" or nothing, without a regression set."""
+    failed = [] if passed else ["task"]
+    if not reg_rows:
+        return passed, reason, failed, None, [], []
+    summary, drops, reg_samples = regression_scores(reg_rows, ref_answers, tuned_answers, reg_geometries, max_drop)
+    for drop in drops:  # the task's log says it kind by kind
+        print(f"evaluate: regression {drop.describe()}", file=sys.stderr, flush=True)
+    passed, reason, failed = gate_with_regression(passed, reason, drops)
+    return passed, reason, failed, summary, drops, reg_samples
 
 
 def _say_quantized(quantization: str, ref_speed: dict[str, float], tuned_speed: dict[str, float]) -> None:

@@ -451,19 +451,7 @@ def plan_micro_batch(
     if not model.known:
         return _conservative(model, per_gpu, budget, batches, gcs, reasons)
     kw = {"liger": liger, "shards": shards}
-    fits = []  # (time, -batch, checkpointing, peak, layers checkpointed or None for all)
-    for b in batches:
-        for gc in gcs:
-            k = (
-                _fewest_checkpointed(model, b, tokens, budget, **kw)
-                if gc and partial and checkpointing == AUTO
-                else None
-            )
-            if gc and k is not None and k >= model.layers:
-                k = None
-            share = 1.0 if k is None else k / model.layers
-            peak = predict_peak(model, b, tokens, checkpointing=gc, layers=k, **kw)
-            fits.append((relative_time(b, tokens, gc, share), -b, gc, peak, k))
+    fits = _candidates(model, batches, gcs, tokens, budget, partial and checkpointing == AUTO, kw)
     fitting = [f for f in fits if f[3] <= budget]
     if not fitting:
         raise PlanError(_no_fit_message(model, tokens, budget, liger, shards))
@@ -483,6 +471,23 @@ def plan_micro_batch(
         b, per_gpu // b, gc, peak, budget, tuple(reasons), checkpoint_layers=k, shape=model, tokens=tokens,
         liger=liger, shards=shards,
     )  # fmt: skip
+
+
+def _candidates(
+    model: ModelShape, batches: list[int], gcs: list[bool], tokens: int, budget: int, partial: bool, kw: dict
+) -> list[tuple[float, int, bool, int, int | None]]:
+    """Every (time, -batch, checkpointing, peak, layers checkpointed or None for all) the plan chooses from; with
+    `partial`, a checkpointed plan checkpoints the fewest layers that fit."""
+    fits = []
+    for b in batches:
+        for gc in gcs:
+            k = _fewest_checkpointed(model, b, tokens, budget, **kw) if gc and partial else None
+            if gc and k is not None and k >= model.layers:
+                k = None
+            share = 1.0 if k is None else k / model.layers
+            peak = predict_peak(model, b, tokens, checkpointing=gc, layers=k, **kw)
+            fits.append((relative_time(b, tokens, gc, share), -b, gc, peak, k))
+    return fits
 
 
 def _conservative(
