@@ -7,7 +7,8 @@
 #   REPEATS=2 bash benchmarks/before_after_gpu.sh .before auto_liger_log5    # writes $OUT/before_after.log
 #
 # Each run has its own --out (a second run of one profile in one folder would find the first one's adapter); all
-# read the rows the first run wrote. RESULT lines carry [before:i] / [after:i] prefixes for benchmarks/results_json.py.
+# read the rows the first run wrote (kept as /tmp/tph/<the rows folder name>, which names their count). RESULT lines
+# carry [before:i] / [after:i] prefixes for benchmarks/results_json.py.
 set -uo pipefail
 before=$(cd "$1" && pwd)
 profile=$2
@@ -23,6 +24,7 @@ transformers.__version__, peft.__version__)' | tee -a "$log"
 mdir=/tmp/m/model
 [ -f $mdir/config.json ] || PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.qwen3_vl_4b $mdir > /dev/null
 train=train-$((16 * steps + 8))-1024px-mp1048576
+call=$(date +%s)
 runs=()
 for i in $(seq "$repeats"); do runs+=("before:$i" "after:$i"); done
 mapfile -t order < <(printf '%s\n' "${runs[@]}" | shuf)
@@ -30,14 +32,14 @@ echo "profile: $profile order: ${order[*]}" | tee -a "$log"
 for run in "${order[@]}"; do
     tree=$PWD
     [ "${run%%:*}" = before ] && tree=$before
-    out=/tmp/tph/${run/:/_}
+    out=/tmp/tph/$call/${run/:/_}  # this call's own: a folder of an earlier call holds its adapter
     mkdir -p "$out"
-    [ -d /tmp/tph/rows ] && ln -sfn /tmp/tph/rows "$out/$train"
+    [ -d /tmp/tph/$train ] && ln -sfn /tmp/tph/$train "$out/$train"
     start=$(date +%s)
     (cd "$tree" && PYTHONPATH=/tmp/site:$tree python3 -m benchmarks.train_throughput --model $mdir --out "$out" \
         --steps "$steps" --n-train $((16 * steps + 8)) --profiles "$profile") > "$OUT/run.log" 2>&1
     rc=$?
-    [ -d /tmp/tph/rows ] || { [ -d "$out/$train" ] && mv "$out/$train" /tmp/tph/rows && ln -s /tmp/tph/rows "$out/$train"; }
+    [ -d /tmp/tph/$train ] || { [ -d "$out/$train" ] && mv "$out/$train" /tmp/tph/$train && ln -s /tmp/tph/$train "$out/$train"; }
     grep -E "^RESULT" "$OUT/run.log" | sed "s/^/[$run] /" >> "$log"
     grep -E "plan:|out of memory|Error" "$OUT/run.log" | cut -c1-400 | sed "s/^/[$run] /" | tee -a "$log"
     echo "[$run] rc=$rc wall=$(( $(date +%s) - start ))s" | tee -a "$log"
